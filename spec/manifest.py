@@ -1,0 +1,484 @@
+"""The handoff manifest and the receiver's compatibility rule (pure Python).
+
+A prefill worker hands a request's KV to a decode worker as bytes plus this manifest. Bare
+tensors cannot tell the receiver whether they fit its model and page table; the manifest
+names every fact the receiver must check before it installs anything (``ManifestGate``).
+
+``from_json_dict`` treats its input as hostile: it checks every field and raises one
+:class:`ManifestError` whose ``reasons`` list every problem, not just the first. Nothing
+crosses as pickle; ``to_json_dict`` gives plain JSON types.
+
+Compatibility rule (``check_compatible``), manifest field vs the receiver's ``LocalConfig``:
+
+=====================  =============  ==========================================
+field                  rule           why
+=====================  =============  ==========================================
+model_id, adapter_id   must match     other weights give other keys/values
+dtype, quantization    must match     bytes would be read as another number type
+num_layers, kv_heads,  must match     the block shape differs; no mapping exists
+head_dim, cache_fields
+rope                   must match     keys are stored rotated; another RoPE is
+                                      silently wrong at every position
+dst_tp, dst_cp         must equal     the sender sharded for another target mesh
+                       local tp, cp
+block_size             convertible    re-page tokens into the local block size
+layout                 convertible    permute axes (heads_major <-> tokens_major)
+src_tp -> dst_tp       convertible    reshard kv heads across ranks
+src_cp -> dst_cp       convertible    reshard the context (token) ranges
+=====================  =============  ==========================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final, cast
+
+MANIFEST_VERSION: Final = 1
+SUPPORTED_VERSIONS: Final = frozenset({MANIFEST_VERSION})
+
+# Storage element type of the cache -> bytes per element.
+DTYPE_BYTES: Final[Mapping[str, int]] = {
+    "float16": 2, "bfloat16": 2, "float32": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
+}
+# Quantization scheme -> the storage dtypes it may use.
+QUANTIZATION_DTYPES: Final[Mapping[str, frozenset[str]]] = {
+    "none": frozenset({"float16", "bfloat16", "float32"}),
+    "fp8_e4m3": frozenset({"float8_e4m3fn"}),
+    "fp8_e5m2": frozenset({"float8_e5m2"}),
+    "int8": frozenset({"int8"}),
+}
+# Axis order of one block: heads_major [layers, fields, kv_heads, block_size, head_dim],
+# tokens_major [layers, fields, block_size, kv_heads, head_dim].
+LAYOUTS: Final = ("heads_major", "tokens_major")
+ROPE_SCALINGS: Final = frozenset({"none", "linear", "dynamic", "yarn", "llama3", "longrope"})
+
+# Caps on untrusted sizes: a receiver reserves memory from these numbers.
+MAX_ID_CHARS: Final = 256
+MAX_TOKENS: Final = 1 << 22
+MAX_TOKEN_ID: Final = (1 << 31) - 1
+MAX_POSITION: Final = 1 << 24
+MAX_LAYERS: Final = 1024
+MAX_KV_HEADS: Final = 1024
+MAX_HEAD_DIM: Final = 2048
+MAX_BLOCK_SIZE: Final = 4096
+MAX_PARALLEL: Final = 1024
+MAX_CACHE_FIELDS: Final = 8
+MAX_EPOCH: Final = (1 << 63) - 1
+MAX_ROPE_THETA: Final = 1e12
+MAX_ROPE_FACTOR: Final = 1e6
+MAX_PAYLOAD_BYTES: Final = 1 << 40
+MAX_JSON_CHARS: Final = 1 << 26
+
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_XXH3_HEX = re.compile(r"[0-9a-f]{16}")
+
+
+class ManifestError(ValueError):
+    """A malformed or hostile manifest; ``reasons`` names every problem, one per entry."""
+
+    prop: str = "ManifestGate"
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = list(reasons)
+        super().__init__("; ".join(self.reasons) or "invalid manifest")
+
+
+# ---------------------------------------------------------------- field checkers
+def _int_reason(v: object, lo: int, hi: int) -> str | None:
+    if type(v) is not int:  # bool is an int subclass; refuse it too
+        return f"expected int, got {type(v).__name__}"
+    if not lo <= v <= hi:
+        return f"{v} outside [{lo}, {hi}]"
+    return None
+
+
+def _id_reason(v: object) -> str | None:
+    if not isinstance(v, str):
+        return f"expected string, got {type(v).__name__}"
+    if not 1 <= len(v) <= MAX_ID_CHARS or not v.isprintable():
+        return f"expected 1..{MAX_ID_CHARS} printable characters"
+    return None
+
+
+def _choice_reason(v: object, allowed: Mapping[str, object] | frozenset[str] | tuple[str, ...],
+                   what: str) -> str | None:
+    if not isinstance(v, str):
+        return f"expected string, got {type(v).__name__}"
+    if v not in allowed:
+        return f"unknown {what} {v!r}; known: {sorted(allowed)}"
+    return None
+
+
+def _token_ids_reason(v: object) -> str | None:
+    if not isinstance(v, tuple):
+        return f"expected array, got {type(v).__name__}"
+    if len(v) > MAX_TOKENS:
+        return f"{len(v)} entries exceed the cap {MAX_TOKENS}"
+    for i, t in enumerate(v):
+        if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+            return f"entry {i} ({t!r}) is not an int in [0, {MAX_TOKEN_ID}]"
+    return None
+
+
+def _cache_fields_reason(v: object) -> str | None:
+    if not isinstance(v, tuple):
+        return f"expected array, got {type(v).__name__}"
+    if not 1 <= len(v) <= MAX_CACHE_FIELDS:
+        return f"expected 1..{MAX_CACHE_FIELDS} names, got {len(v)}"
+    if not all(isinstance(f, str) and _FIELD_NAME.fullmatch(f) for f in v):
+        return f"names must match {_FIELD_NAME.pattern}: {v!r}"
+    if len(set(v)) != len(v):
+        return f"duplicate names in {v!r}"
+    return None
+
+
+def _checksums_reason(v: object) -> str | None:
+    if not isinstance(v, tuple):
+        return f"expected array, got {type(v).__name__}"
+    if len(v) > MAX_TOKENS:
+        return f"{len(v)} entries exceed the cap {MAX_TOKENS}"
+    for i, c in enumerate(v):
+        if not isinstance(c, str) or not _XXH3_HEX.fullmatch(c):
+            return f"entry {i} ({c!r}) is not 16 lowercase hex digits (xxh3-64)"
+    return None
+
+
+def _rope_reason(v: object) -> str | None:
+    return None if isinstance(v, RopeConfig) else f"expected object, got {type(v).__name__}"
+
+
+Check = Callable[[object], str | None]
+
+
+def _count(lo: int, hi: int) -> Check:
+    return lambda v: _int_reason(v, lo, hi)
+
+
+_MANIFEST_CHECKS: Final[Mapping[str, Check]] = {
+    "request_id": _id_reason,
+    "model_id": _id_reason,
+    "adapter_id": lambda v: None if v is None else _id_reason(v),
+    "token_ids": _token_ids_reason,
+    "num_tokens": _count(1, MAX_TOKENS),
+    "cache_fields": _cache_fields_reason,
+    "num_layers": _count(1, MAX_LAYERS),
+    "dtype": lambda v: _choice_reason(v, DTYPE_BYTES, "dtype"),
+    "quantization": lambda v: _choice_reason(v, QUANTIZATION_DTYPES, "quantization"),
+    "kv_heads": _count(1, MAX_KV_HEADS),
+    "head_dim": _count(1, MAX_HEAD_DIM),
+    "block_size": _count(1, MAX_BLOCK_SIZE),
+    "layout": lambda v: _choice_reason(v, LAYOUTS, "layout"),
+    "start_pos": _count(0, MAX_POSITION),
+    "rope": _rope_reason,
+    "src_tp": _count(1, MAX_PARALLEL),
+    "src_cp": _count(1, MAX_PARALLEL),
+    "dst_tp": _count(1, MAX_PARALLEL),
+    "dst_cp": _count(1, MAX_PARALLEL),
+    "prefix_blocks": _count(0, MAX_TOKENS),
+    "block_checksums": _checksums_reason,
+    "version": lambda v: None if type(v) is int and v in SUPPORTED_VERSIONS
+    else f"unknown version {v!r}; supported: {sorted(SUPPORTED_VERSIONS)}",
+    "epoch": _count(0, MAX_EPOCH),
+}
+
+
+def _shard_reason(tp: int, kv_heads: int) -> str | None:
+    if kv_heads % tp == 0 or tp % kv_heads == 0:
+        return None
+    return f"tp={tp} cannot shard kv_heads={kv_heads} (neither divides the other)"
+
+
+def _geometry_reasons(v: Mapping[str, object]) -> list[str]:
+    """Rules across fields shared by Manifest and LocalConfig; only fields given are read."""
+    r: list[str] = []
+    dtype, quant = v.get("dtype"), v.get("quantization")
+    if isinstance(dtype, str) and isinstance(quant, str) and quant in QUANTIZATION_DTYPES:
+        if dtype not in QUANTIZATION_DTYPES[quant]:
+            r.append(f"dtype: {dtype!r} cannot hold quantization {quant!r}")
+    rope, head_dim = v.get("rope"), v.get("head_dim")
+    if isinstance(rope, RopeConfig) and type(head_dim) is int and rope.rotary_dim > head_dim:
+        r.append(f"rope.rotary_dim: {rope.rotary_dim} exceeds head_dim={head_dim}")
+    return r
+
+
+def _manifest_reasons(values: Mapping[str, object]) -> list[str]:
+    """Every problem with the fields present in ``values`` (missing ones are not reported)."""
+    r: list[str] = []
+    ok: dict[str, Any] = {}
+    for name, check in _MANIFEST_CHECKS.items():
+        if name in values:
+            reason = check(values[name])
+            if reason is None:
+                ok[name] = values[name]
+            else:
+                r.append(f"{name}: {reason}")
+    r += _geometry_reasons(ok)
+    if {"token_ids", "num_tokens"} <= ok.keys() and len(ok["token_ids"]) != ok["num_tokens"]:
+        r.append(f"token_ids: {len(ok['token_ids'])} entries but num_tokens={ok['num_tokens']}")
+    if {"start_pos", "num_tokens"} <= ok.keys() and (
+            ok["start_pos"] + ok["num_tokens"] > MAX_POSITION):
+        r.append(f"start_pos: positions end past the cap {MAX_POSITION}")
+    for side in ("src_tp", "dst_tp"):
+        if {side, "kv_heads"} <= ok.keys():
+            reason = _shard_reason(ok[side], ok["kv_heads"])
+            if reason:
+                r.append(f"{side}: {reason}")
+    if {"num_tokens", "block_size", "prefix_blocks"} <= ok.keys():
+        n, bs, pre = ok["num_tokens"], ok["block_size"], ok["prefix_blocks"]
+        if pre > n // bs:
+            r.append(f"prefix_blocks: {pre} exceeds the {n // bs} full blocks of "
+                     f"num_tokens={n} at block_size={bs}")
+        elif "block_checksums" in ok and len(ok["block_checksums"]) != -(-n // bs) - pre:
+            r.append(f"block_checksums: {len(ok['block_checksums'])} entries for "
+                     f"{-(-n // bs) - pre} sent blocks")
+    geometry = ("num_tokens", "num_layers", "cache_fields", "kv_heads", "head_dim", "dtype")
+    if set(geometry) <= ok.keys():
+        size = (ok["num_tokens"] * ok["num_layers"] * len(ok["cache_fields"]) * ok["kv_heads"]
+                * ok["head_dim"] * DTYPE_BYTES[ok["dtype"]])
+        if size > MAX_PAYLOAD_BYTES:
+            r.append(f"num_tokens: payload of {size} bytes exceeds the cap {MAX_PAYLOAD_BYTES}")
+    return r
+
+
+# ---------------------------------------------------------------- records
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    """Rotary embedding applied to the stored keys."""
+
+    theta: float  # base frequency, e.g. 10000.0
+    rotary_dim: int  # leading dims of each head that are rotated
+    scaling: str = "none"  # scaling scheme, one of ROPE_SCALINGS
+    scaling_factor: float = 1.0  # context extension factor for the scheme
+
+    def __post_init__(self) -> None:
+        r = rope_reasons(self.to_json_dict())
+        if r:
+            raise ManifestError(r)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"theta": self.theta, "rotary_dim": self.rotary_dim,
+                "scaling": self.scaling, "scaling_factor": self.scaling_factor}
+
+
+def _float_reason(v: object, lo: float, hi: float) -> str | None:
+    if type(v) not in (int, float):
+        return f"expected number, got {type(v).__name__}"
+    f = float(cast(float, v))
+    if not math.isfinite(f) or not lo < f <= hi:
+        return f"{v!r} outside ({lo}, {hi}]"
+    return None
+
+
+def rope_reasons(d: object) -> list[str]:
+    """Every problem with a JSON rope object, each prefixed ``rope.<field>``."""
+    if not isinstance(d, dict):
+        return [f"rope: expected object, got {type(d).__name__}"]
+    checks: dict[str, Check] = {
+        "theta": lambda v: _float_reason(v, 0.0, MAX_ROPE_THETA),
+        "rotary_dim": lambda v: _int_reason(v, 2, MAX_HEAD_DIM) or (
+            None if cast(int, v) % 2 == 0 else f"{v} is odd; rotation pairs dims"),
+        "scaling": lambda v: _choice_reason(v, ROPE_SCALINGS, "scaling"),
+        "scaling_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
+    }
+    r = [f"rope.{k}: unknown field" for k in d if k not in checks]
+    for name, check in checks.items():
+        if name not in d:
+            r.append(f"rope.{name}: missing")
+        elif (reason := check(d[name])) is not None:
+            r.append(f"rope.{name}: {reason}")
+    return r
+
+
+def _rope_from_json(d: object) -> RopeConfig | list[str]:
+    r = rope_reasons(d)
+    if r:
+        return r
+    m = cast(dict[str, Any], d)
+    return RopeConfig(float(m["theta"]), m["rotary_dim"], m["scaling"],
+                      float(m["scaling_factor"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What the sender asserts about a handed-off KV; validated on construction."""
+
+    request_id: str  # the request whose KV this is
+    model_id: str  # weights identity
+    adapter_id: str | None  # LoRA / adapter identity, None for the base model
+    token_ids: tuple[int, ...]  # the tokens the KV encodes
+    num_tokens: int  # == len(token_ids)
+    cache_fields: tuple[str, ...]  # per-layer tensors, e.g. ("k", "v")
+    num_layers: int
+    dtype: str  # storage element type, a key of DTYPE_BYTES
+    quantization: str  # a key of QUANTIZATION_DTYPES
+    kv_heads: int  # total KV heads of the model (before TP sharding)
+    head_dim: int
+    block_size: int  # tokens per block
+    layout: str  # axis order of one block, one of LAYOUTS
+    start_pos: int  # logical position of token_ids[0]
+    rope: RopeConfig
+    src_tp: int  # sender's tensor-parallel degree
+    src_cp: int  # sender's context-parallel degree
+    dst_tp: int  # the receiver mesh the sender sharded for
+    dst_cp: int
+    prefix_blocks: int  # leading blocks the receiver already holds; not sent
+    block_checksums: tuple[str, ...]  # xxh3-64 hex, one per sent block, in block order
+    version: int  # protocol version, in SUPPORTED_VERSIONS
+    epoch: int  # handoff attempt; fences messages of older attempts
+
+    def __post_init__(self) -> None:
+        r = _manifest_reasons({f.name: getattr(self, f.name) for f in fields(self)})
+        if r:
+            raise ManifestError(r)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks covering all tokens (the last one may be partial)."""
+        return -(-self.num_tokens // self.block_size)
+
+    @property
+    def sent_blocks(self) -> range:
+        """Logical indices of the blocks carried by chunks: the suffix after the prefix."""
+        return range(self.prefix_blocks, self.num_blocks)
+
+    @property
+    def positions(self) -> range:
+        return range(self.start_pos, self.start_pos + self.num_tokens)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one (padded) block across all layers and cache fields."""
+        return (self.num_layers * len(self.cache_fields) * self.kv_heads * self.block_size
+                * self.head_dim * DTYPE_BYTES[self.dtype])
+
+    @property
+    def sent_bytes(self) -> int:
+        return self.block_bytes * len(self.sent_blocks)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["token_ids"] = list(self.token_ids)
+        d["cache_fields"] = list(self.cache_fields)
+        d["block_checksums"] = list(self.block_checksums)
+        d["rope"] = self.rope.to_json_dict()
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json_dict(cls, d: object) -> Manifest:
+        return from_json_dict(d)
+
+
+MANIFEST_FIELDS: Final = tuple(f.name for f in fields(Manifest))
+
+
+def from_json_dict(d: object) -> Manifest:
+    """Validate an untrusted JSON object; raise ManifestError listing every problem."""
+    if not isinstance(d, dict):
+        raise ManifestError([f"manifest: expected object, got {type(d).__name__}"])
+    reasons = [f"{k!r}: unknown field" for k in d if k not in MANIFEST_FIELDS]
+    values: dict[str, object] = {}
+    for name in MANIFEST_FIELDS:
+        if name not in d:
+            reasons.append(f"{name}: missing")
+            continue
+        v = d[name]
+        if name == "rope":
+            rope = _rope_from_json(v)
+            if isinstance(rope, list):
+                reasons += rope
+                continue
+            v = rope
+        elif isinstance(v, list):
+            v = tuple(v)
+        values[name] = v
+    reasons += _manifest_reasons(values)
+    if reasons:
+        raise ManifestError(reasons)
+    return Manifest(**cast(dict[str, Any], values))
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
+
+
+def from_json(text: str | bytes) -> Manifest:
+    """Parse and validate a JSON document (NaN/Infinity refused, size capped)."""
+    if len(text) > MAX_JSON_CHARS:
+        raise ManifestError([f"manifest: {len(text)} characters exceed the cap {MAX_JSON_CHARS}"])
+    try:
+        d = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise ManifestError([f"manifest: not valid JSON ({e})"]) from None
+    return from_json_dict(d)
+
+
+# ---------------------------------------------------------------- compatibility
+@dataclass(frozen=True, slots=True)
+class LocalConfig:
+    """What the receiver runs; validated on construction (ValueError lists every problem)."""
+
+    model_id: str
+    adapter_id: str | None
+    dtype: str
+    quantization: str
+    num_layers: int
+    kv_heads: int  # total KV heads of the model
+    head_dim: int
+    block_size: int
+    layout: str
+    rope: RopeConfig
+    tp: int
+    cp: int
+    cache_fields: tuple[str, ...] = ("k", "v")
+
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        renamed = {"tp": "dst_tp", "cp": "dst_cp"}
+        r = _manifest_reasons({renamed.get(k, k): v for k, v in values.items()})
+        if r:
+            raise ValueError("; ".join(r))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The receiver's answer to a manifest: install (``ok``) or refuse, and why."""
+
+    ok: bool
+    reasons: tuple[str, ...]  # every reason for refusal; empty iff ok
+    conversions: tuple[str, ...]  # differing fields the receiver must convert
+
+
+_MUST_MATCH: Final = ("model_id", "adapter_id", "dtype", "quantization", "num_layers",
+                      "kv_heads", "head_dim", "cache_fields")
+
+
+def check_compatible(m: Manifest, local: LocalConfig) -> Verdict:
+    """Apply the rule in the module docstring; list every refusal reason and conversion."""
+    reasons = [f"{name}: manifest {getattr(m, name)!r} != local {getattr(local, name)!r}"
+               for name in _MUST_MATCH if getattr(m, name) != getattr(local, name)]
+    for f in fields(RopeConfig):
+        theirs, ours = getattr(m.rope, f.name), getattr(local.rope, f.name)
+        if theirs != ours:
+            reasons.append(f"rope.{f.name}: manifest {theirs!r} != local {ours!r}")
+    if m.dst_tp != local.tp:
+        reasons.append(f"dst_tp: manifest sharded for tp={m.dst_tp}, local runs tp={local.tp}")
+    if m.dst_cp != local.cp:
+        reasons.append(f"dst_cp: manifest sharded for cp={m.dst_cp}, local runs cp={local.cp}")
+    conversions: list[str] = []
+    if m.block_size != local.block_size:
+        conversions.append(f"block_size: {m.block_size} -> {local.block_size}")
+    if m.layout != local.layout:
+        conversions.append(f"layout: {m.layout} -> {local.layout}")
+    if m.src_tp != m.dst_tp:
+        conversions.append(f"tp: {m.src_tp} -> {m.dst_tp} (reshard kv heads)")
+    if m.src_cp != m.dst_cp:
+        conversions.append(f"cp: {m.src_cp} -> {m.dst_cp} (reshard context)")
+    return Verdict(not reasons, tuple(reasons), tuple(conversions))
