@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, cast
 
+from spec.shardmap import LAYOUTS, tp_check
+
 MANIFEST_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({MANIFEST_VERSION})
 
@@ -52,9 +54,9 @@ QUANTIZATION_DTYPES: Final[Mapping[str, frozenset[str]]] = {
     "fp8_e5m2": frozenset({"float8_e5m2"}),
     "int8": frozenset({"int8"}),
 }
-# Axis order of one block: heads_major [layers, fields, kv_heads, block_size, head_dim],
-# tokens_major [layers, fields, block_size, kv_heads, head_dim].
-LAYOUTS: Final = ("heads_major", "tokens_major")
+# LAYOUTS (axis order of one block) and the TP sharding rule come from spec/shardmap.py:
+# heads_major [layers, fields, kv_heads, block_size, head_dim], tokens_major swaps the
+# kv_heads and block_size axes.
 ROPE_SCALINGS: Final = frozenset({"none", "linear", "dynamic", "yarn", "llama3", "longrope"})
 
 # Caps on untrusted sizes: a receiver reserves memory from these numbers.
@@ -188,9 +190,11 @@ _MANIFEST_CHECKS: Final[Mapping[str, Check]] = {
 
 
 def _shard_reason(tp: int, kv_heads: int) -> str | None:
-    if kv_heads % tp == 0 or tp % kv_heads == 0:
-        return None
-    return f"tp={tp} cannot shard kv_heads={kv_heads} (neither divides the other)"
+    try:
+        tp_check(kv_heads, tp)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _geometry_reasons(v: Mapping[str, object]) -> list[str]:
