@@ -55,8 +55,7 @@ class ManifestError(OwnershipError, SpecManifestError):
     prop = "ManifestGate"
 
     def __init__(self, reasons: list[str]) -> None:
-        self.reasons = list(reasons)
-        OwnershipError.__init__(self, "; ".join(self.reasons) or "invalid manifest")
+        SpecManifestError.__init__(self, reasons)  # sets .reasons and the message
 
     @classmethod
     def from_spec(cls, err: SpecManifestError) -> ManifestError:

@@ -239,7 +239,8 @@ def _manifest_reasons(values: Mapping[str, object]) -> list[str]:
                      f"num_tokens={n} at block_size={bs}")
         elif "block_checksums" in ok and len(ok["block_checksums"]) != -(-n // bs) - pre:
             r.append(f"block_checksums: {len(ok['block_checksums'])} entries for "
-                     f"{-(-n // bs) - pre} sent blocks")
+                     f"{-(-n // bs) - pre} sent blocks (num_tokens={n}, block_size={bs}, "
+                     f"prefix_blocks={pre})")
     geometry = ("num_tokens", "num_layers", "cache_fields", "kv_heads", "head_dim", "dtype")
     if set(geometry) <= ok.keys():
         size = (ok["num_tokens"] * ok["num_layers"] * len(ok["cache_fields"]) * ok["kv_heads"]
