@@ -238,13 +238,20 @@ def _same_model(a: KVLayout, b: KVLayout) -> None:
             raise ValueError(f"cannot reshard: {name} {getattr(a, name)} != {getattr(b, name)}")
 
 
-def reshard(src: ShardedKV, dst: ShardedKV, start: int = 0) -> ReshardStats:
-    """Copy tokens [start, src.num_tokens) of every layer, K and V, from src into dst.
+def reshard(
+    src: ShardedKV, dst: ShardedKV, start: int = 0, stop: int | None = None
+) -> ReshardStats:
+    """Copy tokens [start, stop) (default: all of src) of every layer, K and V, into dst.
 
     `start` > 0 sends only a suffix (the destination already holds the prefix).  The
     destination's block tables must already cover src.num_tokens tokens.
     """
     _same_model(src.decl, dst.decl)
+    if dst.decl.cp > 1 and dst.num_tokens not in (0, src.num_tokens):
+        raise ValueError(
+            f"dst cp={dst.decl.cp} is sharded for {dst.num_tokens} tokens, src has "
+            f"{src.num_tokens}: CP shards would not line up"
+        )
     dst.num_tokens = max(dst.num_tokens, src.num_tokens)
     src.check()
     dst.check()
@@ -257,7 +264,8 @@ def reshard(src: ShardedKV, dst: ShardedKV, start: int = 0) -> ReshardStats:
     for tok in sm.cp_reshard_plan(total, s.cp, d.cp):
         s0 = sm.cp_tokens(total, s.cp, tok.src_rank)[0]
         lo = max(start, s0 + tok.src_start)  # global first token of this piece to send
-        n = s0 + tok.src_start + tok.length - lo
+        hi = min(total if stop is None else stop, s0 + tok.src_start + tok.length)
+        n = hi - lo
         if n <= 0:
             continue
         runs = sm.token_copy_plan(
