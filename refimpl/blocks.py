@@ -140,7 +140,8 @@ class BlockAllocator:
         for b in got:
             self._status[b], self._refcount[b] = status, 1
             self._owner[b], self._epoch[b] = owner, epoch
-        self._tables.setdefault(owner, []).extend(got)
+        if got:
+            self._tables.setdefault(owner, []).extend(got)
         return got
 
     def commit(self, owner: str, epoch: int) -> list[int]:
@@ -165,7 +166,8 @@ class BlockAllocator:
                 raise RefcountError(f"block {b} is {st.value}; nothing to reference")
         for b in blocks:
             self._refcount[b] += 1
-        self._tables.setdefault(holder, []).extend(blocks)
+        if blocks:
+            self._tables.setdefault(holder, []).extend(blocks)
 
     def decref(self, holder: str, blocks: Iterable[int]) -> list[int]:
         """Drop ``holder``'s references; blocks reaching zero are freed and returned."""

@@ -124,9 +124,3 @@ class CancelledError(OwnershipError):
     """The request reached a sticky end (cancelled or failed); no install after it."""
 
     prop = "StickyEnd"
-
-
-class ChannelAborted(OwnershipError):
-    """A send on a channel that was aborted; the sender must stop writing."""
-
-    prop = "StickyEnd"
