@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from refimpl.blocks import BlockAllocator
@@ -164,7 +165,49 @@ class KVPool:
         if len(data) != g.block_bytes:
             raise ChunkError(f"chunk of {len(data)} bytes for a {g.block_bytes}-byte block")
         self.allocator.check_write(holder, [b])
+        if self.device.type == "cpu" and src_g.layout == g.layout:
+            # One single-threaded memcpy: a per-block torch copy_ forks and joins its
+            # thread pool each time, which costs milliseconds when cores are contended.
+            dst = self.kv[b].reshape(-1).view(torch.uint8).numpy()
+            np.copyto(dst, np.frombuffer(data, dtype=np.uint8))
+            return
         src = tensor_from_bytes(data, g.dtype, src_g.block_shape)
         if src_g.layout != g.layout:
             src = src.transpose(2, 3)  # swap the heads and slots axes
         self.kv[b].copy_(src)
+
+
+def _runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(src_start, dst_start, length) runs where both id lists advance by one."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src_ids, dst_ids, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+def copy_blocks(src: KVPool, src_ids: Sequence[int], dst: KVPool, dst_ids: Sequence[int],
+                holder: str) -> None:
+    """Copy blocks pool to pool (offload D2H, reload H2D): one ``copy_`` per run of ids.
+
+    ``holder`` must be the one writer of every destination block (checked before any
+    copy). On CUDA the copies run on a transfer stream, never the compute stream, and the
+    call returns once they have landed.
+    """
+    if src.geometry != dst.geometry:
+        raise ChunkError(f"geometry {src.geometry} != {dst.geometry}; reshard instead")
+    if len(src_ids) != len(dst_ids):
+        raise ValueError(f"{len(src_ids)} source ids for {len(dst_ids)} destination ids")
+    dst.allocator.check_write(holder, dst_ids)
+    stream = dst.copy_stream or src.copy_stream
+    if stream is None:
+        for s, d, n in _runs(src_ids, dst_ids):
+            dst.kv[d:d + n].copy_(src.kv[s:s + n])
+        return
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        for s, d, n in _runs(src_ids, dst_ids):
+            dst.kv[d:d + n].copy_(src.kv[s:s + n], non_blocking=True)
+    stream.synchronize()

@@ -23,9 +23,10 @@ from refimpl.errors import (
     IncompleteError,
     InUseError,
     ManifestError,
+    OwnerError,
     StaleError,
 )
-from refimpl.pool import KVPool, PoolGeometry
+from refimpl.pool import KVPool, PoolGeometry, copy_blocks
 from refimpl.transport import Fault, InProcessTransport
 from spec.manifest import LocalConfig, Manifest, RopeConfig
 
@@ -258,3 +259,24 @@ def test_only_json_crosses_the_transport() -> None:
         t.send("c", {"tensor": torch.zeros(1)})
     with pytest.raises(ValueError):
         t.send("c", {"x": float("nan")})
+
+
+def test_offload_reload_round_trip_through_host_pool() -> None:
+    w = world()
+    host = KVPool.host_pool(4, w.src.geometry)
+    before = w.src.kv[w.src_blocks].clone()
+    ids = host.allocator.reserve("r", 3, epoch=1)
+    copy_blocks(w.src, w.src_blocks, host, ids, "r")
+    host.allocator.commit("r", epoch=1)
+    w.src.allocator.free("r")
+    w.src.kv.zero_()  # the GPU blocks are reused meanwhile
+    back = w.src.allocator.reserve("r", 3, epoch=2)
+    assert back == [3, 4, 5]  # not the original ids: the block table is rebuilt
+    with pytest.raises(OwnerError):
+        copy_blocks(host, ids, w.src, back, "someone-else")
+    copy_blocks(host, ids, w.src, back, "r")
+    w.src.allocator.commit("r", epoch=2)
+    host.allocator.free("r")
+    assert torch.equal(w.src.kv[back], before)
+    w.src.allocator.check_integrity()
+    host.allocator.check_integrity()
