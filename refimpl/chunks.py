@@ -146,8 +146,8 @@ class ChunkReceiver:
     def __init__(self, pool: KVPool, manifest: Manifest, dest_blocks: Sequence[int], *,
                  rank: int = 0) -> None:
         m, alloc = manifest, pool.allocator
-        if len(dest_blocks) != len(m.sent_blocks):
-            raise ChunkError(f"{len(dest_blocks)} destination blocks for "
+        if len(set(dest_blocks)) != len(dest_blocks) or len(dest_blocks) != len(m.sent_blocks):
+            raise ChunkError(f"destination blocks {list(dest_blocks)} for "
                              f"{len(m.sent_blocks)} sent blocks")
         for b in dest_blocks:
             if alloc.owner(b) != m.request_id or alloc.status(b).value != "reserved":

@@ -478,6 +478,7 @@ class LocalConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         renamed = {"tp": "dst_tp", "cp": "dst_cp"}
         r = _manifest_reasons({renamed.get(k, k): v for k, v in values.items()})
+        r = [x.removeprefix("dst_") for x in r]  # report the local names tp and cp
         if r:
             raise ValueError("; ".join(r))
 

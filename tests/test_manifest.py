@@ -156,7 +156,7 @@ def test_records_validate_on_construction() -> None:
         replace(m, epoch=-1)
     with pytest.raises(ManifestError, match="rope.rotary_dim"):
         RopeConfig(1e4, 7)
-    with pytest.raises(ValueError, match="dst_tp"):  # LocalConfig reuses the field rules
+    with pytest.raises(ValueError, match="^tp: tp=3 does not divide"):  # the same field rules
         local(tp=3)
 
 
