@@ -93,7 +93,7 @@ def test_one_corrupted_element_changes_the_logits() -> None:
     ref = generate(model, prompt, STEPS)
     kv = PagedKV.empty(cfg, "heads_major", 4, PROMPT_LEN + STEPS)
     logits = model.prefill(prompt, kv)
-    kv.kv.pools[0][0][1, 1, 1, 0, 2, 3] += 1e-9  # block 1 slot 2 = token 6: layer 1, V, head 0, dim 3
+    kv.kv.pools[0][0][1, 1, 1, 0, 2, 3] += 1e-9  # token 6 (block 1 slot 2), layer 1, V, dim 3
     rows, _ = decode(model, int(logits[-1].argmax()), PROMPT_LEN, STEPS, kv)
     assert not torch.equal(rows, ref.decode_logits)
 
