@@ -53,10 +53,20 @@ class World:
 
 
 def make_world(block_size: int) -> World:
-    local = LocalConfig(model_id="seed", adapter_id=None, dtype="float16", quantization="none",
-                        num_layers=LAYERS, kv_heads=HEADS, head_dim=HEAD_DIM,
-                        block_size=block_size, layout="heads_major",
-                        rope=RopeConfig(10000.0, HEAD_DIM), tp=1, cp=1)
+    local = LocalConfig(
+        model_id="seed",
+        adapter_id=None,
+        dtype="float16",
+        quantization="none",
+        num_layers=LAYERS,
+        kv_heads=HEADS,
+        head_dim=HEAD_DIM,
+        block_size=block_size,
+        layout="heads_major",
+        rope=RopeConfig(10000.0, HEAD_DIM),
+        tp=1,
+        cp=1,
+    )
     geometry = PoolGeometry.of_local(local)
     n = -(-TOKENS // block_size)
     src, dst = KVPool.device_pool(n, geometry), KVPool.device_pool(n, geometry)
@@ -65,8 +75,16 @@ def make_world(block_size: int) -> World:
     torch.manual_seed(0)
     src.kv.copy_(torch.randn(src.kv.shape, dtype=src.kv.dtype, device=src.device))
     assert blocks == list(range(n))
-    return World(local, src, dst, host, InProcessTransport(), tuple(range(TOKENS)),
-                 torch.empty_like(host.kv), torch.empty_like(dst.kv))
+    return World(
+        local,
+        src,
+        dst,
+        host,
+        InProcessTransport(),
+        tuple(range(TOKENS)),
+        torch.empty_like(host.kv),
+        torch.empty_like(dst.kv),
+    )
 
 
 # ---------------------------------------------------------------- the timed steps
@@ -149,8 +167,9 @@ def run(rounds: int, block_size: int, path: str) -> dict[str, float]:
     cuda = w.src.device.type == "cuda"
     handoff = HANDOFFS[path]
     w.host.kv.copy_(w.src.kv)
-    samples: dict[str, list[float]] = {k: [] for k in
-                                       ("copy", "handoff", "two_copies", "roundtrip", "xxh3")}
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("copy", "handoff", "two_copies", "roundtrip", "xxh3")
+    }
     for epoch in range(rounds + 2):  # two warm-up rounds, then interleaved samples
         s = {
             "copy": timed(cuda, raw_copy, w),
@@ -194,9 +213,11 @@ def main() -> None:
         print(json.dumps({k: v for k, v in out.items() if not k.startswith("_")}))
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"payload {out['payload_bytes'] / 2**20:.0f} MiB on {device}, block_size "
-          f"{args.block_size}, {args.rounds} rounds, medians (ms): "
-          + ", ".join(f"{k[1:-3]}={v:.2f}" for k, v in out.items() if k.endswith("_ms")))
+    print(
+        f"payload {out['payload_bytes'] / 2**20:.0f} MiB on {device}, block_size "
+        f"{args.block_size}, {args.rounds} rounds, medians (ms): "
+        + ", ".join(f"{k[1:-3]}={v:.2f}" for k, v in out.items() if k.endswith("_ms"))
+    )
     print(f"{'metric':<22}{'value':>10}  goal")
     goals = {"handoff_over_copy": ">= 0.8 (CPU)", "checksum_gib_s": ">= 10"}
     for k, v in out.items():

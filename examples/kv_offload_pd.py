@@ -73,18 +73,20 @@ def main() -> None:
 
     name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "CPU"
     print(f"python={platform.python_version()} torch={torch.__version__}")
-    print(f"device={device} name={name} dtype={DTYPE} KV={shape} "
-          f"payload_MiB={payload / 2**20:.3f}")
+    print(f"device={device} name={name} dtype={DTYPE} KV={shape} payload_MiB={payload / 2**20:.3f}")
     print(f"roundtrip_max_abs_diff={max_diff:.3e}")
     if cuda:
         for label, copy in (("D2H", offload), ("H2D", reload)):
             ms = median_cuda_ms(copy)
-            print(f"pinned_{label}_median_ms={ms:.3f} "
-                  f"effective_GiB_s={payload / 2**30 / (ms / 1e3):.3f}")
+            print(
+                f"pinned_{label}_median_ms={ms:.3f} "
+                f"effective_GiB_s={payload / 2**30 / (ms / 1e3):.3f}"
+            )
     else:
         print("pinned_D2H/H2D: no CUDA device; CPU -> CPU round trip checked only")
-    print(f"PD_nominal_network_Gbps={NOMINAL_GBIT_S} "
-          f"payload_only_lower_bound_ms={lower_bound_ms:.3f}")
+    print(
+        f"PD_nominal_network_Gbps={NOMINAL_GBIT_S} payload_only_lower_bound_ms={lower_bound_ms:.3f}"
+    )
 
 
 if __name__ == "__main__":

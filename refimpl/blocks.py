@@ -39,8 +39,14 @@ from refimpl.errors import (
     StaleError,
 )
 
-GUARDS = ("NoReuseUnderIO", "CapacityRefcount", "NoPartialUse", "FrozenSnapshot",
-          "SingleWriter", "Fencing")
+GUARDS = (
+    "NoReuseUnderIO",
+    "CapacityRefcount",
+    "NoPartialUse",
+    "FrozenSnapshot",
+    "SingleWriter",
+    "Fencing",
+)
 
 
 class BlockStatus(Enum):
@@ -118,8 +124,9 @@ class BlockAllocator:
             if self._owner[b] != holder and self._guarded("SingleWriter"):
                 raise OwnerError(f"{holder!r} writes block {b} owned by {self._owner[b]!r}")
             if self._refcount[b] > 1 and self._guarded("FrozenSnapshot"):
-                raise FrozenError(f"block {b} is pinned or shared (refcount "
-                                  f"{self._refcount[b]}); it is read-only")
+                raise FrozenError(
+                    f"block {b} is pinned or shared (refcount {self._refcount[b]}); it is read-only"
+                )
 
     # ------------------------------------------------------------ commands
     def allocate(self, owner: str, n: int, *, epoch: int = 0) -> list[int]:
@@ -134,8 +141,9 @@ class BlockAllocator:
         if n < 0 or epoch < 0:
             raise ValueError(f"n={n} and epoch={epoch} must be >= 0")
         if not self.can_allocate(n):
-            raise CapacityError(f"{owner!r} asks for {n} blocks, {len(self._free)} free "
-                                f"of {self.capacity}")
+            raise CapacityError(
+                f"{owner!r} asks for {n} blocks, {len(self._free)} free of {self.capacity}"
+            )
         got = [self._free.popleft() for _ in range(n)]
         for b in got:
             self._status[b], self._refcount[b] = status, 1
@@ -149,8 +157,10 @@ class BlockAllocator:
         mine = [b for b in self._tables.get(owner, ()) if self._status[b] is BlockStatus.RESERVED]
         stale = [b for b in mine if self._epoch[b] != epoch]
         if stale and self._guarded("Fencing"):
-            raise StaleError(f"commit of {owner!r} epoch {epoch}, but blocks {stale} were "
-                             f"reserved by epochs {[self._epoch[b] for b in stale]}")
+            raise StaleError(
+                f"commit of {owner!r} epoch {epoch}, but blocks {stale} were "
+                f"reserved by epochs {[self._epoch[b] for b in stale]}"
+            )
         for b in mine:
             self._status[b] = BlockStatus.OWNED
         return mine
@@ -180,8 +190,10 @@ class BlockAllocator:
                 raise RefcountError(f"{holder!r} releases blocks {missing} it does not hold")
         reserved = [b for b in blocks if self._status[b] is BlockStatus.RESERVED]
         if reserved and self._guarded("NoReuseUnderIO"):
-            raise InUseError(f"blocks {reserved} of {holder!r} are transfer destinations; "
-                             "quarantine them until the writer has stopped")
+            raise InUseError(
+                f"blocks {reserved} of {holder!r} are transfer destinations; "
+                "quarantine them until the writer has stopped"
+            )
         freed = []
         for b in blocks:
             if b in table:
@@ -219,8 +231,7 @@ class BlockAllocator:
 
     def unquarantine_and_free(self, owner: str, epoch: int | None = None) -> list[int]:
         """The writer into ``owner``'s quarantined blocks has stopped: free them."""
-        done = [b for b, (o, e) in self._quarantine.items()
-                if o == owner and epoch in (None, e)]
+        done = [b for b, (o, e) in self._quarantine.items() if o == owner and epoch in (None, e)]
         for b in done:
             del self._quarantine[b]
             self._release(b)
@@ -250,8 +261,9 @@ class BlockAllocator:
             problems.append(f"free list has duplicates: {sorted(self._free)}")
         if set(self._free) != {b for b, s in enumerate(self._status) if s is BlockStatus.FREE}:
             problems.append("free list != blocks in status free")
-        if set(self._quarantine) != {b for b, s in enumerate(self._status)
-                                     if s is BlockStatus.QUARANTINED}:
+        if set(self._quarantine) != {
+            b for b, s in enumerate(self._status) if s is BlockStatus.QUARANTINED
+        }:
             problems.append("quarantine map != blocks in status quarantined")
         for b, st in enumerate(self._status):
             rc, held, owner = self._refcount[b], in_tables[b], self._owner[b]
@@ -268,4 +280,5 @@ class BlockAllocator:
                 f"owned={counts['owned']} quarantined={counts['quarantined']} "
                 f"sum={sum(counts.values())} free_list={len(self._free)} "
                 f"table_refs={sum(in_tables.values())} "
-                f"refcount_sum={sum(self._refcount)}: " + "; ".join(problems))
+                f"refcount_sum={sum(self._refcount)}: " + "; ".join(problems)
+            )

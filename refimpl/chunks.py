@@ -80,18 +80,41 @@ def release(pool: KVPool, snap: Snapshot) -> list[int]:
     return pool.allocator.decref(snap.pin, snap.block_ids)
 
 
-def build_manifest(snap: Snapshot, source: LocalConfig, *, token_ids: Sequence[int],
-                   dst_tp: int, dst_cp: int, start_pos: int = 0) -> Manifest:
+def build_manifest(
+    snap: Snapshot,
+    source: LocalConfig,
+    *,
+    token_ids: Sequence[int],
+    dst_tp: int,
+    dst_cp: int,
+    start_pos: int = 0,
+) -> Manifest:
     """The manifest of a snapshot taken on a worker running ``source``."""
     return Manifest(
-        request_id=snap.request_id, model_id=source.model_id, adapter_id=source.adapter_id,
-        token_ids=tuple(token_ids), num_tokens=len(token_ids),
-        cache_fields=source.cache_fields, num_layers=source.num_layers, dtype=source.dtype,
-        quantization=source.quantization, kv_heads=source.kv_heads, head_dim=source.head_dim,
-        block_size=source.block_size, layout=source.layout, start_pos=start_pos,
-        rope=source.rope, src_tp=source.tp, src_cp=source.cp, dst_tp=dst_tp, dst_cp=dst_cp,
-        prefix_blocks=snap.first_block, block_checksums=snap.checksums,
-        version=MANIFEST_VERSION, epoch=snap.epoch)
+        request_id=snap.request_id,
+        model_id=source.model_id,
+        adapter_id=source.adapter_id,
+        token_ids=tuple(token_ids),
+        num_tokens=len(token_ids),
+        cache_fields=source.cache_fields,
+        num_layers=source.num_layers,
+        dtype=source.dtype,
+        quantization=source.quantization,
+        kv_heads=source.kv_heads,
+        head_dim=source.head_dim,
+        block_size=source.block_size,
+        layout=source.layout,
+        start_pos=start_pos,
+        rope=source.rope,
+        src_tp=source.tp,
+        src_cp=source.cp,
+        dst_tp=dst_tp,
+        dst_cp=dst_cp,
+        prefix_blocks=snap.first_block,
+        block_checksums=snap.checksums,
+        version=MANIFEST_VERSION,
+        epoch=snap.epoch,
+    )
 
 
 def send_manifest(transport: Transport, channel: str, m: Manifest) -> None:
@@ -113,15 +136,27 @@ def accept_manifest(header: Mapping[str, Any], local: LocalConfig) -> tuple[Mani
     return m, verdict
 
 
-def send_chunks(transport: Transport, channel: str, snap: Snapshot, *, rank: int = 0,
-                is_cancelled: Callable[[], bool] | None = None) -> int:
+def send_chunks(
+    transport: Transport,
+    channel: str,
+    snap: Snapshot,
+    *,
+    rank: int = 0,
+    is_cancelled: Callable[[], bool] | None = None,
+) -> int:
     """Send one chunk per block, stopping early once cancelled; returns the number sent."""
     sent = 0
     for j, (payload, checksum) in enumerate(zip(snap.payloads, snap.checksums, strict=True)):
         if is_cancelled is not None and is_cancelled():
             break
-        header = {"type": CHUNK, "request_id": snap.request_id, "epoch": snap.epoch,
-                  "block_index": snap.first_block + j, "rank": rank, "checksum": checksum}
+        header = {
+            "type": CHUNK,
+            "request_id": snap.request_id,
+            "epoch": snap.epoch,
+            "block_index": snap.first_block + j,
+            "rank": rank,
+            "checksum": checksum,
+        }
         transport.send(channel, header, payload)
         sent += 1
     return sent
@@ -143,19 +178,24 @@ class PumpReport:
 class ChunkReceiver:
     """Installs one attempt's chunks into its reserved destination blocks."""
 
-    def __init__(self, pool: KVPool, manifest: Manifest, dest_blocks: Sequence[int], *,
-                 rank: int = 0) -> None:
+    def __init__(
+        self, pool: KVPool, manifest: Manifest, dest_blocks: Sequence[int], *, rank: int = 0
+    ) -> None:
         m, alloc = manifest, pool.allocator
         if len(set(dest_blocks)) != len(dest_blocks) or len(dest_blocks) != len(m.sent_blocks):
-            raise ChunkError(f"destination blocks {list(dest_blocks)} for "
-                             f"{len(m.sent_blocks)} sent blocks")
+            raise ChunkError(
+                f"destination blocks {list(dest_blocks)} for {len(m.sent_blocks)} sent blocks"
+            )
         for b in dest_blocks:
             if alloc.owner(b) != m.request_id or alloc.status(b).value != "reserved":
-                raise InUseError(f"block {b} is {alloc.status(b).value}, owner "
-                                 f"{alloc.owner(b)!r}: not reserved for {m.request_id!r}")
+                raise InUseError(
+                    f"block {b} is {alloc.status(b).value}, owner "
+                    f"{alloc.owner(b)!r}: not reserved for {m.request_id!r}"
+                )
             if alloc.epoch(b) != m.epoch:
-                raise StaleError(f"block {b} reserved by epoch {alloc.epoch(b)}, "
-                                 f"manifest epoch {m.epoch}")
+                raise StaleError(
+                    f"block {b} reserved by epoch {alloc.epoch(b)}, manifest epoch {m.epoch}"
+                )
         self.pool, self.manifest, self.rank = pool, m, rank
         self.src_geometry = PoolGeometry.of_manifest(m)
         self.dest = {m.prefix_blocks + j: b for j, b in enumerate(dest_blocks)}
@@ -180,17 +220,22 @@ class ChunkReceiver:
             raise CancelledError(f"{m.request_id!r} epoch {m.epoch} is cancelled")
         idx, checksum = header.get("block_index"), header.get("checksum")
         if header.get("request_id") != m.request_id or header.get("epoch") != m.epoch:
-            raise StaleError(f"chunk of {header.get('request_id')!r} epoch "
-                             f"{header.get('epoch')!r}; expecting {m.request_id!r} {m.epoch}")
+            raise StaleError(
+                f"chunk of {header.get('request_id')!r} epoch "
+                f"{header.get('epoch')!r}; expecting {m.request_id!r} {m.epoch}"
+            )
         if header.get("rank") != self.rank:
-            raise ChunkError(f"chunk of rank {header.get('rank')!r} at receiver rank "
-                             f"{self.rank}", prop="RankAgreement")
+            raise ChunkError(
+                f"chunk of rank {header.get('rank')!r} at receiver rank {self.rank}",
+                prop="RankAgreement",
+            )
         if type(idx) is not int or idx not in self.dest:
             raise ChunkError(f"block_index {idx!r} not in sent blocks {m.sent_blocks}")
         expected = m.block_checksums[idx - m.prefix_blocks]
         if checksum != expected:
-            raise ChecksumError(f"block {idx}: header checksum {checksum!r} != manifest "
-                                f"{expected!r}")
+            raise ChecksumError(
+                f"block {idx}: header checksum {checksum!r} != manifest {expected!r}"
+            )
         if idx in self.installed:
             return False
         actual = bytes_checksum(payload)
@@ -200,8 +245,9 @@ class ChunkReceiver:
         self.installed.add(idx)
         return True
 
-    def pump(self, transport: Transport, channel: str,
-             is_cancelled: Callable[[], bool] | None = None) -> PumpReport:
+    def pump(
+        self, transport: Transport, channel: str, is_cancelled: Callable[[], bool] | None = None
+    ) -> PumpReport:
         """Poll once and handle every message, checking cancellation before each chunk."""
         report = PumpReport()
         for header, payload in transport.poll(channel):
@@ -234,6 +280,7 @@ class ChunkReceiver:
         if self.cancelled:
             raise CancelledError(f"commit of cancelled {m.request_id!r} epoch {m.epoch}")
         if not self.complete:
-            raise IncompleteError(f"{m.request_id!r} epoch {m.epoch}: blocks {self.missing()} "
-                                  "not installed")
+            raise IncompleteError(
+                f"{m.request_id!r} epoch {m.epoch}: blocks {self.missing()} not installed"
+            )
         return self.pool.allocator.commit(m.request_id, m.epoch)

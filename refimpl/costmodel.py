@@ -17,19 +17,33 @@ import math
 from dataclasses import dataclass
 
 
-def kv_bytes(num_layers: int, batch: int, tokens: int, kv_heads: int, head_dim: int,
-             dtype_bytes: int, num_fields: int = 2) -> int:
+def kv_bytes(
+    num_layers: int,
+    batch: int,
+    tokens: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    num_fields: int = 2,
+) -> int:
     """M_KV: bytes of the KV cache (num_fields=2 for K and V)."""
-    for name, v in (("num_layers", num_layers), ("batch", batch), ("tokens", tokens),
-                    ("kv_heads", kv_heads), ("head_dim", head_dim),
-                    ("dtype_bytes", dtype_bytes), ("num_fields", num_fields)):
+    for name, v in (
+        ("num_layers", num_layers),
+        ("batch", batch),
+        ("tokens", tokens),
+        ("kv_heads", kv_heads),
+        ("head_dim", head_dim),
+        ("dtype_bytes", dtype_bytes),
+        ("num_fields", num_fields),
+    ):
         if v < 0:
             raise ValueError(f"{name}={v} must be >= 0")
     return num_fields * num_layers * batch * tokens * kv_heads * head_dim * dtype_bytes
 
 
-def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype_bytes: int,
-                       num_fields: int = 2) -> int:
+def kv_bytes_per_token(
+    num_layers: int, kv_heads: int, head_dim: int, dtype_bytes: int, num_fields: int = 2
+) -> int:
     """Bytes one token adds to the KV cache of one sequence."""
     return kv_bytes(num_layers, 1, 1, kv_heads, head_dim, dtype_bytes, num_fields)
 
@@ -78,9 +92,14 @@ class SwapDecision:
     break_even_tokens: float  # swap wins above this length; inf: never, 0: always
 
 
-def swap_or_recompute(tokens: int, bytes_per_token: float, d2h_bytes_per_s: float,
-                      h2d_bytes_per_s: float, prefill_tokens_per_s: float,
-                      fixed_s: float = 0.0) -> SwapDecision:
+def swap_or_recompute(
+    tokens: int,
+    bytes_per_token: float,
+    d2h_bytes_per_s: float,
+    h2d_bytes_per_s: float,
+    prefill_tokens_per_s: float,
+    fixed_s: float = 0.0,
+) -> SwapDecision:
     """Compare the two preemption modes for one request.
 
     swap_s(T) = fixed_s + T * bytes_per_token * (1/BW_d2h + 1/BW_h2d)
@@ -112,8 +131,13 @@ class OffloadBenefit:
     break_even_hit_rate: float  # the hit rate at which the two are equal (may exceed 1)
 
 
-def offload_benefit(hit_rate: float, recompute_s_per_token: float, offloaded_tokens: int,
-                    offloaded_kv_bytes: float, pcie_bytes_per_s: float) -> OffloadBenefit:
+def offload_benefit(
+    hit_rate: float,
+    recompute_s_per_token: float,
+    offloaded_tokens: int,
+    offloaded_kv_bytes: float,
+    pcie_bytes_per_s: float,
+) -> OffloadBenefit:
     """Time saved by reloading instead of recomputing, against the cost of the swap-in.
 
     Decode wait, batch filling and DRAM occupancy are not modelled (seed: the decision is

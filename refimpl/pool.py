@@ -25,10 +25,15 @@ from refimpl.blocks import BlockAllocator
 from refimpl.checksum import Buffer, byte_view, tensor_from_bytes
 from refimpl.errors import ChunkError
 from spec.manifest import LocalConfig, Manifest
+from spec.shardmap import LAYOUTS
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "int8": torch.int8,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "int8": torch.int8,
 }
 
 
@@ -45,7 +50,7 @@ class PoolGeometry:
     layout: str = "heads_major"
 
     def __post_init__(self) -> None:
-        if self.layout not in ("heads_major", "tokens_major"):
+        if self.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}")
         dims = (self.num_layers, self.num_fields, self.kv_heads, self.block_size, self.head_dim)
         if min(dims) < 1:
@@ -69,31 +74,58 @@ class PoolGeometry:
     @classmethod
     def of_local(cls, local: LocalConfig, kv_heads: int | None = None) -> PoolGeometry:
         """The receiver's block shape; ``kv_heads`` overrides for one TP rank's shard."""
-        return cls(local.num_layers, len(local.cache_fields), kv_heads or local.kv_heads,
-                   local.block_size, local.head_dim, TORCH_DTYPES[local.dtype], local.layout)
+        return cls(
+            local.num_layers,
+            len(local.cache_fields),
+            kv_heads or local.kv_heads,
+            local.block_size,
+            local.head_dim,
+            TORCH_DTYPES[local.dtype],
+            local.layout,
+        )
 
     @classmethod
     def of_manifest(cls, m: Manifest) -> PoolGeometry:
         """The block shape the sender's chunks carry (unsharded, tp=1 view)."""
-        return cls(m.num_layers, len(m.cache_fields), m.kv_heads, m.block_size, m.head_dim,
-                   TORCH_DTYPES[m.dtype], m.layout)
+        return cls(
+            m.num_layers,
+            len(m.cache_fields),
+            m.kv_heads,
+            m.block_size,
+            m.head_dim,
+            TORCH_DTYPES[m.dtype],
+            m.layout,
+        )
 
 
 class KVPool:
     """Blocks of KV at one location; ``allocator`` says who holds each block."""
 
-    def __init__(self, capacity: int, geometry: PoolGeometry, *,
-                 device: str | torch.device = "cpu", pin_memory: bool = False,
-                 disabled_guards: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        geometry: PoolGeometry,
+        *,
+        device: str | torch.device = "cpu",
+        pin_memory: bool = False,
+        disabled_guards: Iterable[str] = (),
+    ) -> None:
         self.geometry = geometry
         self.device = torch.device(device)
         # kv: [capacity, *geometry.block_shape]; zeros so unwritten pages are recognisable
-        self.kv = torch.zeros((capacity, *geometry.block_shape), dtype=geometry.dtype,
-                              device=self.device, pin_memory=pin_memory)
+        self.kv = torch.zeros(
+            (capacity, *geometry.block_shape),
+            dtype=geometry.dtype,
+            device=self.device,
+            pin_memory=pin_memory,
+        )
         self.allocator = BlockAllocator(capacity, disabled_guards=disabled_guards)
         # Transfers on CUDA run on their own stream so they never queue behind decode.
-        self.copy_stream = (torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-                            if self.device.type == "cuda" else None)
+        self.copy_stream = (
+            torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if self.device.type == "cuda"
+            else None
+        )
 
     @classmethod
     def device_pool(cls, capacity: int, geometry: PoolGeometry, **kw: object) -> KVPool:
@@ -128,8 +160,9 @@ class KVPool:
             return [byte_view(self.kv[b]) for b in block_ids]
         assert self.copy_stream is not None
         idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
-        staged = torch.empty((len(block_ids), *self.geometry.block_shape),
-                             dtype=self.geometry.dtype, pin_memory=True)
+        staged = torch.empty(
+            (len(block_ids), *self.geometry.block_shape), dtype=self.geometry.dtype, pin_memory=True
+        )
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
             staged.copy_(self.kv[idx], non_blocking=True)
@@ -150,17 +183,23 @@ class KVPool:
         idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
         self.kv.index_copy_(0, idx, src.to(self.device, non_blocking=True))
 
-    def write_block_bytes(self, holder: str, b: int, data: Buffer,
-                          src_geometry: PoolGeometry | None = None) -> None:
+    def write_block_bytes(
+        self, holder: str, b: int, data: Buffer, src_geometry: PoolGeometry | None = None
+    ) -> None:
         """Install one block from raw bytes with a single copy_ (H2D on CUDA).
 
         ``src_geometry`` is the sender's block shape; a different layout is permuted on
         the fly (heads_major <-> tokens_major). Other differences are refused here.
         """
         g, src_g = self.geometry, src_geometry or self.geometry
-        if (src_g.num_layers, src_g.num_fields, src_g.kv_heads, src_g.block_size,
-                src_g.head_dim, src_g.dtype) != (g.num_layers, g.num_fields, g.kv_heads,
-                                                 g.block_size, g.head_dim, g.dtype):
+        if (
+            src_g.num_layers,
+            src_g.num_fields,
+            src_g.kv_heads,
+            src_g.block_size,
+            src_g.head_dim,
+            src_g.dtype,
+        ) != (g.num_layers, g.num_fields, g.kv_heads, g.block_size, g.head_dim, g.dtype):
             raise ChunkError(f"chunk geometry {src_g} does not match pool {g}; reshard first")
         if len(data) != g.block_bytes:
             raise ChunkError(f"chunk of {len(data)} bytes for a {g.block_bytes}-byte block")
@@ -188,8 +227,9 @@ def _runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int
     return runs
 
 
-def copy_blocks(src: KVPool, src_ids: Sequence[int], dst: KVPool, dst_ids: Sequence[int],
-                holder: str) -> None:
+def copy_blocks(
+    src: KVPool, src_ids: Sequence[int], dst: KVPool, dst_ids: Sequence[int], holder: str
+) -> None:
     """Copy blocks pool to pool (offload D2H, reload H2D): one ``copy_`` per run of ids.
 
     ``holder`` must be the one writer of every destination block (checked before any
@@ -204,10 +244,10 @@ def copy_blocks(src: KVPool, src_ids: Sequence[int], dst: KVPool, dst_ids: Seque
     stream = dst.copy_stream or src.copy_stream
     if stream is None:
         for s, d, n in _runs(src_ids, dst_ids):
-            dst.kv[d:d + n].copy_(src.kv[s:s + n])
+            dst.kv[d : d + n].copy_(src.kv[s : s + n])
         return
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(stream):
         for s, d, n in _runs(src_ids, dst_ids):
-            dst.kv[d:d + n].copy_(src.kv[s:s + n], non_blocking=True)
+            dst.kv[d : d + n].copy_(src.kv[s : s + n], non_blocking=True)
     stream.synchronize()

@@ -256,14 +256,9 @@ def _manifest_reasons(values: Mapping[str, object]) -> list[str]:
             )
     geometry = ("num_tokens", "num_layers", "cache_fields", "kv_heads", "head_dim", "dtype")
     if set(geometry) <= ok.keys():
-        size = (
-            ok["num_tokens"]
-            * ok["num_layers"]
-            * len(ok["cache_fields"])
-            * ok["kv_heads"]
-            * ok["head_dim"]
-            * DTYPE_BYTES[ok["dtype"]]
-        )
+        fields_per_layer = len(ok["cache_fields"])
+        size = ok["num_tokens"] * ok["num_layers"] * fields_per_layer * ok["kv_heads"]
+        size *= ok["head_dim"] * DTYPE_BYTES[ok["dtype"]]
         if size > MAX_PAYLOAD_BYTES:
             r.append(f"num_tokens: payload of {size} bytes exceeds the cap {MAX_PAYLOAD_BYTES}")
     return r

@@ -142,8 +142,12 @@ def _setup() -> BlockAllocator:
 REFUSALS: list[tuple[str, Callable[[BlockAllocator], object], type[OwnershipError], str]] = [
     ("over capacity", lambda a: a.allocate("X", 2), CapacityError, "CapacityRefcount"),
     ("release unheld", lambda a: a.decref("X", [0]), RefcountError, "CapacityRefcount"),
-    ("release twice in one call", lambda a: a.decref("A", [0, 0]), RefcountError,
-     "CapacityRefcount"),
+    (
+        "release twice in one call",
+        lambda a: a.decref("A", [0, 0]),
+        RefcountError,
+        "CapacityRefcount",
+    ),
     ("free under I/O", lambda a: a.free("D"), InUseError, "NoReuseUnderIO"),
     ("share a partial replica", lambda a: a.incref("X", [2]), IncompleteError, "NoPartialUse"),
     ("reference a free block", lambda a: a.incref("X", [3]), RefcountError, "CapacityRefcount"),
@@ -155,8 +159,9 @@ REFUSALS: list[tuple[str, Callable[[BlockAllocator], object], type[OwnershipErro
 
 
 @pytest.mark.parametrize("name,cmd,err,prop", REFUSALS, ids=[r[0] for r in REFUSALS])
-def test_refusal_changes_nothing(name: str, cmd: Callable[[BlockAllocator], object],
-                                 err: type[OwnershipError], prop: str) -> None:
+def test_refusal_changes_nothing(
+    name: str, cmd: Callable[[BlockAllocator], object], err: type[OwnershipError], prop: str
+) -> None:
     a = _setup()
     before = state(a)
     with pytest.raises(err) as info:
@@ -166,10 +171,26 @@ def test_refusal_changes_nothing(name: str, cmd: Callable[[BlockAllocator], obje
     a.check_integrity()
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["allocate", "reserve", "commit", "incref", "decref",
-                                          "free", "quarantine", "unquarantine"]),
-                         st.sampled_from(["A", "B", "C"]), st.integers(0, 3),
-                         st.integers(0, 5)), max_size=40)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "allocate",
+                "reserve",
+                "commit",
+                "incref",
+                "decref",
+                "free",
+                "quarantine",
+                "unquarantine",
+            ]
+        ),
+        st.sampled_from(["A", "B", "C"]),
+        st.integers(0, 3),
+        st.integers(0, 5),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=200, deadline=None)

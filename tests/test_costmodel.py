@@ -53,8 +53,13 @@ def test_swap_or_recompute_break_even() -> None:
     bw = 16 * 2**30
     w = per_token * 2 / bw
     t_star = 5e-3 / (1e-4 - w)
-    args = dict(bytes_per_token=per_token, d2h_bytes_per_s=bw, h2d_bytes_per_s=bw,
-                prefill_tokens_per_s=1e4, fixed_s=5e-3)
+    args = dict(
+        bytes_per_token=per_token,
+        d2h_bytes_per_s=bw,
+        h2d_bytes_per_s=bw,
+        prefill_tokens_per_s=1e4,
+        fixed_s=5e-3,
+    )
     below = cm.swap_or_recompute(math.floor(t_star) - 1, **args)
     above = cm.swap_or_recompute(math.ceil(t_star) + 1, **args)
     assert below.break_even_tokens == pytest.approx(t_star)
@@ -63,8 +68,13 @@ def test_swap_or_recompute_break_even() -> None:
 
 
 def test_swap_never_wins_when_moving_costs_more_than_computing() -> None:
-    d = cm.swap_or_recompute(10**6, bytes_per_token=1e6, d2h_bytes_per_s=1e9,
-                             h2d_bytes_per_s=1e9, prefill_tokens_per_s=1e4)
+    d = cm.swap_or_recompute(
+        10**6,
+        bytes_per_token=1e6,
+        d2h_bytes_per_s=1e9,
+        h2d_bytes_per_s=1e9,
+        prefill_tokens_per_s=1e4,
+    )
     assert d.choice == "recompute" and d.break_even_tokens == math.inf
 
 

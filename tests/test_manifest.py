@@ -30,21 +30,47 @@ GOOD_SUM = "0123456789abcdef"
 def good_dict() -> dict[str, object]:
     """40 tokens at block size 16: 3 blocks, the first held by the receiver, 2 sent."""
     return {
-        "request_id": "req-1", "model_id": "llama-3-8b", "adapter_id": None,
-        "token_ids": list(range(100, 140)), "num_tokens": 40, "cache_fields": ["k", "v"],
-        "num_layers": 2, "dtype": "float16", "quantization": "none", "kv_heads": 8,
-        "head_dim": 64, "block_size": 16, "layout": "heads_major", "start_pos": 0,
+        "request_id": "req-1",
+        "model_id": "llama-3-8b",
+        "adapter_id": None,
+        "token_ids": list(range(100, 140)),
+        "num_tokens": 40,
+        "cache_fields": ["k", "v"],
+        "num_layers": 2,
+        "dtype": "float16",
+        "quantization": "none",
+        "kv_heads": 8,
+        "head_dim": 64,
+        "block_size": 16,
+        "layout": "heads_major",
+        "start_pos": 0,
         "rope": {"theta": 10000.0, "rotary_dim": 64, "scaling": "none", "scaling_factor": 1.0},
-        "src_tp": 2, "src_cp": 1, "dst_tp": 1, "dst_cp": 1, "prefix_blocks": 1,
-        "block_checksums": [GOOD_SUM, "fedcba9876543210"], "version": MANIFEST_VERSION,
+        "src_tp": 2,
+        "src_cp": 1,
+        "dst_tp": 1,
+        "dst_cp": 1,
+        "prefix_blocks": 1,
+        "block_checksums": [GOOD_SUM, "fedcba9876543210"],
+        "version": MANIFEST_VERSION,
         "epoch": 3,
     }
 
 
 def local(**changes: object) -> LocalConfig:
-    base = LocalConfig(model_id="llama-3-8b", adapter_id=None, dtype="float16",
-                       quantization="none", num_layers=2, kv_heads=8, head_dim=64,
-                       block_size=16, layout="heads_major", rope=ROPE, tp=1, cp=1)
+    base = LocalConfig(
+        model_id="llama-3-8b",
+        adapter_id=None,
+        dtype="float16",
+        quantization="none",
+        num_layers=2,
+        kv_heads=8,
+        head_dim=64,
+        block_size=16,
+        layout="heads_major",
+        rope=ROPE,
+        tp=1,
+        cp=1,
+    )
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -83,17 +109,27 @@ BAD_VALUES: dict[str, list[object]] = {
     "block_size": [0, 10**6, 64],  # 64: the prefix block is no longer full
     "layout": ["nhd", 0, "HEADS_MAJOR"],
     "start_pos": [-1, 2**25, 2**24 - 1],
-    "rope": ["x", {}, {"theta": -1.0, "rotary_dim": 64, "scaling": "none", "scaling_factor": 1.0},
-             {"theta": 1e4, "rotary_dim": 63, "scaling": "none", "scaling_factor": 1.0},
-             {"theta": 1e4, "rotary_dim": 64, "scaling": "ntk?", "scaling_factor": 1.0},
-             {"theta": 1e4, "rotary_dim": 64, "scaling": "none", "scaling_factor": 1.0, "x": 1}],
+    "rope": [
+        "x",
+        {},
+        {"theta": -1.0, "rotary_dim": 64, "scaling": "none", "scaling_factor": 1.0},
+        {"theta": 1e4, "rotary_dim": 63, "scaling": "none", "scaling_factor": 1.0},
+        {"theta": 1e4, "rotary_dim": 64, "scaling": "ntk?", "scaling_factor": 1.0},
+        {"theta": 1e4, "rotary_dim": 64, "scaling": "none", "scaling_factor": 1.0, "x": 1},
+    ],
     "src_tp": [0, 3, 2000],
     "src_cp": [0, -1],
     "dst_tp": [0, 5],
     "dst_cp": [0, "1"],
     "prefix_blocks": [-1, 3, 0],  # 0: now 3 blocks are sent but only 2 checksums given
-    "block_checksums": ["abc", ["xyz"] * 2, [GOOD_SUM.upper()] * 2, [GOOD_SUM],
-                        [GOOD_SUM] * 3, [GOOD_SUM, 17]],
+    "block_checksums": [
+        "abc",
+        ["xyz"] * 2,
+        [GOOD_SUM.upper()] * 2,
+        [GOOD_SUM],
+        [GOOD_SUM] * 3,
+        [GOOD_SUM, 17],
+    ],
     "version": [0, 2, "1", None, True],
     "epoch": [-1, 2**64, 1.5],
 }
@@ -119,8 +155,14 @@ def test_each_missing_field_is_named(field: str) -> None:
 
 def test_several_broken_fields_are_all_listed() -> None:
     d = good_dict()
-    d.update(dtype="float17", num_layers=-1, version=9, block_checksums=["nothex"] * 2,
-             rope={"theta": float("inf")}, smuggled=1)
+    d.update(
+        dtype="float17",
+        num_layers=-1,
+        version=9,
+        block_checksums=["nothex"] * 2,
+        rope={"theta": float("inf")},
+        smuggled=1,
+    )
     del d["epoch"]
     r = reasons_of(d)
     for field in ("dtype", "num_layers", "version", "block_checksums", "rope", "epoch"):
@@ -137,9 +179,19 @@ def test_cross_field_rules() -> None:
     d.update(num_tokens=41)
     assert named(reasons_of(d), "token_ids")
     d = good_dict()
-    d.update(num_layers=1024, kv_heads=1024, head_dim=2048, dtype="float32", src_tp=1,
-             num_tokens=2**21, token_ids=[0] * 2**21, block_size=4096, prefix_blocks=0,
-             block_checksums=[GOOD_SUM] * 512, rope=dict(good_dict()["rope"]))  # type: ignore
+    d.update(
+        num_layers=1024,
+        kv_heads=1024,
+        head_dim=2048,
+        dtype="float32",
+        src_tp=1,
+        num_tokens=2**21,
+        token_ids=[0] * 2**21,
+        block_size=4096,
+        prefix_blocks=0,
+        block_checksums=[GOOD_SUM] * 512,
+        rope=dict(good_dict()["rope"]),
+    )  # type: ignore
     assert any("payload" in r for r in reasons_of(d))
 
 
@@ -166,9 +218,13 @@ def test_refimpl_error_is_both_families() -> None:
     assert err.prop == "ManifestGate" and err.reasons == ["epoch: missing"]
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-                    lambda kids: st.lists(kids, max_size=4)
-                    | st.dictionaries(st.text(max_size=4), kids, max_size=4), max_leaves=8)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=4), kids, max_size=4)
+    ),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=300, deadline=None)

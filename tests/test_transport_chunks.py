@@ -30,9 +30,20 @@ from refimpl.pool import KVPool, PoolGeometry, copy_blocks
 from refimpl.transport import Fault, InProcessTransport
 from spec.manifest import LocalConfig, Manifest, RopeConfig
 
-LOCAL = LocalConfig(model_id="tiny", adapter_id=None, dtype="float16", quantization="none",
-                    num_layers=2, kv_heads=2, head_dim=8, block_size=4, layout="heads_major",
-                    rope=RopeConfig(10000.0, 8), tp=1, cp=1)
+LOCAL = LocalConfig(
+    model_id="tiny",
+    adapter_id=None,
+    dtype="float16",
+    quantization="none",
+    num_layers=2,
+    kv_heads=2,
+    head_dim=8,
+    block_size=4,
+    layout="heads_major",
+    rope=RopeConfig(10000.0, 8),
+    tp=1,
+    cp=1,
+)
 CTRL, DATA = "r/ctrl", "r/data"
 
 
@@ -218,10 +229,14 @@ def test_incompatible_or_hostile_manifest_installs_nothing() -> None:
     start(w)
     [(header, _)] = w.t.poll(CTRL)
     with pytest.raises(ManifestError) as info:
-        accept_manifest(header, replace(LOCAL, model_id="other", head_dim=16,
-                                        rope=RopeConfig(10000.0, 16)))
-    assert [r.split(":")[0] for r in info.value.reasons] == ["model_id", "head_dim",
-                                                             "rope.rotary_dim"]
+        accept_manifest(
+            header, replace(LOCAL, model_id="other", head_dim=16, rope=RopeConfig(10000.0, 16))
+        )
+    assert [r.split(":")[0] for r in info.value.reasons] == [
+        "model_id",
+        "head_dim",
+        "rope.rotary_dim",
+    ]
     header["manifest"]["dtype"] = "float17"
     del header["manifest"]["epoch"]
     with pytest.raises(ManifestError) as info:
@@ -241,8 +256,7 @@ def test_receiver_refuses_unreserved_blocks_and_foreign_ranks() -> None:
     send_chunks(w.t, DATA, snap, rank=1)
     assert rx.pump(w.t, DATA).malformed == 3
     with pytest.raises(ChunkError) as info:
-        rx.receive({"request_id": "r", "epoch": 1, "block_index": 0, "rank": 1},
-                   snap.payloads[0])
+        rx.receive({"request_id": "r", "epoch": 1, "block_index": 0, "rank": 1}, snap.payloads[0])
     assert info.value.prop == "RankAgreement"
 
 
