@@ -1,0 +1,157 @@
+"""Finite instances of the (unbounded) spec, in one place.
+
+The spec's actions take their bounds from a ``Config``; nothing in ``spec/actions_*``
+hard-codes a size. The default suite is ``DEFAULT_SUITE``: several small, focused
+configs rather than one product of everything. Bigger named configs exist for the
+benchmarks (``SCALE``). Their pinned outcomes live in ``spec/pinned.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spec.state import Req, World
+
+FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    doc: str
+    n_reqs: int = 1  # interchangeable requests
+    blocks: int = 2  # KV blocks per request (n)
+    src_tp: int = 1  # prefill TP ranks (each sends its own chunks and RankDone)
+    dst_tp: int = 1  # decode TP ranks (resharding target; see SPEC.md)
+    cap_p: int = 2  # prefill GPU pool capacity, in blocks
+    cap_d: int = 2  # decode GPU pool capacity, in blocks (prefix blocks included)
+    cap_h: int = 0  # host pool capacity, in blocks
+    prefix: int = 0  # shared prefix blocks resident on decode at start (0: none)
+    handoff: bool = True  # prefill -> decode handoff enabled
+    offload: bool = False  # offload/reload to host enabled
+    recompute: bool = False  # preempt-by-recompute enabled
+    cancel: bool = True  # the client may cancel
+    faults: int = 0  # fault budget (environment actions that consume it)
+    fault_kinds: frozenset[str] = field(default_factory=frozenset)
+    max_attempts: int = 2  # handoff epochs per request
+    max_moves: int = 1  # offloads + preemptions per request
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 1 <= self.n_reqs <= 4:
+            problems.append(f"n_reqs={self.n_reqs} not in 1..4")
+        if not 1 <= self.blocks <= 4:
+            problems.append(f"blocks={self.blocks} not in 1..4")
+        if not 1 <= self.src_tp <= 4 or self.src_tp * self.blocks > 15:
+            problems.append(f"src_tp={self.src_tp} with blocks={self.blocks} too large")
+        if not 0 <= self.prefix <= self.blocks:
+            problems.append(f"prefix={self.prefix} not in 0..blocks")
+        if self.prefix > self.cap_d:
+            problems.append("prefix does not fit in cap_d")
+        if self.max_attempts > 15 or self.max_attempts < 1:
+            problems.append("max_attempts not in 1..15")
+        unknown = self.fault_kinds - FAULT_KINDS
+        if unknown:
+            problems.append(f"unknown fault kinds {sorted(unknown)}")
+        if problems:
+            raise ValueError(f"config {self.name!r}: " + "; ".join(problems))
+
+    @property
+    def chunk_mask_bits(self) -> int:
+        return self.src_tp * self.blocks
+
+    def initial(self) -> World:
+        return World(reqs=tuple(Req() for _ in range(self.n_reqs)), pfx=self.prefix > 0)
+
+
+_HANDOFF_FAULTS = frozenset({"lose", "duplicate", "corrupt", "mismatch"})
+
+CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config(
+            name="handoff_tp2to1",
+            doc="one request, 2 blocks, prefill TP=2 -> decode TP=1, one network fault",
+            blocks=2,
+            src_tp=2,
+            dst_tp=1,
+            cap_p=2,
+            cap_d=2,
+            faults=1,
+            fault_kinds=_HANDOFF_FAULTS,
+        ),
+        Config(
+            name="handoff_crash",
+            doc="one request, 2 blocks, TP 1->2, a worker may crash at any point",
+            blocks=2,
+            src_tp=1,
+            dst_tp=2,
+            faults=1,
+            fault_kinds=frozenset({"crash", "lose"}),
+        ),
+        Config(
+            name="offload_contend",
+            doc="two requests contend for a 3-block GPU: offload/reload, recompute, store failure",
+            n_reqs=2,
+            blocks=2,
+            cap_p=3,
+            cap_h=2,
+            handoff=False,
+            offload=True,
+            recompute=True,
+            faults=1,
+            fault_kinds=frozenset({"store_fail"}),
+            max_moves=2,
+        ),
+        Config(
+            name="prefix_share",
+            doc="two requests share a 1-block prefix on decode; zero-block handoffs; eviction",
+            n_reqs=2,
+            blocks=1,
+            cap_p=2,
+            cap_d=2,
+            prefix=1,
+            max_attempts=1,
+        ),
+        Config(
+            name="handoff_two",
+            doc="two requests hand off into a decode pool that fits one; lost messages",
+            n_reqs=2,
+            blocks=1,
+            cap_p=2,
+            cap_d=1,
+            faults=1,
+            fault_kinds=frozenset({"lose"}),
+            max_attempts=1,
+        ),
+    )
+}
+
+DEFAULT_SUITE: tuple[str, ...] = tuple(CONFIGS)
+
+# Bigger instances, for the scale curve only (not in the default suite).
+SCALE: dict[str, Config] = {
+    f"scale_{k}": Config(
+        name=f"scale_{k}",
+        doc=f"{k} requests, 1 block each, handoff with offload; one lost message",
+        n_reqs=k,
+        blocks=1,
+        cap_p=k,
+        cap_d=k,
+        cap_h=1,
+        offload=True,
+        faults=1,
+        fault_kinds=frozenset({"lose"}),
+        max_attempts=1,
+    )
+    for k in (1, 2, 3, 4)
+}
+
+
+def get_config(name: str) -> Config:
+    if name in CONFIGS:
+        return CONFIGS[name]
+    if name in SCALE:
+        return SCALE[name]
+    valid = ", ".join([*CONFIGS, *SCALE])
+    raise KeyError(f"unknown config {name!r}; valid configs: {valid}")

@@ -1,0 +1,241 @@
+"""One predicate per property, in a registry. IDs are used verbatim everywhere.
+
+Safety predicates take a state and return True when the property holds there.
+Liveness properties are goals over the state graph; their predicates here define the
+goal states and the edge kinds, and ``model_checks/liveness.py`` checks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
+from spec.config import Config
+from spec.state import (
+    CANCELLED,
+    CHUNKS,
+    COMPLETE,
+    DF_CORRUPT,
+    DF_FENCED,
+    DF_MISMATCH,
+    ENDED,
+    FAILED,
+    FILLING,
+    G_END_CANCELLED,
+    G_END_FAILED,
+    G_FOREIGN,
+    G_FROZEN_WRITE,
+    G_POSTEND,
+    G_STALE,
+    IDLE,
+    NONE,
+    QUARANTINED,
+    RESERVED,
+    RUNNING,
+    WRITABLE,
+    World,
+    msg_epoch,
+    msg_kind,
+)
+
+Pred = Callable[[World, Config], bool]
+_HELD = (COMPLETE, WRITABLE)
+
+
+def single_writer(w: World, c: Config) -> bool:
+    return all(not (r.p == WRITABLE and r.d == WRITABLE) for r in w.reqs)
+
+
+def no_partial_use(w: World, c: Config) -> bool:
+    for r in w.reqs:
+        if r.d in _HELD and (r.landed != full_chunks(c, r.hit) or r.dfl & DF_CORRUPT):
+            return False
+    return True
+
+
+def nothing_lost(w: World, c: Config) -> bool:
+    for r in w.reqs:
+        if r.st == RUNNING and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
+            return False
+    return True
+
+
+def frozen_snapshot(w: World, c: Config) -> bool:
+    return all(not r.g & G_FROZEN_WRITE for r in w.reqs)
+
+
+def fencing(w: World, c: Config) -> bool:
+    return all(not r.g & G_STALE for r in w.reqs)
+
+
+def no_reuse_under_io(w: World, c: Config) -> bool:
+    for r in w.reqs:
+        if r.g & G_FOREIGN:
+            return False
+        if r.h == FILLING and r.p != COMPLETE:  # a store reads freed or live blocks
+            return False
+        if r.p == FILLING and r.h not in (COMPLETE, FILLING):  # a load reads a freed copy
+            return False
+        for code in r.net:
+            if msg_kind(code) not in CHUNKS:
+                continue
+            e = msg_epoch(code)
+            if r.ps == IDLE or r.ep != e or r.p != COMPLETE:  # the source blocks
+                return False
+            held = r.dep == e and r.d in (RESERVED, FILLING, QUARANTINED)
+            if not held and not (r.dep == e and r.dfl & DF_FENCED):  # the destination blocks
+                return False
+    return True
+
+
+def sticky_end(w: World, c: Config) -> bool:
+    for r in w.reqs:
+        if r.g & G_POSTEND:
+            return False
+        if r.g & G_END_CANCELLED and r.st != CANCELLED:
+            return False
+        if r.g & G_END_FAILED and r.st != FAILED:
+            return False
+    return True
+
+
+def manifest_gate(w: World, c: Config) -> bool:
+    return all(not (r.d in _HELD and r.dfl & DF_MISMATCH) for r in w.reqs)
+
+
+def capacity_refcount(w: World, c: Config) -> bool:
+    if used_p(w, c) > c.cap_p or used_d(w, c) > c.cap_d or used_h(w, c) > c.cap_h:
+        return False
+    refs = sum(1 for r in w.reqs if r.d != NONE and r.hit > 0)
+    return w.pfx_ref == refs and w.pfx_ref >= 0 and (w.pfx_ref == 0 or w.pfx)
+
+
+def rank_agreement(w: World, c: Config) -> bool:
+    return all(not (r.d in _HELD and r.rmask != full_ranks(c)) for r in w.reqs)
+
+
+def publish_after_commit(w: World, c: Config) -> bool:
+    return all(not (r.h == COMPLETE and r.hl != c.blocks) for r in w.reqs)
+
+
+def load_xor_store(w: World, c: Config) -> bool:
+    return all(not (r.p == FILLING and r.h == FILLING) for r in w.reqs)
+
+
+def quiescent_terminal(w: World, c: Config) -> bool:
+    """Liveness goal: every request ended, no block held, nothing in flight."""
+    for r in w.reqs:
+        if r.st not in ENDED or r.p or r.d or r.h or r.ps != IDLE or r.net:
+            return False
+    return w.pfx_ref == 0
+
+
+def decode_waiting(w: World, c: Config) -> bool:
+    """Decode holds blocks for an attempt it is still waiting on."""
+    return any(r.d in (RESERVED, FILLING, QUARANTINED) for r in w.reqs)
+
+
+def prefill_waiting(w: World, c: Config) -> bool:
+    """Prefill holds a frozen source for an attempt it is still waiting on."""
+    return any(r.ps != IDLE for r in w.reqs)
+
+
+@dataclass(frozen=True)
+class Property:
+    id: str
+    kind: str  # "safety" or "liveness"
+    doc: str
+    pred: Pred | None = None  # safety only
+
+
+SAFETY: tuple[Property, ...] = (
+    Property("SingleWriter", "safety", "At most one writable replica per request.", single_writer),
+    Property(
+        "NoPartialUse",
+        "safety",
+        "A replica is complete/installed only if every advertised chunk landed with its checksum.",
+        no_partial_use,
+    ),
+    Property(
+        "NothingLost",
+        "safety",
+        "Every running request has a complete copy somewhere (else it is marked for recompute).",
+        nothing_lost,
+    ),
+    Property(
+        "FrozenSnapshot",
+        "safety",
+        "The source is not written while its snapshot is being transferred or stored.",
+        frozen_snapshot,
+    ),
+    Property("Fencing", "safety", "A message of another epoch changes nothing.", fencing),
+    Property(
+        "NoReuseUnderIO",
+        "safety",
+        "No block is free or reused while it is the source or destination of live I/O.",
+        no_reuse_under_io,
+    ),
+    Property(
+        "StickyEnd",
+        "safety",
+        "Cancelled and failed are sticky: no validate, commit or success after them.",
+        sticky_end,
+    ),
+    Property(
+        "ManifestGate",
+        "safety",
+        "Install only on a compatible manifest.",
+        manifest_gate,
+    ),
+    Property(
+        "CapacityRefcount",
+        "safety",
+        "Capacity never exceeded; prefix refcount exact, never negative; freed only at zero.",
+        capacity_refcount,
+    ),
+    Property(
+        "RankAgreement",
+        "safety",
+        "A transfer completes only when every source rank reported; duplicates don't count.",
+        rank_agreement,
+    ),
+    Property(
+        "PublishAfterCommit",
+        "safety",
+        "A host copy is visible (reloadable) only after its store completed.",
+        publish_after_commit,
+    ),
+    Property(
+        "LoadXorStore",
+        "safety",
+        "Per request, a load or stores are in flight, never both.",
+        load_xor_store,
+    ),
+)
+
+LIVENESS: tuple[Property, ...] = (
+    Property(
+        "NoDeadlock",
+        "liveness",
+        "From every reachable state a quiescent terminal state is reachable.",
+    ),
+    Property(
+        "FairTermination",
+        "liveness",
+        "With no faults, no cancel and no timeout, every run can end quiescent; cancel"
+        " needs no timeout; every cycle leaves under weak fairness of protocol actions.",
+    ),
+    Property(
+        "BoundedExit",
+        "liveness",
+        "Every waiting worker can free what it holds by its own steps and timeouts alone.",
+    ),
+)
+
+PROPERTIES: dict[str, Property] = {p.id: p for p in (*SAFETY, *LIVENESS)}
+
+
+def violated_safety(w: World, c: Config) -> list[str]:
+    """IDs of the safety properties ``w`` breaks."""
+    return [p.id for p in SAFETY if p.pred is not None and not p.pred(w, c)]

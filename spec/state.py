@@ -1,0 +1,181 @@
+"""Frozen state records of the KV-ownership model, and their type-ok check.
+
+A state is a ``World``: a tuple of per-request ``Req`` records plus a few global
+fields. Everything is a small int (or a tuple of them) so that states hash fast and
+the explorer can intern them. Requests are interchangeable: ``canonical()`` sorts
+them, which is the symmetry reduction.
+
+Locations of a request's KV (one replica each):
+
+- ``p``: the prefill worker's GPU pool (TP ranks ``1..src_tp``);
+- ``d``: the decode worker's GPU pool (TP ranks ``1..dst_tp``);
+- ``h``: host memory (pinned CPU) on the prefill node: the offload tier.
+
+Messages in flight belong to their request (``Req.net``, a sorted tuple: a multiset,
+so delivery order is free and reordering is unbounded).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# -- request status (the router's view of the request; one logical register) --------
+QUEUED = 0  # not admitted, holds nothing
+PREFILLING = 1  # admitted: blocks allocated on P, KV being computed
+RUNNING = 2  # KV complete somewhere (P, D or host)
+PREEMPTED = 3  # KV dropped on purpose; must be prefilled again (recompute)
+FINISHED = 4  # terminal: done
+CANCELLED = 5  # terminal, sticky: the client cancelled
+FAILED = 6  # terminal, sticky: a timeout, a crash or a refused handoff
+STATUS_NAMES = ("queued", "prefilling", "running", "preempted", "finished", "cancelled", "failed")
+ENDED = frozenset({FINISHED, CANCELLED, FAILED})
+STICKY = frozenset({CANCELLED, FAILED})
+
+# -- replica status, one per location ------------------------------------------------
+NONE = 0  # no blocks here
+RESERVED = 1  # blocks set aside, nothing landed yet
+FILLING = 2  # some blocks landed (see landed / hl / gl)
+COMPLETE = 3  # validated (or frozen), read-only
+WRITABLE = 4  # held by the one owner, which may append
+QUARANTINED = 5  # released by the request, but a writer may still land bytes
+REPLICA_NAMES = ("none", "reserved", "filling", "complete", "writable", "quarantined")
+
+# -- prefill-side sender phase of the current handoff attempt ------------------------
+IDLE = 0  # no handoff attempt
+AWAIT_READY = 1  # frozen, manifest sent, waiting for decode's reservation
+SENDING = 2  # sending chunks, then one RankDone per source rank
+AWAIT_ACK = 3  # everything sent; waiting for decode's word (ACK or NACK)
+SENDER_NAMES = ("idle", "await_ready", "sending", "await_ack")
+
+# -- decode replica flags (dfl) ------------------------------------------------------
+DF_MISMATCH = 1  # the attempt's manifest is incompatible with the decode side
+DF_CORRUPT = 2  # a chunk landed whose checksum does not match the manifest
+DF_FENCED = 4  # decode fenced the attempt (closed the connection): its writes fail
+
+# -- ghost (history) flags, used only by the property predicates ---------------------
+G_FROZEN_WRITE = 1  # the source was written while its snapshot was being transferred
+G_STALE = 2  # a message of another epoch changed state
+G_FOREIGN = 4  # a chunk landed in blocks not held for its attempt
+G_POSTEND = 8  # validate/commit/finish happened after the request was cancelled/failed
+G_END_CANCELLED = 16  # the request was cancelled at some point
+G_END_FAILED = 32  # the request failed at some point
+
+# -- messages: code = epoch << 8 | kind << 4 | idx ------------------------------------
+M_HANDOFF = 1  # P->D: freeze done, here is the manifest (idx unused)
+M_HANDOFF_BAD = 2  # P->D: the same, with a manifest the decode side cannot accept
+M_READY = 3  # D->P: blocks reserved; idx = prefix blocks decode already holds
+M_CHUNK = 4  # P->D: one-sided write of chunk idx (rank-major: rank * m + block)
+M_CHUNK_BAD = 5  # P->D: the same chunk, corrupted on the way
+M_DONE = 6  # P->D: source rank idx has sent all its chunks
+M_ACK = 7  # D->P: committed (the commit point has passed)
+M_NACK = 8  # D->P: this epoch will never commit; the source may resume
+M_QUIESCED = 9  # P->D: no write of this epoch is in flight any more
+MSG_NAMES = {
+    M_HANDOFF: "Handoff",
+    M_HANDOFF_BAD: "HandoffBadManifest",
+    M_READY: "Ready",
+    M_CHUNK: "Chunk",
+    M_CHUNK_BAD: "ChunkCorrupt",
+    M_DONE: "RankDone",
+    M_ACK: "Ack",
+    M_NACK: "Nack",
+    M_QUIESCED: "Quiesced",
+}
+TO_DECODE = frozenset({M_HANDOFF, M_HANDOFF_BAD, M_CHUNK, M_CHUNK_BAD, M_DONE, M_QUIESCED})
+TO_PREFILL = frozenset({M_READY, M_ACK, M_NACK})
+CHUNKS = frozenset({M_CHUNK, M_CHUNK_BAD})
+
+
+def msg(kind: int, epoch: int, idx: int = 0) -> int:
+    """Encode a message as one small int."""
+    return (epoch << 8) | (kind << 4) | idx
+
+
+def msg_kind(code: int) -> int:
+    return (code >> 4) & 0xF
+
+
+def msg_epoch(code: int) -> int:
+    return code >> 8
+
+
+def msg_idx(code: int) -> int:
+    return code & 0xF
+
+
+def msg_str(code: int) -> str:
+    return f"{MSG_NAMES[msg_kind(code)]}(e={msg_epoch(code)},i={msg_idx(code)})"
+
+
+class Req(NamedTuple):
+    """One request: its status, its three replicas, its handoff attempt, its messages."""
+
+    st: int = QUEUED  # request status (QUEUED..FAILED)
+    p: int = NONE  # replica on the prefill GPU
+    d: int = NONE  # replica on the decode GPU
+    h: int = NONE  # replica in host memory (offload tier)
+    ep: int = 0  # prefill's current handoff epoch (0: never frozen)
+    dep: int = 0  # decode's epoch: the newest attempt it has seen (a fence)
+    ps: int = IDLE  # prefill's sender phase
+    sent: int = 0  # items sent in SENDING (chunks and RankDones, rank-major)
+    phit: int = 0  # prefix blocks decode said it holds (prefill's copy, from Ready)
+    hit: int = 0  # prefix blocks decode holds for this attempt (decode's copy)
+    landed: int = 0  # bitmask of chunks landed in decode's reserved blocks
+    rmask: int = 0  # bitmask of source ranks whose RankDone decode received
+    rcnt: int = 0  # RankDone messages counted (used only by a mutant)
+    dfl: int = 0  # decode replica flags (DF_*)
+    hl: int = 0  # blocks stored to host by the in-flight offload
+    gl: int = 0  # blocks loaded to GPU by the in-flight reload
+    mv: int = 0  # offloads + preemptions so far (bounded by the config)
+    g: int = 0  # ghost history flags (G_*)
+    net: tuple[int, ...] = ()  # messages in flight, sorted (a multiset)
+
+
+class World(NamedTuple):
+    """A global state."""
+
+    reqs: tuple[Req, ...]
+    faults: int = 0  # faults injected so far (bounded by the config)
+    p_up: bool = True  # prefill worker alive
+    d_up: bool = True  # decode worker alive
+    pfx: bool = False  # the shared prefix blocks are resident on decode
+    pfx_ref: int = 0  # references to the shared prefix (requests holding it)
+
+
+def canonical(w: World) -> World:
+    """Symmetry reduction: requests are interchangeable, so sort them."""
+    reqs = w.reqs
+    if len(reqs) < 2:
+        return w
+    s = tuple(sorted(reqs))
+    return w if s == reqs else w._replace(reqs=s)
+
+
+def canonical_perm(w: World) -> tuple[World, tuple[int, ...]]:
+    """Canonical form plus ``perm``: canonical slot i holds concrete request perm[i]."""
+    order = tuple(sorted(range(len(w.reqs)), key=lambda i: w.reqs[i]))
+    return w._replace(reqs=tuple(w.reqs[i] for i in order)), order
+
+
+def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
+    """Every field in range; returns the list of problems (empty when type-ok)."""
+    bad: list[str] = []
+    for i, r in enumerate(w.reqs):
+        checks = (
+            ("st", 0 <= r.st <= FAILED),
+            ("p", 0 <= r.p <= QUARANTINED),
+            ("d", 0 <= r.d <= QUARANTINED),
+            ("h", 0 <= r.h <= QUARANTINED),
+            ("ep", 0 <= r.ep <= max_epoch),
+            ("dep", 0 <= r.dep <= max_epoch),
+            ("ps", 0 <= r.ps <= AWAIT_ACK),
+            ("hit", 0 <= r.hit <= n_blocks and 0 <= r.phit <= n_blocks),
+            ("landed", 0 <= r.landed < (1 << (src_tp * n_blocks))),
+            ("rmask", 0 <= r.rmask < (1 << src_tp)),
+            ("hl/gl", 0 <= r.hl <= n_blocks and 0 <= r.gl <= n_blocks),
+            ("net", list(r.net) == sorted(r.net)),
+        )
+        bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
+    if w.pfx_ref < 0:
+        bad.append("pfx_ref < 0")
+    return bad
