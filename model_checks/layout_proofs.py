@@ -97,6 +97,11 @@ def _between(lo: int, x: Z, hi: int) -> Z:
     return z3.And(lo <= x, x < hi)
 
 
+def _run(key: Z, k: int, pos: Z, start: int, n: int) -> Z:
+    """(key, pos) lies in the run of n slots from (k, start)."""
+    return z3.And(key == k, _between(start, pos, start + n))
+
+
 def _differ(a: Sequence[Z], b: Sequence[Z]) -> Z:
     return z3.Or([x != y for x, y in zip(a, b, strict=True)])
 
@@ -192,21 +197,14 @@ def _cp_instance(num_tokens: int, src_cp: int, dst_cp: int) -> Instance:
     r, s, p_, t, x = z3.Ints("dst_rank src_rank pos token offset")
 
     def moved(q: sm.TokenPiece) -> tuple[int, Z, Z]:  # global tokens read and written
-        return (
-            q.length,
-            src_sh[q.src_rank][0] + q.src_start + x,
-            dst_sh[q.dst_rank][0] + q.dst_start + x,
-        )
+        read, written = src_sh[q.src_rank][0] + q.src_start, dst_sh[q.dst_rank][0] + q.dst_start
+        return q.length, read + x, written + x
 
     def length(shards: list[tuple[int, int]], rank: Z) -> Z:
         return _lookup([b - a for a, b in shards], rank)
 
-    writes = [
-        z3.And(r == q.dst_rank, _between(q.dst_start, p_, q.dst_start + q.length)) for q in plan
-    ]
-    reads = [
-        z3.And(s == q.src_rank, _between(q.src_start, p_, q.src_start + q.length)) for q in plan
-    ]
+    writes = [_run(r, q.dst_rank, p_, q.dst_start, q.length) for q in plan]
+    reads = [_run(s, q.src_rank, p_, q.src_start, q.length) for q in plan]
     laws = {
         "shards-partition": z3.And(
             _between(0, t, num_tokens),
@@ -257,18 +255,11 @@ def _block_instance(num_tokens: int, src_bs: int, dst_bs: int) -> Instance:
     b, sl, x = z3.Ints("block slot offset")
 
     def moved(p: sm.SlotPiece) -> tuple[int, Z, Z]:  # token positions read and written
-        return (
-            p.length,
-            p.src_block * src_bs + p.src_slot + x,
-            p.dst_block * dst_bs + p.dst_slot + x,
-        )
+        read, written = p.src_block * src_bs + p.src_slot, p.dst_block * dst_bs + p.dst_slot
+        return p.length, read + x, written + x
 
-    writes = [
-        z3.And(b == p.dst_block, _between(p.dst_slot, sl, p.dst_slot + p.length)) for p in plan
-    ]
-    reads = [
-        z3.And(b == p.src_block, _between(p.src_slot, sl, p.src_slot + p.length)) for p in plan
-    ]
+    writes = [_run(b, p.dst_block, sl, p.dst_slot, p.length) for p in plan]
+    reads = [_run(b, p.src_block, sl, p.src_slot, p.length) for p in plan]
     laws = {
         "write-once": z3.And(
             b >= 0, _between(0, sl, dst_bs), b * dst_bs + sl < num_tokens, _not_once(writes)
