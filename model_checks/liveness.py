@@ -39,7 +39,13 @@ def mask(pred: Callable[[str, str], bool]) -> int:
 
 PROTOCOL = mask(lambda a, k: k in ("local", "recv"))
 PROTOCOL_CLIENT = mask(lambda a, k: k in ("local", "recv", "client"))
-OWN_EXIT = {x: mask(lambda a, k, x=x: a == x and k in ("local", "timeout")) for x in ("P", "D")}
+
+
+def _own_exit(actor: str) -> int:
+    return mask(lambda a, k: a == actor and k in ("local", "timeout"))
+
+
+OWN_EXIT = {x: _own_exit(x) for x in ("P", "D")}
 
 
 @dataclass
