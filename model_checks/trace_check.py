@@ -1,0 +1,488 @@
+"""Check an engine's event log (JSONL, spec/EVENTLOG.md) against the spec.
+
+This is trace validation in the style of TLA+: the log is a behaviour with holes. Each
+logged event must be a spec action enabled in some state the log so far can reach,
+where between two logged events at most ``max_gap`` unlogged *assumable* steps may be
+filled in (message deliveries and network faults, see ``ASSUMABLE``). Request ids are
+concrete, so there is no symmetry reduction.
+
+The checker keeps a small frontier of candidate states. A logged event that applies
+directly to a frontier state needs no search. Otherwise a breadth-first search over
+assumable steps finds the fewest steps that enable it; those are reported as assumed.
+Assumed steps are thus placed as late as possible, just before the event that needs
+them. The first event that no candidate allows (a refusal, whose property is reported),
+whose successor breaks a safety property, whose ``observed`` fields differ from the
+spec's successor, or at which a request has waited longer than the header's
+``timeout_s`` (property ``BoundedExit``) is the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from model_checks.trace import describe
+from spec.actions import ACTIONS, WORKERS, Action, decode_args, encode_args
+from spec.common import Mutants, Refused
+from spec.config import Config, get_config
+from spec.properties import violated_safety
+from spec.state import (
+    FILLING,
+    IDLE,
+    MSG_NAMES,
+    QUARANTINED,
+    REPLICA_NAMES,
+    RESERVED,
+    SENDER_NAMES,
+    STATUS_NAMES,
+    Req,
+    World,
+    msg_kind,
+)
+
+DEFAULT_MAX_GAP = 6  # enough for a handoff_tp2to1 log that logs no delivery at all
+MAX_FRONTIER = 64  # candidate states kept between events
+MAX_SEARCH = 20_000  # states one gap search may visit
+
+# Assumable: every step that moves or alters a message in flight (deliveries, and the
+# network's loss, duplication, corruption and manifest swap). Everything else is an
+# engine decision or an event the engine sees (its own steps, timeouts, a cancel, a
+# failed store, a crash) and must be logged.
+ASSUMABLE: frozenset[str] = frozenset(
+    a.name for a in ACTIONS.values() if a.kind == "recv" or (a.kind == "fault" and a.arg == "msg")
+)
+OBSERVABLE = {"st": STATUS_NAMES, "p": REPLICA_NAMES, "d": REPLICA_NAMES, "h": REPLICA_NAMES}
+OBSERVABLE["ps"] = SENDER_NAMES
+_KIND_BY_NAME = {v: k for k, v in MSG_NAMES.items()}
+_D_WAIT = (RESERVED, FILLING, QUARANTINED)  # spec.properties.decode_waiting, per request
+
+
+class LogError(ValueError):
+    """Malformed input; ``line`` is 1-based (None: not tied to a line)."""
+
+    def __init__(self, line: int | None, msg: str) -> None:
+        self.line, self.msg = line, msg
+        super().__init__(f"line {line}: {msg}" if line is not None else msg)
+
+
+Observed = tuple[int, tuple[tuple[str, int], ...]]  # (request, ((field, value), ...))
+
+
+class Event(NamedTuple):
+    line: int
+    action: Action
+    i: int  # request slot (0 for global and worker actions)
+    arg: int  # message code, worker index, or 0
+    t: float | None  # timestamp in seconds
+    obs: Observed | None  # the engine's view of one request after the event
+    raw: str
+
+
+@dataclass
+class EventLog:
+    config: Config
+    events: list[Event]
+    timeout_s: float | None = None
+
+
+def _num(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v and v >= 0
+
+
+def _observed(line: int, ob: object, a: Action, i: int, c: Config) -> Observed:
+    if not isinstance(ob, dict):
+        raise LogError(line, "'observed' must be an object")
+    req = ob.get("req", i if a.arg in ("req", "msg") else None)
+    if not isinstance(req, int) or isinstance(req, bool) or not 0 <= req < c.n_reqs:
+        raise LogError(line, f"'observed' needs 'req' in 0..{c.n_reqs - 1}, got {req!r}")
+    fields: list[tuple[str, int]] = []
+    for k, v in ob.items():
+        if k == "req":
+            continue
+        names = OBSERVABLE.get(k)
+        if names is None:
+            raise LogError(line, f"'observed' field {k!r} is not one of {sorted(OBSERVABLE)}")
+        if v not in names:
+            raise LogError(line, f"'observed' {k} must be one of {list(names)}, got {v!r}")
+        fields.append((k, names.index(v)))
+    return (req, tuple(fields))
+
+
+def _event(line: int, obj: dict[str, Any], raw: str, c: Config, need_t: bool) -> Event:
+    name = obj.get("action")
+    if not isinstance(name, str):
+        raise LogError(line, "an event needs 'action' (a string)")
+    a = ACTIONS.get(name)
+    if a is None:
+        raise LogError(line, f"unknown action {name!r}")
+    args = obj.get("args", {})
+    if not isinstance(args, dict):
+        raise LogError(line, f"{name}: 'args' must be an object")
+    try:
+        i, arg = decode_args(name, args)
+    except ValueError as exc:
+        raise LogError(line, str(exc)) from None
+    if a.arg in ("req", "msg") and i >= c.n_reqs:
+        raise LogError(line, f"{name}: request {i} out of range 0..{c.n_reqs - 1} ({c.name})")
+    if a.arg == "msg" and msg_kind(arg) not in a.msgs:
+        kinds = sorted(MSG_NAMES[k] for k in a.msgs)
+        raise LogError(line, f"{name}: consumes {kinds}, not {args.get('msg')!r}")
+    t = obj.get("t")
+    if t is not None and not _num(t):
+        raise LogError(line, f"'t' must be a non-negative number of seconds, got {t!r}")
+    if t is None and need_t:
+        raise LogError(line, "the header sets timeout_s, so every event needs 't'")
+    ob = obj.get("observed")
+    obs = None if ob is None else _observed(line, ob, a, i, c)
+    return Event(line, a, i, arg, None if t is None else float(t), obs, raw)
+
+
+def _lines(data: bytes | str) -> Iterator[tuple[int, str]]:
+    if isinstance(data, str):
+        yield from enumerate(data.split("\n"), start=1)
+        return
+    for n, b in enumerate(data.split(b"\n"), start=1):
+        try:
+            yield n, b.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise LogError(n, f"not UTF-8 ({exc.reason})") from None
+
+
+def parse_log(data: bytes | str, config: str | None = None) -> EventLog:
+    """Parse a whole log; raise LogError at the first malformed line."""
+    events: list[Event] = []
+    c: Config | None = None
+    timeout: float | None = None
+    last = 0
+    for n, line in _lines(data):
+        if not line.strip():
+            continue
+        last = n
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LogError(n, f"bad JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise LogError(n, "each line must be a JSON object")
+        if c is None:  # the first line: a header, or an event that names the config
+            name = config if config is not None else obj.get("config")
+            if name is None:
+                raise LogError(n, "no config: give --config NAME or a header with 'config'")
+            if not isinstance(name, str):
+                raise LogError(n, f"'config' must be a string, got {name!r}")
+            try:
+                c = get_config(name)
+            except KeyError as exc:
+                raise LogError(None if config else n, str(exc.args[0])) from None
+            if "version" in obj and obj["version"] != 1:
+                raise LogError(n, f"unsupported version {obj['version']!r} (this checker reads 1)")
+            ts = obj.get("timeout_s")
+            if ts is not None and (not _num(ts) or ts == 0):
+                raise LogError(n, f"'timeout_s' must be a positive number, got {ts!r}")
+            timeout = None if ts is None else float(ts)
+            if "action" not in obj:
+                continue
+        events.append(_event(n, obj, line, c, timeout is not None))
+    if c is None or not events:
+        raise LogError(last + 1, "empty log: no events")
+    return EventLog(c, events, timeout)
+
+
+class _Chain(NamedTuple):
+    """Assumed steps before one logged line, linked to those before earlier lines."""
+
+    line: int
+    steps: tuple[tuple[str, int, int], ...]  # (action, request, argument)
+    parent: _Chain | None
+
+
+@dataclass
+class Verdict:
+    config: str
+    events: int
+    conforms: bool = True
+    violated: str | None = None  # property ID (None: not allowed, no property named)
+    line: int | None = None
+    event: dict[str, Any] | None = None
+    reason: str = ""
+    state: str | None = None  # the state before the event, described
+    assumed: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "conforms": self.conforms,
+            "violated": self.violated,
+            "line": self.line,
+            "event": self.event,
+            "assumed_steps": self.assumed,
+            "reason": self.reason,
+            "state": self.state,
+        }
+
+    def format(self) -> str:
+        head = f"config {self.config}, {self.events} events, {len(self.assumed)} assumed steps"
+        lines = [("CONFORMS: " if self.conforms else "VIOLATION: ") + head]
+        if not self.conforms:
+            lines.append(f"  line {self.line}: {json.dumps(self.event)}")
+            lines.append(f"  property: {self.violated or 'none (not allowed)'}")
+            lines.append(f"  why: {self.reason}")
+            lines.append(f"  state before: {self.state}")
+        for s in self.assumed:
+            args = ", ".join(f"{k}={v}" for k, v in s["args"].items())
+            lines.append(f"  assumed before line {s['before_line']}: {s['action']}({args})")
+        return "\n".join(lines)
+
+
+def describe_world(w: World) -> str:
+    parts = [f"r{i}: {describe(r)}" for i, r in enumerate(w.reqs)]
+    extra = [f"{f}={getattr(w, f)}" for f in ("faults", "pfx", "pfx_ref") if getattr(w, f)]
+    extra += [f"{f}=False" for f in ("p_up", "d_up") if not getattr(w, f)]
+    return " | ".join(parts) + (" | " + " ".join(extra) if extra else "")
+
+
+def _chain_steps(ch: _Chain | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while ch is not None:
+        for name, i, arg in reversed(ch.steps):
+            out.append({"before_line": ch.line, "action": name, "args": encode_args(name, i, arg)})
+        ch = ch.parent
+    out.reverse()
+    return out
+
+
+Node = tuple[World, _Chain | None]
+Steps = tuple[tuple[str, int, int], ...]
+_Open = tuple[World, _Chain | None, Steps, int]  # a search state: chain, path, faults on it
+
+
+class Checker:
+    """Replays events one at a time; ``verdict`` is set at the first violation."""
+
+    def __init__(
+        self,
+        c: Config,
+        *,
+        max_gap: int = DEFAULT_MAX_GAP,
+        assumable: frozenset[str] = ASSUMABLE,
+        mutants: Mutants = frozenset(),
+        timeout_s: float | None = None,
+    ) -> None:
+        unknown = assumable - ACTIONS.keys()
+        if unknown:
+            raise ValueError(f"unknown assumable actions {sorted(unknown)}")
+        self.c, self.m, self.k, self.timeout = c, mutants, max_gap, timeout_s
+        acts = [ACTIONS[n] for n in sorted(assumable)]
+        self._req = [a for a in acts if a.arg == "req"]
+        self._glob = [a for a in acts if a.arg in ("global", "worker")]
+        self._by_kind = {k: [a for a in acts if a.arg == "msg" and k in a.msgs] for k in MSG_NAMES}
+        self.frontier: list[Node] = [(c.initial(), None)]
+        self.waits: dict[tuple[str, int], tuple[int, float, int]] = {}
+        self.verdict: Verdict | None = None
+        self.n = 0
+
+    def _apply(self, w: World, e: Event) -> World | Refused:
+        a = e.action
+        if a.arg == "msg" and e.arg not in w.reqs[e.i].net:
+            return Refused(None)
+        return a.fn(w, self.c, self.m, e.i, e.arg)
+
+    def _moves(self, w: World) -> list[tuple[str, int, int, World]]:
+        out: list[tuple[str, int, int, World]] = []
+        c, m = self.c, self.m
+        for i, r in enumerate(w.reqs):
+            for a in self._req:
+                s = a.fn(w, c, m, i, 0)
+                if type(s) is World:
+                    out.append((a.name, i, 0, s))
+            for code in sorted(set(r.net)):
+                for a in self._by_kind[msg_kind(code)]:
+                    s = a.fn(w, c, m, i, code)
+                    if type(s) is World:
+                        out.append((a.name, i, code, s))
+        for a in self._glob:
+            for wk in range(len(WORKERS) if a.arg == "worker" else 1):
+                s = a.fn(w, c, m, 0, wk)
+                if type(s) is World:
+                    out.append((a.name, 0, wk, s))
+        return out
+
+    def _search(self, e: Event) -> tuple[list[tuple[World, Node]], tuple[Any, ...] | None]:
+        """Fewest assumed steps that enable ``e``: (pre-state, successor) pairs, and the
+        best refusal seen (fewest assumed faults, then most progress)."""
+        best: tuple[Any, ...] | None = None
+        seen = {w for w, _ in self.frontier}
+        level: list[_Open] = [(w, ch, (), 0) for w, ch in self.frontier]
+        for depth in range(1, self.k + 1):
+            nxt: list[_Open] = []
+            for w, ch, path, nf in level:
+                for name, i, arg, s in self._moves(w):
+                    if s not in seen and len(seen) < MAX_SEARCH:
+                        seen.add(s)
+                        fault = ACTIONS[name].kind == "fault"
+                        nxt.append((s, ch, (*path, (name, i, arg)), nf + fault))
+            found: list[tuple[int, World, Node]] = []
+            for k, (s, ch, path, nf) in enumerate(nxt):
+                r = self._apply(s, e)
+                if type(r) is World:
+                    found.append((nf, s, (r, _Chain(e.line, path, ch))))
+                elif isinstance(r, Refused) and r.prop is not None:
+                    key = (nf, -depth, k)
+                    if best is None or key < best[0]:
+                        best = (key, r.prop, s, _Chain(e.line, path, ch))
+            if found or not nxt:
+                found.sort(key=lambda x: x[0])  # paths with fewer assumed faults first
+                return [(s, node) for _, s, node in found], best
+            level = nxt
+        return [], best
+
+    def _fail(self, e: Event, prop: str | None, why: str, pre: World, ch: _Chain | None) -> None:
+        ev = json.loads(e.raw)
+        self.verdict = Verdict(
+            self.c.name, self.n, False, prop, e.line, ev, why, describe_world(pre), _chain_steps(ch)
+        )
+
+    def step(self, e: Event) -> bool:
+        """Replay one event; False (and ``verdict`` set) at a violation."""
+        self.n += 1
+        pairs: list[tuple[World, Node]] = []
+        best: tuple[Any, ...] | None = None
+        for k, (w, ch) in enumerate(self.frontier):
+            r = self._apply(w, e)
+            if type(r) is World:
+                pairs.append((w, (r, ch)))
+            elif isinstance(r, Refused) and r.prop is not None and best is None:
+                best = ((0, 0, k), r.prop, w, ch)
+        if not pairs:
+            pairs, deeper = self._search(e)
+            if deeper is not None and (best is None or deeper[0] < best[0]):
+                best = deeper
+        if not pairs:
+            if best is not None:
+                _, prop, pre, ch = best
+                return self._refused(e, prop, pre, ch)
+            w0, ch0 = self.frontier[0]
+            self._fail(e, None, f"not allowed: not enabled within {self.k} assumed steps", w0, ch0)
+            return False
+        if e.obs is not None:
+            ok = [p for p in pairs if self._matches(p[1][0], e.obs)]
+            if not ok:
+                return self._mismatch(e, pairs[0])
+            pairs = ok
+        if self.m:  # with the correct spec, no enabled step breaks a safety property
+            for pre, (s, ch) in pairs:
+                bad = violated_safety(s, self.c)
+                if bad:
+                    self._fail(e, bad[0], f"the step breaks {', '.join(bad)}", pre, ch)
+                    return False
+        self._set_frontier([p[1] for p in pairs])
+        if self.timeout is not None and e.t is not None:
+            return self._deadlines(e, pairs[0][0])
+        return True
+
+    def _refused(self, e: Event, prop: str, pre: World, ch: _Chain | None) -> bool:
+        why = f"refused by the spec: it would break {prop}"
+        n = len(ch.steps) if ch is not None and ch.line == e.line else 0
+        if n:
+            why += f" (in the state {n} assumed steps on; not enabled within --max-gap {self.k})"
+        self._fail(e, prop, why, pre, ch)
+        return False
+
+    @staticmethod
+    def _matches(s: World, obs: Observed) -> bool:
+        r = s.reqs[obs[0]]
+        return all(getattr(r, f) == v for f, v in obs[1])
+
+    def _mismatch(self, e: Event, pair: tuple[World, Node]) -> bool:
+        """The engine's observed effect differs from the spec's: judge the engine's state."""
+        pre, (s, ch) = pair
+        ri, fields = e.obs or (0, ())
+        new = dict(fields)
+        r = s.reqs[ri]
+        r2 = Req._make(new.get(f, getattr(r, f)) for f in Req._fields)
+        eng = s._replace(reqs=(*s.reqs[:ri], r2, *s.reqs[ri + 1 :]))
+        bad = violated_safety(eng, self.c)
+        spec = " ".join(f"{f}={OBSERVABLE[f][getattr(s.reqs[ri], f)]}" for f, _ in fields)
+        seen = " ".join(f"{f}={OBSERVABLE[f][v]}" for f, v in fields)
+        why = f"r{ri}: observed {seen}, the spec's step gives {spec}"
+        why += f"; the observed state breaks {', '.join(bad)}" if bad else ""
+        self._fail(e, bad[0] if bad else None, why, pre, ch)
+        return False
+
+    def _set_frontier(self, nodes: list[Node]) -> None:
+        if len(nodes) == 1:
+            self.frontier = nodes
+            return
+        seen: set[World] = set()
+        out: list[Node] = []
+        for w, ch in nodes:
+            if w not in seen and len(out) < MAX_FRONTIER:
+                seen.add(w)
+                out.append((w, ch))
+        self.frontier = out
+
+    def _deadlines(self, e: Event, pre: World) -> bool:
+        """BoundedExit, timed: no request may wait (decode holding blocks for an attempt,
+        or prefill's sender waiting) past ``timeout_s`` while the log goes on."""
+        assert e.t is not None and self.timeout is not None
+        ws = [w for w, _ in self.frontier]
+        late: list[str] = []
+        for i in range(self.c.n_reqs):
+            for side in ("decode", "prefill"):
+                if side == "decode":
+                    eps = {w.reqs[i].dep if w.reqs[i].d in _D_WAIT else -1 for w in ws}
+                else:
+                    eps = {w.reqs[i].ep if w.reqs[i].ps != IDLE else -1 for w in ws}
+                key = (side, i)
+                ep = eps.pop() if len(eps) == 1 else -1
+                if ep < 0:
+                    self.waits.pop(key, None)
+                    continue
+                old = self.waits.get(key)
+                if old is None or old[0] != ep:
+                    self.waits[key] = old = (ep, e.t, e.line)
+                if e.t - old[1] > self.timeout:
+                    late.append(
+                        f"{side} has waited on r{i} (epoch {ep}) since line {old[2]}"
+                        f" (t={old[1]:g}), {e.t - old[1]:g}s > timeout_s={self.timeout:g}"
+                    )
+        if late:
+            self._fail(e, "BoundedExit", "; ".join(late), pre, self.frontier[0][1])
+            return False
+        return True
+
+    def result(self) -> Verdict:
+        if self.verdict is not None:
+            return self.verdict
+        return Verdict(self.c.name, self.n, assumed=_chain_steps(self.frontier[0][1]))
+
+
+def check_log(
+    log: EventLog,
+    *,
+    max_gap: int = DEFAULT_MAX_GAP,
+    assumable: frozenset[str] = ASSUMABLE,
+    mutants: Mutants = frozenset(),
+) -> Verdict:
+    ck = Checker(
+        log.config, max_gap=max_gap, assumable=assumable, mutants=mutants, timeout_s=log.timeout_s
+    )
+    for e in log.events:
+        if not ck.step(e):
+            break
+    return ck.result()
+
+
+def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdict:
+    """Parse and check; LogError on malformed input."""
+    return check_log(parse_log(data, config), **kw)
+
+
+def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise LogError(None, f"cannot read {path}: {exc.strerror or exc}") from None
+    return check_text(data, config, **kw)
