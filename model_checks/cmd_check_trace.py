@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from model_checks.trace_check import ASSUMABLE, DEFAULT_MAX_GAP, LogError, check_file
+from model_checks.trace_check import ASSUMABLE, DEFAULT_MAX_GAP, LogError, Verdict, check_file
 from spec.actions import ACTIONS
 
 HELP = "check an engine's JSONL event log against the spec (0 conforms, 1 violation, 2 malformed)"
@@ -36,6 +36,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also let ACTION be assumed when unlogged (repeatable)",
     )
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def format_verdict(v: Verdict) -> str:
+    """The human-readable verdict: what, where, why, the state before, what was assumed."""
+    head = f"config {v.config}, {v.events} events, {len(v.assumed)} assumed steps"
+    lines = [("CONFORMS: " if v.conforms else "VIOLATION: ") + head]
+    if not v.conforms:
+        lines.append(f"  line {v.line}: {json.dumps(v.event)}")
+        lines.append(f"  property: {v.violated or 'none (not allowed)'}")
+        lines.append(f"  why: {v.reason}")
+        lines.append(f"  state before: {v.state}")
+    for s in v.assumed:
+        args = ", ".join(f"{k}={val}" for k, val in s["args"].items())
+        lines.append(f"  assumed before line {s['before_line']}: {s['action']}({args})")
+    return "\n".join(lines)
 
 
 def _malformed(args: argparse.Namespace, msg: str, line: int | None) -> int:
@@ -65,5 +80,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(verdict.to_json()))
     else:
-        print(verdict.format())
+        print(format_verdict(verdict))
     return 0 if verdict.conforms else 1

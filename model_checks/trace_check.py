@@ -1,47 +1,35 @@
 """Check an engine's event log (JSONL, spec/EVENTLOG.md) against the spec.
 
-This is trace validation in the style of TLA+: the log is a behaviour with holes. Each
-logged event must be a spec action enabled in some state the log so far can reach,
-where between two logged events at most ``max_gap`` unlogged *assumable* steps may be
-filled in (message deliveries and network faults, see ``ASSUMABLE``). Request ids are
-concrete, so there is no symmetry reduction.
+Trace validation in the style of TLA+: the log is a behaviour with holes. Each logged
+event must be a spec action enabled in a state the log so far reaches, where at most
+``max_gap`` unlogged *assumable* steps (``ASSUMABLE``: message deliveries and network
+faults) may be filled in before it. Request ids are concrete: no symmetry reduction.
 
-The checker keeps a small frontier of candidate states. A logged event that applies
-directly to a frontier state needs no search. Otherwise a breadth-first search over
-assumable steps finds the fewest steps that enable it; those are reported as assumed.
-Assumed steps are thus placed as late as possible, just before the event that needs
-them. The first event that no candidate allows (a refusal, whose property is reported),
-whose successor breaks a safety property, whose ``observed`` fields differ from the
-spec's successor, or at which a request has waited longer than the header's
-``timeout_s`` (property ``BoundedExit``) is the verdict.
+A small frontier of candidate states is kept. An event that applies directly to one
+needs no search; otherwise a BFS over assumable steps finds the fewest that enable it
+(placed as late as possible, and reported as assumed). The verdict is the first event
+that no candidate allows (with the refusal's property), whose successor breaks a safety
+property, whose ``observed`` fields differ from the spec's successor (judged by the
+properties the observed state breaks), or at which a request has waited past the
+header's ``timeout_s`` (``BoundedExit``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from model_checks.trace import describe
+from spec import state as S
 from spec.actions import ACTIONS, WORKERS, Action, decode_args, encode_args
 from spec.common import Mutants, Refused
 from spec.config import Config, get_config
 from spec.properties import violated_safety
-from spec.state import (
-    FILLING,
-    IDLE,
-    MSG_NAMES,
-    QUARANTINED,
-    REPLICA_NAMES,
-    RESERVED,
-    SENDER_NAMES,
-    STATUS_NAMES,
-    Req,
-    World,
-    msg_kind,
-)
+from spec.state import MSG_NAMES, REPLICA_NAMES, SENDER_NAMES, STATUS_NAMES, Req, World, msg_kind
 
 DEFAULT_MAX_GAP = 6  # enough for a handoff_tp2to1 log that logs no delivery at all
 MAX_FRONTIER = 64  # candidate states kept between events
@@ -56,8 +44,7 @@ ASSUMABLE: frozenset[str] = frozenset(
 )
 OBSERVABLE = {"st": STATUS_NAMES, "p": REPLICA_NAMES, "d": REPLICA_NAMES, "h": REPLICA_NAMES}
 OBSERVABLE["ps"] = SENDER_NAMES
-_KIND_BY_NAME = {v: k for k, v in MSG_NAMES.items()}
-_D_WAIT = (RESERVED, FILLING, QUARANTINED)  # spec.properties.decode_waiting, per request
+_D_WAIT = (S.RESERVED, S.FILLING, S.QUARANTINED)  # spec.properties.decode_waiting, per request
 
 
 class LogError(ValueError):
@@ -89,7 +76,7 @@ class EventLog:
 
 
 def _num(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and v == v and v >= 0
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def _observed(line: int, ob: object, a: Action, i: int, c: Config) -> Observed:
@@ -212,28 +199,10 @@ class Verdict:
     assumed: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "conforms": self.conforms,
-            "violated": self.violated,
-            "line": self.line,
-            "event": self.event,
-            "assumed_steps": self.assumed,
-            "reason": self.reason,
-            "state": self.state,
-        }
-
-    def format(self) -> str:
-        head = f"config {self.config}, {self.events} events, {len(self.assumed)} assumed steps"
-        lines = [("CONFORMS: " if self.conforms else "VIOLATION: ") + head]
-        if not self.conforms:
-            lines.append(f"  line {self.line}: {json.dumps(self.event)}")
-            lines.append(f"  property: {self.violated or 'none (not allowed)'}")
-            lines.append(f"  why: {self.reason}")
-            lines.append(f"  state before: {self.state}")
-        for s in self.assumed:
-            args = ", ".join(f"{k}={v}" for k, v in s["args"].items())
-            lines.append(f"  assumed before line {s['before_line']}: {s['action']}({args})")
-        return "\n".join(lines)
+        """The issue's five keys first, then reason, state, config and events."""
+        d = asdict(self)
+        head = {k: d.pop(k) for k in ("conforms", "violated", "line", "event")}
+        return {**head, "assumed_steps": d.pop("assumed"), **d}
 
 
 def describe_world(w: World) -> str:
@@ -360,19 +329,25 @@ class Checker:
             if deeper is not None and (best is None or deeper[0] < best[0]):
                 best = deeper
         if not pairs:
-            if best is not None:
-                _, prop, pre, ch = best
-                return self._refused(e, prop, pre, ch)
-            w0, ch0 = self.frontier[0]
-            self._fail(e, None, f"not allowed: not enabled within {self.k} assumed steps", w0, ch0)
+            if best is None:
+                w0, ch0 = self.frontier[0]
+                why = f"not allowed: not enabled within {self.k} assumed steps"
+                self._fail(e, None, why, w0, ch0)
+                return False
+            _, prop, pre, ch = best
+            why = f"refused by the spec: it would break {prop}"
+            if ch is not None and ch.line == e.line:
+                n = len(ch.steps)
+                why += f" (after {n} assumed steps; not enabled within --max-gap {self.k})"
+            self._fail(e, prop, why, pre, ch)
             return False
         if e.obs is not None:
             ok = [p for p in pairs if self._matches(p[1][0], e.obs)]
             if not ok:
                 return self._mismatch(e, pairs[0])
             pairs = ok
-        if self.m:  # with the correct spec, no enabled step breaks a safety property
-            for pre, (s, ch) in pairs:
+        for pre, (s, ch) in pairs:  # never fires on the correct spec (model-checked)
+            if s is not pre:
                 bad = violated_safety(s, self.c)
                 if bad:
                     self._fail(e, bad[0], f"the step breaks {', '.join(bad)}", pre, ch)
@@ -381,14 +356,6 @@ class Checker:
         if self.timeout is not None and e.t is not None:
             return self._deadlines(e, pairs[0][0])
         return True
-
-    def _refused(self, e: Event, prop: str, pre: World, ch: _Chain | None) -> bool:
-        why = f"refused by the spec: it would break {prop}"
-        n = len(ch.steps) if ch is not None and ch.line == e.line else 0
-        if n:
-            why += f" (in the state {n} assumed steps on; not enabled within --max-gap {self.k})"
-        self._fail(e, prop, why, pre, ch)
-        return False
 
     @staticmethod
     def _matches(s: World, obs: Observed) -> bool:
@@ -412,37 +379,30 @@ class Checker:
         return False
 
     def _set_frontier(self, nodes: list[Node]) -> None:
-        if len(nodes) == 1:
-            self.frontier = nodes
-            return
-        seen: set[World] = set()
-        out: list[Node] = []
-        for w, ch in nodes:
-            if w not in seen and len(out) < MAX_FRONTIER:
-                seen.add(w)
-                out.append((w, ch))
-        self.frontier = out
+        uniq: dict[World, Node] = {}
+        for node in nodes:
+            uniq.setdefault(node[0], node)
+        self.frontier = list(uniq.values())[:MAX_FRONTIER]
 
     def _deadlines(self, e: Event, pre: World) -> bool:
         """BoundedExit, timed: no request may wait (decode holding blocks for an attempt,
         or prefill's sender waiting) past ``timeout_s`` while the log goes on."""
         assert e.t is not None and self.timeout is not None
-        ws = [w for w, _ in self.frontier]
         late: list[str] = []
         for i in range(self.c.n_reqs):
             for side in ("decode", "prefill"):
+                rs = [w.reqs[i] for w, _ in self.frontier]
                 if side == "decode":
-                    eps = {w.reqs[i].dep if w.reqs[i].d in _D_WAIT else -1 for w in ws}
+                    eps = {r.dep if r.d in _D_WAIT else -1 for r in rs}
                 else:
-                    eps = {w.reqs[i].ep if w.reqs[i].ps != IDLE else -1 for w in ws}
-                key = (side, i)
+                    eps = {r.ep if r.ps != S.IDLE else -1 for r in rs}
                 ep = eps.pop() if len(eps) == 1 else -1
+                old = self.waits.pop((side, i), None)
                 if ep < 0:
-                    self.waits.pop(key, None)
                     continue
-                old = self.waits.get(key)
                 if old is None or old[0] != ep:
-                    self.waits[key] = old = (ep, e.t, e.line)
+                    old = (ep, e.t, e.line)
+                self.waits[(side, i)] = old
                 if e.t - old[1] > self.timeout:
                     late.append(
                         f"{side} has waited on r{i} (epoch {ep}) since line {old[2]}"
@@ -450,8 +410,7 @@ class Checker:
                     )
         if late:
             self._fail(e, "BoundedExit", "; ".join(late), pre, self.frontier[0][1])
-            return False
-        return True
+        return not late
 
     def result(self) -> Verdict:
         if self.verdict is not None:
