@@ -243,3 +243,62 @@ def test_generated_long_log_conforms_and_a_flipped_line_is_caught() -> None:
     lines[k] = lines[k].replace('"DecodeStep"', '"DecodeFinish"')  # r0 ends early
     bad = check_text("\n".join(lines))
     assert (bad.conforms, bad.line, bad.violated) == (False, k + 3, None)  # its next step
+
+
+def _log(config: str, *events: dict[str, Any]) -> str:
+    return "\n".join([json.dumps({"config": config}), *(json.dumps(e) for e in events)])
+
+
+def _s(action: str, **kw: Any) -> dict[str, Any]:
+    return {"action": action, "args": {"req": 0}, **kw}
+
+
+def _m(action: str, kind: str, epoch: int = 1, idx: int = 0) -> dict[str, Any]:
+    return {"action": action, "args": {"req": 0, "msg": kind, "epoch": epoch, "idx": idx}}
+
+
+def test_engine_mappings_from_eventlog_md() -> None:
+    # vLLM producer frees at request_finished (delay-free off) before anyone installed
+    v = check_text(
+        _log(
+            "handoff_tp2to1",
+            _s("PrefillAdmit"),
+            _s("PrefillRun"),
+            _s("PrefillFreeze", observed={"p": "none"}),
+        )
+    )
+    assert (v.line, v.violated) == (4, "NothingLost")
+    # vLLM load error on one block, then a retry as a second attempt
+    sends = [_s("PrefillSendChunk")] * 6
+    landed = [
+        _m("DecodeReceiveChunk", "Chunk" if k != 2 else "ChunkCorrupt", 1, k) for k in range(4)
+    ]
+    retry = [_m("PrefillResume", "Nack"), _s("PrefillFreeze"), _m("DecodeReserve", "Handoff", 2)]
+    start = [
+        _s("PrefillAdmit"),
+        _s("PrefillRun"),
+        _s("PrefillFreeze"),
+        _m("DecodeReserve", "Handoff"),
+    ]
+    end = [
+        _s("DecodeValidate"),
+        _s("DecodeCommit"),
+        _s("DecodeFinish"),
+        _m("PrefillRelease", "Ack", 2),
+    ]
+    events = [
+        *start,
+        *sends,
+        *landed,
+        _s("DecodeAbort", observed={"d": "none"}),
+        *retry,
+        *sends,
+        *end,
+    ]
+    v = check_text(_log("handoff_tp2to1", *events))
+    assert v.conforms, v.reason
+    assert [a["action"] for a in v.assumed].count("EnvCorrupt") == 1
+    # without the logged deliveries the abort quarantines, and the retry cannot reserve
+    events = [*start, *sends, landed[2], _s("DecodeAbort"), *retry]
+    v = check_text(_log("handoff_tp2to1", *events))
+    assert not v.conforms and v.event == events[-1]
