@@ -1,0 +1,159 @@
+"""Tensor helpers of the engine: deterministic KV, TP-sharded pools, block views, reshards.
+
+Every pool keeps one TP rank's heads; the ranks of one worker share one block table
+(one ``BlockAllocator``), as TP workers do in vLLM. Shapes (H = all KV heads):
+
+    rank pool kv    [capacity, layers, 2, H/tp, block_size, head_dim]   heads_major
+                    [capacity, layers, 2, block_size, H/tp, head_dim]   tokens_major
+    full replica    [n, layers, 2, H, block_size, head_dim]             heads_major
+    token KV        [layers, 2, H, head_dim]                             one slot
+    chunk payload   bytes of one source rank's block, in the sender's layout
+
+Head placement comes from ``spec.shardmap`` (``tp_heads``, ``tp_reshard_plan``); axis
+orders from ``spec.shardmap.layout_permutation``. Nothing here decides protocol questions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import xxhash
+
+from refimpl.blocks import BlockAllocator
+from refimpl.checksum import Buffer, tensor_from_bytes
+from refimpl.pool import KVPool, PoolGeometry
+from spec import shardmap as sm
+
+HEADS_MAJOR = "heads_major"
+
+
+def seed_of(*parts: object) -> int:
+    """A stable 63-bit seed from any printable parts (Python's hash() is salted for str)."""
+    return xxhash.xxh3_64_intdigest("/".join(map(str, parts)).encode()) & ((1 << 63) - 1)
+
+
+def gen(shape: Sequence[int], dtype: torch.dtype, *parts: object) -> torch.Tensor:
+    """Deterministic normal values for ``parts`` (the stand-in for a model's K/V)."""
+    g = torch.Generator().manual_seed(seed_of(*parts))
+    return torch.randn(tuple(shape), generator=g, dtype=torch.float32).to(dtype)
+
+
+def token_chain(tokens: Sequence[int], block_size: int) -> list[str]:
+    """Content-hash chain over the full token blocks: hash j covers blocks 0..j."""
+    out: list[str] = []
+    h = ""
+    for j in range(len(tokens) // block_size):
+        blk = tokens[j * block_size : (j + 1) * block_size]
+        h = xxhash.xxh3_64_hexdigest((h + ":" + ",".join(map(str, blk))).encode())
+        out.append(h)
+    return out
+
+
+class RankPools:
+    """One worker's (or tier's) pools, one per TP rank, sharing one block table."""
+
+    def __init__(
+        self,
+        tp: int,
+        kv_heads: int,
+        geometry: PoolGeometry,
+        capacity: int,
+        *,
+        host: bool = False,
+        device: str | None = None,
+        disabled_guards: Iterable[str] = (),
+    ) -> None:
+        self.tp, self.kv_heads, self.geometry = tp, kv_heads, geometry
+        self.guards = frozenset(disabled_guards)
+        self.heads = [sm.tp_heads(kv_heads, tp, r) for r in range(tp)]
+        self.primaries = [r for r in range(tp) if sm.tp_is_primary(kv_heads, tp, r)]
+        self.pools: list[KVPool] = []
+        for _ in range(tp):
+            if device is not None:
+                pool = KVPool(capacity, geometry, device=device, pin_memory=False)
+            elif host:
+                pool = KVPool.host_pool(capacity, geometry)
+            else:
+                pool = KVPool.device_pool(capacity, geometry)
+            self.pools.append(pool)
+        self.reset()
+        # to_hm: a block of this layout -> heads_major (for a stacked [n, ...] tensor: +1)
+        self.to_hm = sm.layout_permutation(geometry.layout, HEADS_MAJOR)
+
+    def reset(self) -> None:
+        """Forget every block (a crash): one fresh allocator, zeroed memory."""
+        self.alloc = BlockAllocator(self.pools[0].capacity, disabled_guards=self.guards)
+        for pool in self.pools:
+            pool.allocator = self.alloc  # one block table for all TP ranks
+            pool.kv.zero_()
+
+    @property
+    def device(self) -> torch.device:
+        return self.pools[0].device
+
+    def hm_block(self, rank: int, b: int) -> torch.Tensor:
+        """View of block ``b`` on ``rank`` as heads_major [layers, 2, h, bs, head_dim]."""
+        return self.pools[rank].kv[b].permute(self.to_hm)
+
+    def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
+        """A copy of the full replica: [n, layers, 2, H, bs, head_dim] on CPU."""
+        g = self.geometry
+        out = torch.empty(
+            (len(block_ids), g.num_layers, g.num_fields, self.kv_heads, g.block_size, g.head_dim),
+            dtype=g.dtype,
+        )
+        if not block_ids:
+            return out
+        idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
+        perm = (0, *(p + 1 for p in self.to_hm))
+        for r in self.primaries:
+            h = self.heads[r]
+            out[:, :, :, h.start : h.stop] = self.pools[r].kv[idx].permute(perm).cpu()
+        return out
+
+    def write_full(self, holder: str, block_ids: Sequence[int], full: torch.Tensor) -> None:
+        """Write a full replica ``[n, layers, 2, H, bs, D]`` into the ranks (checked first)."""
+        self.alloc.check_write(holder, block_ids)
+        self.write_full_raw(block_ids, full)
+
+    def write_full_raw(self, block_ids: Sequence[int], full: torch.Tensor) -> None:
+        for r in range(self.tp):
+            h = self.heads[r]
+            for k, b in enumerate(block_ids):
+                self.hm_block(r, b).copy_(full[k, :, :, h.start : h.stop])
+
+    def write_token(self, holder: str | None, b: int, slot: int, tok: torch.Tensor) -> None:
+        """Write one slot's KV ``[layers, 2, H, D]`` into block ``b`` of every rank.
+
+        ``holder`` None writes without asking the allocator (only a mutant does that).
+        """
+        if holder is not None:
+            self.alloc.check_write(holder, [b])
+        for r in range(self.tp):
+            h = self.heads[r]
+            self.hm_block(r, b)[:, :, :, slot].copy_(tok[:, :, h.start : h.stop])
+
+    def shard_bytes(self, rank: int, b: int) -> Buffer:
+        """Bytes of block ``b`` on ``rank`` (zero-copy on CPU, staged on CUDA)."""
+        return self.pools[rank].host_bytes([b])[0]
+
+
+def land_shard(
+    dst: RankPools,
+    pieces: Sequence[sm.HeadPiece],
+    src_geometry: PoolGeometry,
+    payload: Buffer,
+    b: int,
+) -> None:
+    """Write one source rank's block bytes into block ``b`` of the destination ranks.
+
+    ``pieces`` are the reshard plan's pieces reading that source rank; the payload is in
+    the sender's layout, the destination is permuted on the fly (incident 3: the layout
+    is the manifest's, never assumed).
+    """
+    shard = tensor_from_bytes(payload, src_geometry.dtype, src_geometry.block_shape)
+    shard = shard.permute(sm.layout_permutation(src_geometry.layout, HEADS_MAJOR))
+    for pc in pieces:
+        view = dst.hm_block(pc.dst_rank, b)
+        view[:, :, pc.dst_slice].copy_(shard[:, :, pc.src_slice])

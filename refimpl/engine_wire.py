@@ -1,0 +1,101 @@
+"""The network under the engine: the in-process transport, with selective delivery.
+
+The spec's network is a multiset per request (``Req.net``): any message in flight may be
+delivered next, lost, duplicated or corrupted. ``Wire`` is an ``InProcessTransport`` (JSON
+headers plus byte payloads, nothing else crosses) with two channels per request,
+
+    "<i>>d"   prefill -> decode: Handoff, Chunk (one-sided write), RankDone, Quiesced
+    "<i>>p"   decode -> prefill: Ready, Ack, Nack
+
+and a few calls the environment uses to choose what happens to one message in flight:
+``take`` (deliver it), ``lose``, ``duplicate``, ``replace`` (a corrupted payload or a
+swapped manifest) and ``drop_where`` (a fence or a crash fails every matching write).
+Reordering needs no call: the receiver takes whichever message the environment picks.
+
+A header names its message: ``{"kind", "req", "epoch", "idx", ...}`` with the spec's
+message names (``spec.state.MSG_NAMES``). The *Bad* kinds are never written by a sender;
+``engine_abstract`` derives them from the bytes (a checksum or a manifest that fails).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from refimpl.transport import InProcessTransport, Payload
+
+Entry = tuple[str, Payload]  # (header as JSON text, payload), as the transport keeps it
+
+
+def channel(req: int, to_decode: bool) -> str:
+    return f"{req}>{'d' if to_decode else 'p'}"
+
+
+@lru_cache(maxsize=8192)
+def parse(text: str) -> dict[str, Any]:
+    """The header of an entry (cached by its text; callers must not mutate it)."""
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+def dumps(header: Mapping[str, Any]) -> str:
+    return json.dumps(header, allow_nan=False, separators=(",", ":"))
+
+
+class Wire(InProcessTransport):
+    """In-process channels the environment can pick from (spec: a multiset per request)."""
+
+    def __init__(self) -> None:
+        # Payloads by reference, like an RDMA read of registered (pinned) source memory:
+        # the source must stay frozen until the write has landed (NoReuseUnderIO).
+        super().__init__(copy_payload=False)
+
+    def entries(self, ch: str) -> tuple[Entry, ...]:
+        """What is in flight on ``ch``, oldest first (read only)."""
+        return tuple(self._queues.get(ch, ()))
+
+    def find(self, ch: str, match: Callable[[str, Payload], bool]) -> int:
+        """Index of the first entry on ``ch`` that ``match`` accepts, or -1."""
+        for k, (text, data) in enumerate(self._queues.get(ch, ())):
+            if match(text, data):
+                return k
+        return -1
+
+    def take(self, ch: str, k: int) -> tuple[dict[str, Any], Payload]:
+        """Deliver entry ``k`` of ``ch`` (the environment chose it)."""
+        q = self._queues[ch]
+        text, data = q[k]
+        del q[k]
+        self.stats["delivered"] += 1
+        return json.loads(text), data
+
+    def lose(self, ch: str, k: int) -> None:
+        del self._queues[ch][k]
+        self.stats["lost"] += 1
+
+    def duplicate(self, ch: str, k: int) -> None:
+        self._queues[ch].append(self._queues[ch][k])
+        self.stats["duplicated"] += 1
+
+    def replace(
+        self, ch: str, k: int, text: str | None = None, data: Payload | None = None
+    ) -> None:
+        """Swap entry ``k``'s header text or payload (a fault in transit)."""
+        old_text, old_data = self._queues[ch][k]
+        new = (old_text if text is None else text, old_data if data is None else data)
+        self._queues[ch][k] = new
+        self.stats["corrupted"] += 1
+
+    def drop_where(self, ch: str, pred: Callable[[dict[str, Any]], bool]) -> int:
+        """Fail every entry of ``ch`` whose header ``pred`` accepts; returns how many."""
+        q = self._queues.get(ch)
+        if not q:
+            return 0
+        keep = deque(e for e in q if not pred(parse(e[0])))
+        dropped = len(q) - len(keep)
+        self._queues[ch] = keep
+        self.stats["aborted"] += dropped
+        return dropped
