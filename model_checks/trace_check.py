@@ -223,8 +223,7 @@ def _chain_steps(ch: _Chain | None) -> list[dict[str, Any]]:
 
 
 Node = tuple[World, _Chain | None]
-Steps = tuple[tuple[str, int, int], ...]
-_Open = tuple[World, _Chain | None, Steps, int]  # a search state: chain, path, faults on it
+_Open = tuple[World, _Chain | None, tuple[tuple[str, int, int], ...], int]  # + path, faults
 
 
 class Checker:
@@ -418,16 +417,9 @@ class Checker:
         return Verdict(self.c.name, self.n, assumed=_chain_steps(self.frontier[0][1]))
 
 
-def check_log(
-    log: EventLog,
-    *,
-    max_gap: int = DEFAULT_MAX_GAP,
-    assumable: frozenset[str] = ASSUMABLE,
-    mutants: Mutants = frozenset(),
-) -> Verdict:
-    ck = Checker(
-        log.config, max_gap=max_gap, assumable=assumable, mutants=mutants, timeout_s=log.timeout_s
-    )
+def check_log(log: EventLog, **kw: Any) -> Verdict:
+    """Check a parsed log; ``kw``: ``max_gap``, ``assumable``, ``mutants`` (see Checker)."""
+    ck = Checker(log.config, timeout_s=log.timeout_s, **kw)
     for e in log.events:
         if not ck.step(e):
             break
