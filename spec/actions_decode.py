@@ -179,7 +179,9 @@ def DecodeFinish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 
 def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
-    """Give the attempt up (cancelled, failed, or it failed validation)."""
+    """Give the attempt up (cancelled, failed, or it failed validation). While a writer
+    may still land bytes, a cancelled attempt's blocks are quarantined until it quiesces;
+    an invalid attempt of a running request is fenced (its writes fail) and freed."""
     r = w.reqs[i]
     if not w.d_up or r.d in (NONE, QUARANTINED):
         return NOT_ENABLED
@@ -188,6 +190,8 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     net = r.net if r.d == WRITABLE else send(w, r.net, msg(M_NACK, r.dep))
     if r.d in _WAITING and r.landed != full_chunks(c, r.hit):  # a writer may still land
+        if invalid and r.st == RUNNING:  # a bad attempt: fence its writes, free now
+            return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=drop_chunks(net, r.dep)))
         if "free_on_cancel_in_flight" in m:
             return _free(w, i, r._replace(net=net))
         return put(w, i, r._replace(d=QUARANTINED, net=net))

@@ -133,15 +133,12 @@ DEFAULT_SUITE: tuple[str, ...] = tuple(CONFIGS)
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
         name=f"scale_{k}",
-        doc=f"{k} requests, 1 block each, handoff with offload; one lost message",
+        doc=f"{k} requests, 1 block each, handoff; no cancel, no faults",
         n_reqs=k,
         blocks=1,
         cap_p=k,
         cap_d=k,
-        cap_h=1,
-        offload=True,
-        faults=1,
-        fault_kinds=frozenset({"lose"}),
+        cancel=False,
         max_attempts=1,
     )
     for k in (1, 2, 3, 4)

@@ -355,6 +355,14 @@ CASES = [
         {"d": QUARANTINED, "net": (msg(M_NACK, 1),)},
     ),
     ("DecodeAbort", HO, W(ALL_SENT._replace(st=CANCELLED)), 0, 0, {"d": NONE}),
+    (
+        "DecodeAbort",
+        HO,
+        W(SENDING1._replace(d=FILLING, landed=1, dfl=DF_CORRUPT, net=(msg(M_CHUNK, 1, 1),))),
+        0,
+        0,
+        {"d": NONE, "dfl": DF_CORRUPT | DF_FENCED, "net": (msg(M_NACK, 1),)},
+    ),
     ("DecodeAbort", HO, W(ALL_SENT), 0, 0, ("disabled", None)),
     (
         "DecodeReclaim",
