@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-trace": ("model_checks.cmd_check_trace", "check an engine event log (JSONL)"),
     "demo": ("refimpl.cmd_demo", "the data path on a real attention model"),
     "fuzz": ("refimpl.cmd_fuzz", "fuzz the reference implementation against the spec"),
-    "repro": ("repro.cmd_repro", "run the failure-case reproduction scripts"),
+    "repro": ("refimpl.cmd_repro", "run the failure-case reproduction scripts"),
 }
 
 
