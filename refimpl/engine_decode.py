@@ -273,7 +273,9 @@ class DecodeActions(PrefillActions):
         self._free_rx(i)
 
     def DecodeAbort(self, req: int) -> None:
-        """Give the attempt up (cancelled, failed, or it failed validation)."""
+        """Give the attempt up (cancelled, failed, or it failed validation). While a writer
+        may still land bytes, a cancelled attempt's blocks are quarantined until it
+        quiesces; an invalid attempt of a running request is fenced and freed at once."""
         i, x = req, self.rx[req]
         if not self.d_up or x.phase in (RX_NONE, RX_QUARANTINED):
             raise self._ne("DecodeAbort", i)
@@ -283,6 +285,11 @@ class DecodeActions(PrefillActions):
         if x.phase != RX_COMMITTED:
             self.send(i, "Nack", x.dep)
         if x.phase == RX_WAITING and x.landed != self._full_chunks(i):  # a writer may land
+            if invalid and self.req[i].status == RUNNING:  # a bad attempt: fence, free now
+                self._drop_chunks(i, x.dep)
+                x.fenced = True
+                self._free_rx(i)
+                return
             if "free_on_cancel_in_flight" in self.m:
                 self.D.alloc.free(self.rid(i))  # the bug: frees under the in-flight write
                 self._forget_rx(i)

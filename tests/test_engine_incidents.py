@@ -16,7 +16,7 @@ from refimpl.checksum import tensor_from_bytes
 from refimpl.errors import ManifestError, OwnershipError
 from spec.config import CONFIGS, Config
 from spec.properties import violated_safety
-from spec.state import AWAIT_READY, FAILED, NONE, SENDING, WRITABLE
+from spec.state import AWAIT_READY, FAILED, M_NACK, NONE, SENDING, WRITABLE, msg
 from tests.engine_helpers import Drive
 from tests.test_engine_scenarios import assert_quiescent
 
@@ -113,6 +113,27 @@ def test_sglang_30233_a_truncated_transfer_is_never_success(bug: bool) -> None:
     finish_handoff(d, 0, chunks=4, ranks=2, epoch=2)
     d("DecodeFinish", req=0)
     assert_quiescent(d.eng)
+
+
+def test_a_corrupted_chunk_is_caught_by_its_checksum_and_the_attempt_retried() -> None:
+    d = Drive(CONFIGS["handoff_tp2to1"])
+    e = d.eng
+    start(d, sends=6)
+    d.msg("EnvCorrupt", "Chunk", 1, 1)  # one byte of rank 0's block 1 flipped in transit
+    d.msg("DecodeReceiveChunk", "ChunkCorrupt", 1, 1)  # refused by its checksum
+    assert torch.equal(e.D.pools[0].kv[1], torch.zeros_like(e.D.pools[0].kv[1]))
+    d.msg("DecodeReceiveChunk", "Chunk", 1, 0)
+    d.msg("DecodeReceiveDone", "RankDone", 1, 0)
+    d.msg("DecodeReceiveDone", "RankDone", 1, 1)
+    d.refused("DecodeValidate", "NoPartialUse", req=0)
+    d("DecodeAbort", req=0)  # invalid: fence the attempt (chunks 2, 3 fail), free, Nack
+    assert e.D.alloc.num_free == 2 and d.w.reqs[0].net == (msg(M_NACK, 1),)
+    d.msg("PrefillResume", "Nack", 1)
+    d("PrefillFreeze", req=0)
+    d.msg("DecodeReserve", "Handoff", 2)
+    finish_handoff(d, 0, chunks=4, ranks=2, epoch=2)
+    d("DecodeFinish", req=0)
+    assert_quiescent(e)
 
 
 def test_trtllm_6507_the_layout_travels_in_the_manifest() -> None:
