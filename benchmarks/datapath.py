@@ -50,6 +50,7 @@ class World:
     token_ids: tuple[int, ...]
     raw_host: torch.Tensor  # baseline buffers, same bytes as the pools
     raw_dst: torch.Tensor
+    written_checksums: tuple[str, ...] = ()  # per block, as prefill computed them on write
 
 
 def make_world(block_size: int) -> World:
@@ -75,6 +76,7 @@ def make_world(block_size: int) -> World:
     torch.manual_seed(0)
     src.kv.copy_(torch.randn(src.kv.shape, dtype=src.kv.dtype, device=src.device))
     assert blocks == list(range(n))
+    written = tuple(bytes_checksum(v) for v in src.host_bytes(blocks))  # at write time
     return World(
         local,
         src,
@@ -84,14 +86,21 @@ def make_world(block_size: int) -> World:
         tuple(range(TOKENS)),
         torch.empty_like(host.kv),
         torch.empty_like(dst.kv),
+        written,
     )
 
 
 # ---------------------------------------------------------------- the timed steps
-def handoff_via_primitives(w: World, epoch: int) -> None:
-    """Prefill -> decode handoff of REQ, every step of the protocol on real bytes."""
+def handoff_via_primitives(w: World, epoch: int, write_time_checksums: bool = False) -> None:
+    """Prefill -> decode handoff of REQ, every step of the protocol on real bytes.
+
+    ``write_time_checksums``: freeze takes the checksums prefill computed when it wrote
+    the blocks (``w.written_checksums``) instead of hashing the snapshot again; the
+    receiver still hashes every chunk before installing it.
+    """
     ctrl, data = f"{REQ}/{epoch}/ctrl", f"{REQ}/{epoch}/data"
-    snap = chunks.freeze(w.src, REQ, epoch)  # pin + checksum every block
+    sums = w.written_checksums if write_time_checksums else None
+    snap = chunks.freeze(w.src, REQ, epoch, checksums=sums)  # pin (+ checksum every block)
     m = chunks.build_manifest(snap, w.local, token_ids=w.token_ids, dst_tp=1, dst_cp=1)
     chunks.send_manifest(w.transport, ctrl, m)
     [(header, _)] = w.transport.poll(ctrl)
@@ -109,6 +118,10 @@ def undo_handoff(w: World) -> None:
     w.dst.allocator.free(REQ)
 
 
+def handoff_write_time_checksums(w: World, epoch: int) -> None:
+    handoff_via_primitives(w, epoch, write_time_checksums=True)
+
+
 HANDOFFS: dict[str, Callable[[World, int], None]] = {"primitives": handoff_via_primitives}
 
 
@@ -123,6 +136,16 @@ def offload_reload(w: World, epoch: int) -> None:
     copy_blocks(w.host, host_ids, w.src, back, REQ)  # H2D on CUDA
     w.src.allocator.commit(REQ, epoch)
     w.host.allocator.free(REQ)
+
+
+def _again(handoff: Callable[[World, int], None]) -> Callable[[World, int], None]:
+    """Run a second handoff of the same round (the first one's copy is freed first)."""
+
+    def run(w: World, epoch: int) -> None:
+        undo_handoff(w)
+        handoff(w, epoch + 10_000)
+
+    return run
 
 
 def raw_copy(w: World) -> None:
@@ -168,12 +191,13 @@ def run(rounds: int, block_size: int, path: str) -> dict[str, float]:
     handoff = HANDOFFS[path]
     w.host.kv.copy_(w.src.kv)
     samples: dict[str, list[float]] = {
-        k: [] for k in ("copy", "handoff", "two_copies", "roundtrip", "xxh3")
+        k: [] for k in ("copy", "handoff", "handoff_wt", "two_copies", "roundtrip", "xxh3")
     }
     for epoch in range(rounds + 2):  # two warm-up rounds, then interleaved samples
         s = {
             "copy": timed(cuda, raw_copy, w),
             "handoff": timed(cuda, handoff, w, epoch),
+            "handoff_wt": timed(cuda, _again(handoff_write_time_checksums), w, epoch),
             "two_copies": timed(cuda, raw_two_copies, w),
             "roundtrip": timed(cuda, offload_reload, w, epoch),
             "xxh3": timed(False, checksum_all, w),
@@ -189,6 +213,7 @@ def run(rounds: int, block_size: int, path: str) -> dict[str, float]:
     payload = w.src.kv.nbytes
     out = {
         "handoff_over_copy": med["copy"] / med["handoff"],
+        "handoff_write_time_checksums_over_copy": med["copy"] / med["handoff_wt"],
         "roundtrip_over_copy": med["two_copies"] / med["roundtrip"],
         "checksum_gib_s": payload / 2**30 / med["xxh3"],
         "payload_bytes": payload,
@@ -219,7 +244,11 @@ def main() -> None:
         + ", ".join(f"{k[1:-3]}={v:.2f}" for k, v in out.items() if k.endswith("_ms"))
     )
     print(f"{'metric':<22}{'value':>10}  goal")
-    goals = {"handoff_over_copy": ">= 0.8 (CPU)", "checksum_gib_s": ">= 10"}
+    goals = {
+        "handoff_over_copy": ">= 0.8 (CPU)",
+        "handoff_write_time_checksums_over_copy": ">= 0.8 (CPU)",
+        "checksum_gib_s": ">= 10",
+    }
     for k, v in out.items():
         if not k.startswith("_") and k != "payload_bytes":
             print(f"{k:<22}{v:>10.3f}  {goals.get(k, '')}")

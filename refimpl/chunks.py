@@ -23,6 +23,7 @@ prefix hit) commits at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,14 @@ from spec.manifest import ManifestError as SpecManifestError
 from spec.manifest import from_json_dict as manifest_from_json_dict
 
 CHUNK, MANIFEST = "chunk", "manifest"
+_INSTALLER: list[ThreadPoolExecutor] = []
+
+
+def _installer() -> ThreadPoolExecutor:
+    """One shared thread that performs installs (copies) behind the verifier."""
+    if not _INSTALLER:
+        _INSTALLER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-install"))
+    return _INSTALLER[0]
 
 
 def pin_name(request_id: str, epoch: int) -> str:
@@ -66,13 +75,29 @@ class Snapshot:
         return pin_name(self.request_id, self.epoch)
 
 
-def freeze(pool: KVPool, request_id: str, epoch: int, *, first_block: int = 0) -> Snapshot:
-    """Pin ``request_id``'s blocks from ``first_block`` on, and checksum their bytes."""
+def freeze(
+    pool: KVPool,
+    request_id: str,
+    epoch: int,
+    *,
+    first_block: int = 0,
+    checksums: Sequence[str] | None = None,
+) -> Snapshot:
+    """Pin ``request_id``'s blocks from ``first_block`` on, and checksum their bytes.
+
+    ``checksums``: the writer's own per-block checksums, computed when it wrote the
+    blocks (a real engine does it in the kernel that fills a block), so that freezing
+    does not read the whole KV again. They are not trusted further than that: the
+    receiver hashes every chunk before installing it, so a stale one fails the transfer
+    (``ChecksumError``), it never installs wrong bytes.
+    """
     blocks = pool.allocator.blocks_of(request_id)[first_block:]
+    if checksums is not None and len(checksums) != len(blocks):
+        raise ChunkError(f"{len(checksums)} checksums for {len(blocks)} blocks to freeze")
     pool.allocator.incref(pin_name(request_id, epoch), blocks)  # refuses partial replicas
     payloads = tuple(pool.host_bytes(blocks))
-    checksums = tuple(bytes_checksum(p) for p in payloads)
-    return Snapshot(request_id, epoch, blocks, first_block, checksums, payloads)
+    sums = tuple(checksums) if checksums is not None else tuple(map(bytes_checksum, payloads))
+    return Snapshot(request_id, epoch, blocks, first_block, sums, payloads)
 
 
 def release(pool: KVPool, snap: Snapshot) -> list[int]:
@@ -215,6 +240,15 @@ class ChunkReceiver:
 
     def receive(self, header: Mapping[str, Any], payload: Payload) -> bool:
         """Verify and install one chunk; False for a duplicate of an installed block."""
+        idx = self._verify(header, payload)
+        if idx is None:
+            return False
+        self._install(idx, payload)
+        return True
+
+    def _verify(self, header: Mapping[str, Any], payload: Payload) -> int | None:
+        """Every check of one chunk, its bytes hashed; the block index to install, or
+        None for a duplicate. Marks the block installed (the caller installs it)."""
         m = self.manifest
         if self.cancelled:
             raise CancelledError(f"{m.request_id!r} epoch {m.epoch} is cancelled")
@@ -237,41 +271,63 @@ class ChunkReceiver:
                 f"block {idx}: header checksum {checksum!r} != manifest {expected!r}"
             )
         if idx in self.installed:
-            return False
+            return None
         actual = bytes_checksum(payload)
         if actual != expected:
             raise ChecksumError(f"block {idx}: bytes hash to {actual}, advertised {expected}")
-        self.pool.write_block_bytes(m.request_id, self.dest[idx], payload, self.src_geometry)
         self.installed.add(idx)
-        return True
+        return idx
+
+    def _install(self, idx: int, payload: Payload) -> None:
+        m = self.manifest
+        self.pool.write_block_bytes(m.request_id, self.dest[idx], payload, self.src_geometry)
 
     def pump(
-        self, transport: Transport, channel: str, is_cancelled: Callable[[], bool] | None = None
+        self,
+        transport: Transport,
+        channel: str,
+        is_cancelled: Callable[[], bool] | None = None,
+        *,
+        overlap: bool = True,
     ) -> PumpReport:
-        """Poll once and handle every message, checking cancellation before each chunk."""
+        """Poll once and handle every message, checking cancellation before each chunk.
+
+        ``overlap``: install block k on a helper thread while block k+1 is verified here
+        (the copy releases the GIL; xxh3 does not). A block is still installed only after
+        its own checksum matched, and every install has finished when ``pump`` returns.
+        """
         report = PumpReport()
-        for header, payload in transport.poll(channel):
-            if header.get("type") != CHUNK:
-                report.other.append(header)
-                continue
-            if not self.cancelled and is_cancelled is not None and is_cancelled():
-                self.cancel()
-            if self.cancelled:
-                report.discarded += 1
-                continue
-            try:
-                fresh = self.receive(header, payload)
-            except StaleError:
-                report.stale += 1
-            except ChecksumError:
-                report.corrupt.append(header["block_index"])
-            except ChunkError:
-                report.malformed += 1
-            else:
-                if fresh:
-                    report.installed.append(header["block_index"])
+        installs: list[Future[None]] = []
+        try:
+            for header, payload in transport.poll(channel):
+                if header.get("type") != CHUNK:
+                    report.other.append(header)
+                    continue
+                if not self.cancelled and is_cancelled is not None and is_cancelled():
+                    self.cancel()
+                if self.cancelled:
+                    report.discarded += 1
+                    continue
+                try:
+                    idx = self._verify(header, payload)
+                except StaleError:
+                    report.stale += 1
+                except ChecksumError:
+                    report.corrupt.append(header["block_index"])
+                except ChunkError:
+                    report.malformed += 1
                 else:
-                    report.duplicates += 1
+                    if idx is None:
+                        report.duplicates += 1
+                    elif overlap:
+                        installs.append(_installer().submit(self._install, idx, payload))
+                        report.installed.append(idx)
+                    else:
+                        self._install(idx, payload)
+                        report.installed.append(idx)
+        finally:
+            for f in installs:
+                f.result()  # re-raises an install's error here
         return report
 
     def commit(self) -> list[int]:
