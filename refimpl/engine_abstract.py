@@ -181,44 +181,29 @@ class AbstractMap(EnvActions):
         return not self.damaged()
 
     def fingerprint(self) -> tuple[object, ...]:
-        """Everything an action may change, hashed: for "a refusal changes nothing" tests."""
-        pools = (self.P, self.H, self.D)
-        allocs = tuple(
-            (
-                tuple(p.alloc._status),
-                tuple(p.alloc._refcount),
-                repr(sorted(p.alloc._tables.items())),
+        """Everything an action may change, for "a refusal changes nothing" tests: the
+        abstract state, every block's bookkeeping, every pool's bytes, the wire, the
+        records."""
+        blocks = []
+        for pools in (self.P, self.H, self.D):
+            a = pools.alloc
+            blocks.append(
+                (
+                    tuple(
+                        (a.status(b), a.refcount(b), a.owner(b), a.epoch(b))
+                        for b in range(a.capacity)
+                    ),
+                    tuple((h, a.blocks_of(h)) for h in sorted(a.holders())),
+                    a.quarantined(),
+                    tuple(
+                        bytes_checksum(q.kv.cpu().contiguous().view(torch.uint8).numpy())
+                        for q in pools.pools
+                    ),
+                )
             )
-            for p in pools
-        )
-        kv = tuple(
-            bytes_checksum(q.kv.cpu().contiguous().view(torch.uint8).numpy())
-            for p in pools
-            for q in p.pools
-        )
         wire = tuple(
             (ch, tuple((t, bytes_checksum(d)) for t, d in self.wire.entries(ch)))
-            for ch in sorted(self.wire._queues)
+            for ch in self.wire.channels()
         )
-        recs = repr(
-            [
-                (
-                    r.status,
-                    r.epoch,
-                    r.phase,
-                    r.sent,
-                    r.phit,
-                    r.dst,
-                    r.moves,
-                    r.stored,
-                    r.loaded,
-                    r.reloading,
-                    r.ghost,
-                    r.steps,
-                    sorted(r.slots.items()),
-                )
-                for r in self.req
-            ]
-        )
-        rxs = repr(self.rx)
-        return (self.abstract(), allocs, kv, wire, recs, rxs, self.prefix_blocks, self.faults)
+        records = repr((self.req, self.rx, self.prefix_blocks, self.faults, self.p_up, self.d_up))
+        return (self.abstract(), tuple(blocks), wire, records)

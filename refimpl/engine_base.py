@@ -21,7 +21,7 @@ side's protocol registers (epochs, phases, counters) and the ghost history flags
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -67,6 +67,8 @@ KIND_TO_DECODE = {  # message name -> travels prefill->decode (True) or back (Fa
     "Ack": False,
     "Nack": False,
 }
+
+BASE_KIND = {k: k.removesuffix("Corrupt").removesuffix("BadManifest") for k in KIND_TO_DECODE}
 
 # decode receiver phases (per request, for attempt ``dep``)
 RX_NONE, RX_WAITING, RX_VALIDATED, RX_COMMITTED, RX_QUARANTINED = range(5)
@@ -166,32 +168,21 @@ class EngineBase:
         self.n = c.blocks
         h = kv_heads or math.lcm(c.src_tp, c.dst_tp)
         self.kv_heads, self.dtype = h, dtype
-        rope = RopeConfig(10000.0, head_dim)
-        common = dict(model_id="kvown-tiny", adapter_id=None, dtype=str(dtype).split(".")[-1])
         self.p_local = LocalConfig(
-            **common,  # type: ignore[arg-type]
+            model_id="kvown-tiny",
+            adapter_id=None,
+            dtype=str(dtype).removeprefix("torch."),
             quantization="none",
             num_layers=layers,
             kv_heads=h,
             head_dim=head_dim,
             block_size=block_size,
             layout="heads_major",
-            rope=rope,
+            rope=RopeConfig(10000.0, head_dim),
             tp=c.src_tp,
             cp=1,
         )
-        self.d_local = LocalConfig(
-            **common,  # type: ignore[arg-type]
-            quantization="none",
-            num_layers=layers,
-            kv_heads=h,
-            head_dim=head_dim,
-            block_size=block_size,
-            layout=decode_layout,
-            rope=rope,
-            tp=c.dst_tp,
-            cp=1,
-        )
+        self.d_local = replace(self.p_local, layout=decode_layout, tp=c.dst_tp)
         self.p_geo = PoolGeometry.of_local(self.p_local, sm.tp_local_heads(h, c.src_tp))
         d_geo = PoolGeometry.of_local(self.d_local, sm.tp_local_heads(h, c.dst_tp))
         m = self.m
@@ -367,9 +358,13 @@ class EngineBase:
             raise NotEnabled(f"unknown message kind {msg!r}")
         ch = channel(i, KIND_TO_DECODE[msg])
 
+        base = BASE_KIND[msg]
+
         def match(text: str, data: Payload) -> bool:
             h = parse(text)
-            return h["epoch"] == epoch and h["idx"] == idx and self.kind_name(text, data) == msg
+            if h["epoch"] != epoch or h["idx"] != idx or h["kind"] != base:
+                return False
+            return self.kind_name(text, data) == msg  # hashes a chunk: only the candidate
 
         k = self.wire.find(ch, match)
         if k < 0:

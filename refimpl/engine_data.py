@@ -21,7 +21,7 @@ import torch
 import xxhash
 
 from refimpl.blocks import BlockAllocator
-from refimpl.checksum import Buffer, tensor_from_bytes
+from refimpl.checksum import Buffer, block_checksum, tensor_from_bytes
 from refimpl.pool import KVPool, PoolGeometry
 from spec import shardmap as sm
 
@@ -89,6 +89,11 @@ class RankPools:
             pool.kv.zero_()
 
     @property
+    def canonical(self) -> bool:
+        """One rank holding every head, heads_major: a block is already a full block."""
+        return self.tp == 1 and self.geometry.layout == HEADS_MAJOR
+
+    @property
     def device(self) -> torch.device:
         return self.pools[0].device
 
@@ -111,6 +116,13 @@ class RankPools:
             h = self.heads[r]
             out[:, :, :, h.start : h.stop] = self.pools[r].kv[idx].permute(perm).cpu()
         return out
+
+    def block_checksum(self, b: int) -> str:
+        """xxh3 of block ``b`` as one full heads_major block (the manifest's checksum);
+        hashed in place when one rank already holds it in that layout."""
+        if self.canonical:
+            return block_checksum(self.pools[0].kv[b])
+        return block_checksum(self.gather([b])[0])
 
     def write_full(self, holder: str, block_ids: Sequence[int], full: torch.Tensor) -> None:
         """Write a full replica ``[n, layers, 2, H, bs, D]`` into the ranks (checked first)."""

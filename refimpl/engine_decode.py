@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from refimpl.checksum import block_checksum, bytes_checksum
+from refimpl.checksum import bytes_checksum
 from refimpl.engine_base import (
     PREFIX_CACHE,
     RX_COMMITTED,
@@ -234,10 +234,9 @@ class DecodeActions(PrefillActions):
         x = self.rx[i]
         assert x.manifest is not None
         hit = self.hit(i)
-        full = self.D.gather(x.own)
-        for k in range(len(x.own)):
+        for k, b in enumerate(x.own):
             want = x.manifest.block_checksums[hit + k - x.manifest.prefix_blocks]
-            if block_checksum(full[k]) != want:
+            if self.D.block_checksum(b) != want:
                 raise ChecksumError(f"r{i} block {hit + k} differs from the manifest")
 
     def DecodeCommit(self, req: int) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from refimpl.checksum import block_checksum, bytes_checksum
+from refimpl.checksum import bytes_checksum
 from refimpl.chunks import Snapshot, build_manifest, pin_name
 from refimpl.engine_base import (
     EngineBase,
@@ -59,14 +59,11 @@ class PrefillActions(EngineBase):
             pools.write_token(holder, logical[j], s, tok)  # asks the allocator first
             truth = self.truth[i]
             assert truth is not None
+            if truth is self.frozen_truth[i]:  # copy on write: the snapshot keeps its version
+                truth = self.truth[i] = truth.clone()
             truth[j, :, :, :, s] = tok
             r.slots[(j, s)] = r.steps
         r.steps += 1
-
-    def _truth_copy(self, i: int) -> torch.Tensor:
-        truth = self.truth[i]
-        assert truth is not None
-        return truth.clone()
 
     def _copy(
         self, src: RankPools, s_ids: list[int], dst: RankPools, d_ids: list[int], i: int
@@ -174,7 +171,7 @@ class PrefillActions(EngineBase):
             raise CapacityError(f"r{i} needs {self.n} host blocks, {self.H.alloc.num_free} free")
         rid = self.rid(i)
         self.P.alloc.incref(rid + "@store", self.P.alloc.blocks_of(rid))  # read-only now
-        self.frozen_truth[i] = self._truth_copy(i)
+        self.frozen_truth[i] = self.truth[i]  # shared until the next write
         self.H.alloc.reserve(rid, self.n, epoch=0)
         r.stored, r.moves = 0, r.moves + 1
 
@@ -256,11 +253,11 @@ class PrefillActions(EngineBase):
         rid, e = self.rid(i), r.epoch + 1
         blocks = self.P.alloc.blocks_of(rid)
         self.P.alloc.incref(pin_name(rid, e), blocks)  # the snapshot: read-only until released
-        self.frozen_truth[i] = self._truth_copy(i)
+        self.frozen_truth[i] = self.truth[i]  # shared until the next write
         r.payloads = [[self.P.shard_bytes(k, b) for b in blocks] for k in range(self.P.tp)]
         r.checksums = [[bytes_checksum(p) for p in rank] for rank in r.payloads]
-        full = self.P.gather(blocks)
-        snap = Snapshot(rid, e, blocks, 0, tuple(block_checksum(f) for f in full), ())
+        full = r.checksums[0] if self.P.canonical else [self.P.block_checksum(b) for b in blocks]
+        snap = Snapshot(rid, e, blocks, 0, tuple(full), ())
         m = build_manifest(snap, self.p_local, token_ids=self.tokens[i], dst_tp=c.dst_tp, dst_cp=1)
         self.send(i, "Handoff", e, manifest=m.to_json_dict())
         r.epoch, r.phase, r.sent, r.phit, r.dst = e, AWAIT_READY, 0, 0, ()

@@ -53,6 +53,9 @@ class Wire(InProcessTransport):
         # the source must stay frozen until the write has landed (NoReuseUnderIO).
         super().__init__(copy_payload=False)
 
+    def channels(self) -> list[str]:
+        return sorted(self._queues)
+
     def entries(self, ch: str) -> tuple[Entry, ...]:
         """What is in flight on ``ch``, oldest first (read only)."""
         return tuple(self._queues.get(ch, ()))

@@ -22,7 +22,7 @@ def assert_quiescent(e: Engine) -> None:
     assert e.P.alloc.num_free == e.P.alloc.capacity
     assert e.H.alloc.num_free == e.H.alloc.capacity
     assert e.D.alloc.num_free == e.D.alloc.capacity - len(e.prefix_blocks)
-    assert all(not e.wire.entries(ch) for ch in list(e.wire._queues))
+    assert all(not e.wire.entries(ch) for ch in e.wire.channels())
     e.check_integrity()
 
 
