@@ -1,0 +1,349 @@
+"""Shared vocabulary of the z3 encodings of the spec (finite and unbounded).
+
+The spec's actions are written once, in ``z3_actions_p`` / ``z3_actions_d``, against two
+small interfaces defined here:
+
+- ``RV``: a *request view*, the 18 scalar fields of one ``Req`` as z3 terms, plus a
+  ``NetView`` on its in-flight messages;
+- ``Ctx``: what an action may read besides its request (globals, pool usage, the
+  config as ``Params``, the mutants) and the set operations on ``landed``.
+
+An action returns ``Rules``: the Python function's ``return`` statements in order, each
+a condition and either a refusal (no successor) or a ``Go`` (the fields it changes:
+everything else is unchanged, the explicit frame). The first branch whose condition
+holds decides, exactly as the Python ``if`` chain does. ``Rules.cases()`` turns that
+order into mutually exclusive guards.
+
+Two domains implement ``Ctx``: ``z3_encoding`` (a fixed number of requests, one count
+per possible message code: BMC and the agreement test) and ``z3_unbounded`` (requests
+of an uninterpreted sort, fields as arrays, ghost counters: the induction proofs).
+Python ints and bools may stand wherever a term may; the helpers below fold them, so
+the finite encoding of a concrete config simplifies as it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from spec.config import FAULT_KINDS, Config
+
+Z = Any  # a z3 term, or a Python int/bool standing for a constant
+
+FIELDS: tuple[str, ...] = (
+    "st",
+    "p",
+    "d",
+    "h",
+    "ep",
+    "dep",
+    "ps",
+    "sent",
+    "phit",
+    "hit",
+    "landed",
+    "rmask",
+    "rcnt",
+    "dfl",
+    "hl",
+    "gl",
+    "mv",
+    "g",
+)
+GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
+BV_FIELDS = {"dfl": 3, "g": 6}  # flag words (rmask and landed: width from the domain)
+
+
+# -- constant-folding connectives ---------------------------------------------------------
+def A(*xs: Z) -> Z:
+    """Conjunction; Python bools are folded."""
+    out = []
+    for x in xs:
+        if x is True:
+            continue
+        if x is False:
+            return False
+        out.append(x)
+    if not out:
+        return True
+    return out[0] if len(out) == 1 else z3.And(*out)
+
+
+def O(*xs: Z) -> Z:  # noqa: E743 - a connective, named like A and N
+    """Disjunction; Python bools are folded."""
+    out = []
+    for x in xs:
+        if x is False:
+            continue
+        if x is True:
+            return True
+        out.append(x)
+    if not out:
+        return False
+    return out[0] if len(out) == 1 else z3.Or(*out)
+
+
+def N(x: Z) -> Z:
+    if isinstance(x, bool):
+        return not x
+    return z3.Not(x)
+
+
+def ITE(c: Z, a: Z, b: Z) -> Z:
+    if c is True:
+        return a
+    if c is False:
+        return b
+    if same(a, b):
+        return a
+    return z3.If(c, a, b)
+
+
+def EQ(a: Z, b: Z) -> Z:
+    """``a == b`` that stays a Python bool on two constants."""
+    if isinstance(a, (int, bool)) and isinstance(b, (int, bool)):
+        return a == b
+    if same(a, b):
+        return True
+    return a == b
+
+
+def IN(x: Z, vals: Iterable[int]) -> Z:
+    return O(*(EQ(x, v) for v in vals))
+
+
+def same(a: Z, b: Z) -> bool:
+    """Syntactically the same term (or the same constant)."""
+    if isinstance(a, z3.ExprRef) and isinstance(b, z3.ExprRef):
+        return bool(a.eq(b))
+    if isinstance(a, z3.ExprRef) or isinstance(b, z3.ExprRef):
+        return False
+    return bool(type(a) is type(b) and a == b)
+
+
+def flag(word: Z, bit: int) -> Z:
+    """Is ``bit`` set in the flag word (a bit-vector or a Python int)?"""
+    if isinstance(word, int):
+        return bool(word & bit)
+    return (word & bit) != 0
+
+
+# -- the interfaces the actions are written against -------------------------------------
+@dataclass(frozen=True)
+class Msg:
+    """The message an action consumes: its kind is always concrete."""
+
+    kind: int
+    e: Z
+    i: Z
+
+
+@dataclass(frozen=True)
+class NetOp:
+    """One change to the acting request's messages, applied in order.
+
+    ``take``: remove one copy; ``send``: add one copy if the receiving worker is up
+    (``spec.common.send``); ``add``: add one copy unconditionally (a fault); ``drop``:
+    every chunk (good or corrupt) of epoch ``e`` vanishes (``drop_chunks``).
+    ``when``: the op happens only under this condition.
+    """
+
+    op: str
+    kind: int = 0
+    e: Z = 0
+    i: Z = 0
+    when: Z = True
+
+
+@dataclass
+class Go:
+    """A successor: the changed fields of the acting request, globals, message ops."""
+
+    req: dict[str, Z] = field(default_factory=dict)
+    glob: dict[str, Z] = field(default_factory=dict)
+    net: tuple[NetOp, ...] = ()
+
+
+@dataclass
+class Branch:
+    cond: Z
+    label: str  # "not enabled", "refuse <Prop>" or "go"
+    go: Go | None
+
+
+class Rules:
+    """An action's return statements, in order (first match wins)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.branches: list[Branch] = []
+
+    def no(self, cond: Z, prop: str | None = None) -> None:
+        label = f"refuse {prop}" if prop else "not enabled"
+        self.branches.append(Branch(cond, label, None))
+
+    def go(self, cond: Z = True, net: Iterable[NetOp] = (), **changes: Z) -> None:
+        glob = {k: changes.pop(k) for k in GLOBALS if k in changes}
+        bad = set(changes) - set(FIELDS)
+        if bad:
+            raise KeyError(f"{self.name}: unknown fields {sorted(bad)}")
+        self.branches.append(Branch(cond, "go", Go(changes, glob, tuple(net))))
+
+    def cases(self) -> list[tuple[Z, Go, str]]:
+        """(guard, successor, label) of every branch that yields a successor; the guards
+        are mutually exclusive: a branch is taken when its condition holds and no
+        earlier condition does."""
+        out: list[tuple[Z, Go, str]] = []
+        earlier: list[Z] = []
+        for k, b in enumerate(self.branches):
+            if b.cond is False:
+                continue
+            if b.go is not None:
+                out.append((A(b.cond, *(N(x) for x in earlier)), b.go, f"{self.name}#{k}"))
+            if b.cond is True:
+                break
+            earlier.append(b.cond)
+        return out
+
+    def enabled(self) -> Z:
+        return O(*(g for g, _, _ in self.cases()))
+
+
+class NetView:
+    """The in-flight messages of one request (domain-specific)."""
+
+    def count(self, kind: int, e: Z, i: Z) -> Z:
+        raise NotImplementedError
+
+    def no_chunks(self, e: Z) -> Z:
+        """No chunk (good or corrupt) of epoch ``e`` in flight (not ``chunks_in_flight``)."""
+        raise NotImplementedError
+
+
+@dataclass
+class RV:
+    """A request view: the fields of one ``Req`` as terms, and its messages."""
+
+    st: Z
+    p: Z
+    d: Z
+    h: Z
+    ep: Z
+    dep: Z
+    ps: Z
+    sent: Z
+    phit: Z
+    hit: Z
+    landed: Z
+    rmask: Z
+    rcnt: Z
+    dfl: Z
+    hl: Z
+    gl: Z
+    mv: Z
+    g: Z
+    net: NetView
+
+    def get(self, f: str) -> Z:
+        return getattr(self, f)
+
+
+@dataclass
+class Params:
+    """A config's bounds as terms: Python values (finite) or z3 constants (unbounded)."""
+
+    blocks: Z
+    src_tp: int  # always concrete: chunk indices are rank * per_rank + pos
+    cap_p: Z
+    cap_d: Z
+    cap_h: Z
+    prefix: Z
+    handoff: Z
+    offload: Z
+    recompute: Z
+    cancel: Z
+    faults: Z
+    max_attempts: Z
+    max_moves: Z
+    fault_kinds: dict[str, Z]
+
+    @staticmethod
+    def of(c: Config) -> Params:
+        return Params(
+            blocks=c.blocks,
+            src_tp=c.src_tp,
+            cap_p=c.cap_p,
+            cap_d=c.cap_d,
+            cap_h=c.cap_h,
+            prefix=c.prefix,
+            handoff=c.handoff,
+            offload=c.offload,
+            recompute=c.recompute,
+            cancel=c.cancel,
+            faults=c.faults,
+            max_attempts=c.max_attempts,
+            max_moves=c.max_moves,
+            fault_kinds={k: k in c.fault_kinds for k in sorted(FAULT_KINDS)},
+        )
+
+
+class Ctx:
+    """What an action reads besides its own request (domain-specific parts abstract)."""
+
+    c: Params
+    m: frozenset[str]
+    faults: Z
+    p_up: Z
+    d_up: Z
+    pfx: Z
+    pfx_ref: Z
+
+    def num(self, v: Z) -> Z:
+        """A number in the domain's scalar sort (a Python int is lifted)."""
+        return v
+
+    def used_p(self) -> Z:
+        raise NotImplementedError
+
+    def used_h(self) -> Z:
+        raise NotImplementedError
+
+    def used_d(self) -> Z:
+        raise NotImplementedError
+
+    def refs(self) -> Z:
+        """Requests holding a reference to the shared prefix (decode replica, hit > 0)."""
+        raise NotImplementedError
+
+    def admit_possible(self) -> Z:
+        raise NotImplementedError
+
+    # ``landed``: the set of chunk indices that landed
+    def lempty(self) -> Z:
+        raise NotImplementedError
+
+    def ladd(self, s: Z, idx: Z) -> Z:
+        raise NotImplementedError
+
+    def lfull(self, s: Z, hit: Z) -> Z:
+        """``s == full_chunks(c, hit)``: every chunk index below src_tp*(blocks-hit)."""
+        raise NotImplementedError
+
+    # ``rmask``: a bit-vector of src_tp bits in both domains
+    def rzero(self) -> Z:
+        return z3.BitVecVal(0, self.c.src_tp)
+
+    def rfull(self) -> Z:
+        return z3.BitVecVal((1 << self.c.src_tp) - 1, self.c.src_tp)
+
+    def rbit(self, idx: Z) -> Z:
+        t = self.c.src_tp
+        if isinstance(idx, int):
+            return z3.BitVecVal((1 << idx) & ((1 << t) - 1), t)
+        out: Z = z3.BitVecVal(0, t)
+        for k in reversed(range(t)):
+            out = z3.If(idx == k, z3.BitVecVal(1 << k, t), out)
+        return out
