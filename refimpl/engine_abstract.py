@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from refimpl.blocks import BlockStatus
-from refimpl.checksum import bytes_checksum
+from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.chunks import pin_name
 from refimpl.engine_base import (
     PREFIX_CACHE,
@@ -195,10 +195,7 @@ class AbstractMap(EnvActions):
                     ),
                     tuple((h, a.blocks_of(h)) for h in sorted(a.holders())),
                     a.quarantined(),
-                    tuple(
-                        bytes_checksum(q.kv.cpu().contiguous().view(torch.uint8).numpy())
-                        for q in pools.pools
-                    ),
+                    tuple(block_checksum(q.kv) for q in pools.pools),
                 )
             )
         wire = tuple(

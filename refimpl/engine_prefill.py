@@ -18,9 +18,9 @@ from refimpl.engine_base import (
     EngineBase,
     LoadStoreError,
     NotEnabled,
-    RankPools,
     UnpublishedError,
 )
+from refimpl.engine_data import RankPools
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
 from refimpl.pool import copy_blocks
 from spec.state import (
