@@ -66,9 +66,9 @@ SPECS = {
         PathSpec("tp2->tp1", (2, 4, HM), (1, 4, HM)),
         PathSpec("tp1->tp2", (1, 4, HM), (2, 4, HM)),
         PathSpec("tp4->tp2", (4, 4, HM), (2, 4, HM)),
-        PathSpec("tp2->tp1 prefix cached", (2, 4, HM), (1, 4, HM), prefix_tokens=8),
-        PathSpec("tp2->tp1 offload/reload", (2, 4, HM), (1, 4, HM), offload=True),
-        PathSpec("block size 4->6, layout", (2, 4, TM), (2, 6, HM)),
+        PathSpec("tp2->tp1 +prefix", (2, 4, HM), (1, 4, HM), prefix_tokens=8),
+        PathSpec("tp2->tp1 +offload", (2, 4, HM), (1, 4, HM), offload=True),
+        PathSpec("bs4->6 +layout", (2, 4, TM), (2, 6, HM)),
     )
 }
 
@@ -146,17 +146,27 @@ def run_path(
         _warm_prefix(dst, prompt, spec.prefix_tokens, seed)
     logits, _ = src.prefill("req", prompt)  # (T, V)
     h = handoff(src, dst, "req", prompt.tolist(), int(logits[-1].argmax()), decode_room=steps)
-    store, checks, note = h.store, h.checksums_verified, ", ".join(h.conversions)
+    store, checks, note = h.store, h.checksums_verified, _conversions(h, dst)
     if spec.offload:
         table, n, moved = offload_reload(dst, "req", prompt_len, steps)
         store, checks = dst.store(table, prompt_len), checks + n
-        note = f"{note}; offload+reload {moved} B each way, block ids -> {table[0]}.."
+        note = f"{note}; offload+reload {moved} B"
     if spec.prefix_tokens:
-        note = f"{note}; {h.manifest.prefix_blocks} prefix blocks already on decode"
+        note = f"{note}; {h.manifest.prefix_blocks} blocks cached"
     rows, tokens = decode(dst.model, h.first_token, prompt_len, steps, store)  # (N, V)
     dst.finish("req")
     _check_no_leak(src, dst)
     return _record(spec.name, h, checks, (logits, rows), ref, tokens, note.strip("; "))
+
+
+def _conversions(h: Handoff, dst: Worker) -> str:
+    """What the receiver converted, short: "tp 2->1, bs 4->6, tokens->heads"."""
+    m, d = h.manifest, dst.local
+    out = [f"tp {m.src_tp}->{m.dst_tp}"] if m.src_tp != m.dst_tp else []
+    out += [f"bs {m.block_size}->{d.block_size}"] if m.block_size != d.block_size else []
+    if m.layout != d.layout:
+        out.append(f"{m.layout.split('_')[0]}->{d.layout.split('_')[0]} major")
+    return ", ".join(out)
 
 
 def _record(
@@ -194,9 +204,9 @@ def _path(name: str) -> Callable[..., DemoRecord]:
 tp2_to_tp1 = _path("tp2->tp1")
 tp1_to_tp2 = _path("tp1->tp2")
 tp4_to_tp2 = _path("tp4->tp2")
-prefix_cached = _path("tp2->tp1 prefix cached")
-offload_round_trip = _path("tp2->tp1 offload/reload")
-block_size_change = _path("block size 4->6, layout")
+prefix_cached = _path("tp2->tp1 +prefix")
+offload_round_trip = _path("tp2->tp1 +offload")
+block_size_change = _path("bs4->6 +layout")
 PATHS: tuple[Callable[..., DemoRecord], ...] = (
     tp2_to_tp1,
     tp1_to_tp2,

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,7 +53,7 @@ from refimpl.errors import ChecksumError, ChunkError, IncompleteError, ManifestE
 from refimpl.model import PagedKV, RopeConfig, TinyDecoder
 from refimpl.pool import TORCH_DTYPES, PoolGeometry
 from refimpl.reshard import KVLayout, ReshardStats, ShardedKV, reshard
-from refimpl.transport import InProcessTransport, Transport
+from refimpl.transport import InProcessTransport, Payload, Transport
 from spec import shardmap as sm
 from spec.manifest import DTYPE_BYTES, LocalConfig, Manifest, Verdict, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
@@ -169,9 +169,7 @@ class Handoff:
     chunks: int = 0
     bytes_sent: int = 0  # chunk payload bytes over the transport
     checksums_verified: int = 0  # per-chunk hashes + per-block end-to-end hashes
-    reshard: ReshardStats | None = None
-    conversions: tuple[str, ...] = ()
-    unchecked: tuple[str, ...] = field(default=())  # reasons ignored by mismatch_installed
+    reshard: ReshardStats | None = None  # staging -> target copies
 
 
 class Sender:
@@ -285,7 +283,7 @@ class Receiver:
         self.staging = RankPools(m.src_tp, m.kv_heads, geo, len(m.sent_blocks), device="cpu")
         self.stage_ids = self.staging.alloc.reserve(self.rid, len(m.sent_blocks), epoch=m.epoch)
 
-    def receive(self, header: dict[str, Any], payload: bytes | memoryview) -> bool:
+    def receive(self, header: dict[str, Any], payload: Payload) -> bool:
         """Verify one chunk, then land it in staging; False for a duplicate."""
         m = self.m
         if header.get("request_id") != m.request_id or header.get("epoch") != m.epoch:
@@ -396,6 +394,4 @@ def handoff(
         bytes_sent=tx.bytes_sent,
         checksums_verified=rx.checks,
         reshard=stats,
-        conversions=verdict.conversions,
-        unchecked=verdict.reasons,
     )
