@@ -199,8 +199,6 @@ class EngineBase:
         )
         self.H = RankPools(c.src_tp, h, self.p_geo, max(c.cap_h, 0), host=True, device=device)
         self.D = RankPools(c.dst_tp, h, d_geo, c.cap_d, device=device, disabled_guards=d_guards)
-        plan = sm.tp_reshard_plan(h, c.src_tp, c.dst_tp)
-        self.plan = [[pc for pc in plan if pc.src_rank == r] for r in range(c.src_tp)]
         self.wire = Wire()
         self.req = [ReqState() for _ in range(c.n_reqs)]
         self.rx = [RxState() for _ in range(c.n_reqs)]

@@ -80,3 +80,12 @@ class Drive:
     def run(self, steps: list[dict[str, Any]]) -> None:
         for st in steps:
             self(st["action"], **st["args"])
+
+
+def assert_quiescent(e: Engine) -> None:
+    """Nothing leaked: no block held but the cached prefix, nothing in flight."""
+    assert e.P.alloc.num_free == e.P.alloc.capacity
+    assert e.H.alloc.num_free == e.H.alloc.capacity
+    assert e.D.alloc.num_free == e.D.alloc.capacity - len(e.prefix_blocks)
+    assert all(not e.wire.entries(ch) for ch in e.wire.channels())
+    e.check_integrity()

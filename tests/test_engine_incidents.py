@@ -17,8 +17,7 @@ from refimpl.errors import ManifestError, OwnershipError
 from spec.config import CONFIGS, Config
 from spec.properties import violated_safety
 from spec.state import AWAIT_READY, FAILED, M_NACK, NONE, SENDING, WRITABLE, msg
-from tests.engine_helpers import Drive
-from tests.test_engine_scenarios import assert_quiescent
+from tests.engine_helpers import Drive, assert_quiescent
 
 TWO_ONE_BLOCK = Config(
     name="two_one_block",

@@ -9,21 +9,11 @@ from __future__ import annotations
 import torch
 
 from refimpl.blocks import BlockStatus
-from refimpl.engine import Engine
 from refimpl.engine_wire import parse
 from spec.config import CONFIGS
 from spec.manifest import from_json_dict
 from spec.state import COMPLETE, FAILED, FINISHED, QUARANTINED, RUNNING, WRITABLE
-from tests.engine_helpers import Drive
-
-
-def assert_quiescent(e: Engine) -> None:
-    """Nothing leaked: no block held but the cached prefix, nothing in flight."""
-    assert e.P.alloc.num_free == e.P.alloc.capacity
-    assert e.H.alloc.num_free == e.H.alloc.capacity
-    assert e.D.alloc.num_free == e.D.alloc.capacity - len(e.prefix_blocks)
-    assert all(not e.wire.entries(ch) for ch in e.wire.channels())
-    e.check_integrity()
+from tests.engine_helpers import Drive, assert_quiescent
 
 
 def handoff_until_sent(d: Drive, epoch: int = 1, req: int = 0) -> None:
