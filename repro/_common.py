@@ -1,0 +1,406 @@
+"""Shared machinery of the reproduction scripts (``repro/<name>.py``).
+
+A script is a ``Repro``: it gets the model check's minimal counterexample for a mutant,
+replays it on the reference engine with the bug switched on (every step checked against
+the mutant spec: ``abstract()`` equals the spec's successor), measures the concrete
+damage, then replays it with the bug off and shows the typed refusal, or the survival
+with nothing lost. Every claim goes through ``expect``; the script behaves as documented
+when all of them hold.
+
+Damage is measured on real bytes and allocators: foreign or stale bytes in a block
+(``torch.equal`` against the ground truth), a leaked block (allocator counts), a request
+that never ends (``wait``: a bounded run of the engine's own enabled steps), wrong logits.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model_checks.runner import check_mutant
+from model_checks.trace import TraceError, replay
+from refimpl.engine import Engine
+from refimpl.engine_data import RankPools, gen
+from refimpl.errors import OwnershipError
+from spec.actions import ACTIONS, apply, decode_args, encode_args, successors
+from spec.config import Config, get_config
+from spec.properties import quiescent_terminal, violated_safety
+from spec.state import ENDED, STATUS_NAMES, World
+
+Step = dict[str, Any]
+NEXT = "next-request"  # a request outside the model's config that reuses freed blocks
+Out = Callable[[str], None]
+
+# The order in which ``wait`` picks among enabled steps: deliveries first, then steps that
+# finish work; timeouts only when nothing else is enabled. Steps that only generate more
+# work (decode steps, offload, preemption, eviction) are never taken.
+_PRIORITY = (
+    "DecodeValidate",
+    "DecodeCommit",
+    "DecodeFinish",
+    "PrefillSendChunk",
+    "PrefillFinish",
+    "PrefillOffloadCopy",
+    "PrefillOffloadCommit",
+    "PrefillReloadBegin",
+    "PrefillReloadCopy",
+    "PrefillReloadCommit",
+    "PrefillQuiesce",
+    "DecodeAbort",
+    "PrefillRun",
+    "PrefillFreeze",
+    "PrefillAdmit",
+)
+_NEVER = frozenset(
+    {
+        "PrefillDecodeStep",
+        "DecodeStep",
+        "PrefillPreempt",
+        "PrefillOffloadBegin",
+        "DecodeEvictPrefix",
+    }
+)
+
+
+def step(action: str, **args: Any) -> Step:
+    return {"action": action, "args": args}
+
+
+def msg(action: str, kind: str, epoch: int, idx: int = 0, req: int = 0) -> Step:
+    """A message action: ``kind`` of attempt ``epoch`` with index ``idx``."""
+    return step(action, req=req, msg=kind, epoch=epoch, idx=idx)
+
+
+def fmt_step(st: Step) -> str:
+    a = st.get("args", {})
+    if "msg" in a:
+        return f"{st['action']}(r{a['req']}, {a['msg']} e{a['epoch']} #{a['idx']})"
+    if "req" in a:
+        return f"{st['action']}(r{a['req']})"
+    if "worker" in a:
+        return f"{st['action']}({a['worker']})"
+    return f"{st['action']}()"
+
+
+@cache
+def counterexample(mutant: str) -> tuple[str, str, tuple[Step, ...]]:
+    """(config, property, steps) of the shortest counterexample the model check finds."""
+    res = check_mutant(mutant)
+    if not res.caught or res.trace is None:
+        raise RuntimeError(f"the model check does not catch mutant {mutant!r}: {res.violated}")
+    return res.config, res.expected, tuple(res.trace.steps)
+
+
+@dataclass
+class Waited:
+    """What a bounded wait saw: the steps it took and whether everything ended."""
+
+    steps: list[str]
+    ended: bool  # quiescent: every request ended, no block held, nothing in flight
+    stuck: str  # "" or why it stopped short
+    problems: list[str] = field(default_factory=list)
+
+
+def held_blocks(e: Engine) -> dict[str, int]:
+    """Blocks each pool holds, the cached prefix excepted."""
+    return {
+        "prefill": e.P.alloc.capacity - e.P.alloc.num_free,
+        "host": e.H.alloc.capacity - e.H.alloc.num_free,
+        "decode": e.D.alloc.capacity - e.D.alloc.num_free - len(e.prefix_blocks),
+    }
+
+
+def statuses(e: Engine) -> str:
+    return ", ".join(f"r{i} {STATUS_NAMES[r.status]}" for i, r in enumerate(e.req))
+
+
+def diff_elems(a: torch.Tensor | None, b: torch.Tensor | None) -> int:
+    """Elements that differ (all of them when a replica is missing)."""
+    if a is None or b is None:
+        return -1
+    return int((a != b).sum())
+
+
+@dataclass
+class Result:
+    name: str
+    property: str
+    damage: str
+    prevented: str
+    ok: bool
+    problems: list[str]
+    lines: list[str]
+
+    def record(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "property": self.property,
+            "damage": self.damage,
+            "prevented": self.prevented,
+            "ok": self.ok,
+        }
+
+
+class Repro:
+    """One reproduction: narration, checks, and the replays on the engine."""
+
+    def __init__(self, name: str, prop: str, mutant: str | None, out: Out | None) -> None:
+        self.name, self.prop, self.mutant = name, prop, mutant
+        self.out = out
+        self.lines: list[str] = []
+        self.problems: list[str] = []
+        self.damage = ""
+        self.prevented = ""
+        self.config: Config | None = None
+        self.steps: list[Step] = []
+
+    # ------------------------------------------------------------ narration and checks
+    def say(self, text: str = "") -> None:
+        self.lines.append(text)
+        if self.out is not None:
+            self.out(text)
+
+    def expect(self, cond: bool, what: str) -> bool:
+        self.say(f"    {'ok  ' if cond else 'FAIL'} {what}")
+        if not cond:
+            self.problems.append(what)
+        return cond
+
+    def say_steps(self, label: str, steps: list[str]) -> None:
+        """``label``, then the steps, wrapped."""
+        line = f"    {label}:"
+        for k, text in enumerate(steps):
+            piece = f" {text}" + ("," if k < len(steps) - 1 else "")
+            if len(line) + len(piece) > 96:
+                self.say(line)
+                line = "       "
+            line += piece
+        self.say(line if steps else line + " (none)")
+
+    def result(self) -> Result:
+        ok = not self.problems
+        self.say(f"damage:    {self.damage or '(none shown)'}")
+        self.say(f"prevented: {self.prevented or '(not shown)'}")
+        self.say("verdict:   " + ("behaves as documented" if ok else "NOT as documented"))
+        if not self.damage or not self.prevented:
+            ok = False
+            self.problems.append("damage or prevention not recorded")
+        return Result(
+            self.name, self.prop, self.damage, self.prevented, ok, self.problems, self.lines
+        )
+
+    # ------------------------------------------------------------ the model check
+    def model_check(self) -> tuple[Config, list[Step]]:
+        """Run the model check on the mutant; print its minimal counterexample."""
+        assert self.mutant is not None
+        cname, expected, steps = counterexample(self.mutant)
+        self.config, self.steps = get_config(cname), list(steps)
+        self.say(f"model check: mutant {self.mutant} on config {cname}")
+        self.expect(expected == self.prop, f"the mutant breaks {self.prop} (spec: {expected})")
+        self.say(f"  minimal counterexample, {len(steps)} steps:")
+        for k, st in enumerate(steps, 1):
+            self.say(f"    {k:2d}. {fmt_step(st)}")
+        return self.config, self.steps
+
+    # ------------------------------------------------------------ replays
+    def engine(self, bug: bool, extra: Iterable[str] = ()) -> Engine:
+        assert self.config is not None
+        m = frozenset(extra) | (frozenset({self.mutant}) if bug and self.mutant else frozenset())
+        return Engine(self.config, mutants=m)
+
+    def apply(self, e: Engine, st: Step) -> None:
+        """One step on the engine and on the spec (same mutants); they must agree."""
+        c = e.config
+        want = replay_one(e.abstract(), c, e.m, st)
+        e.step(st["action"], st.get("args", {}))
+        if e.abstract() != want:
+            self.expect(False, f"engine and spec agree after {fmt_step(st)}")
+
+    def run_steps(self, e: Engine, steps: Iterable[Step]) -> None:
+        for st in steps:
+            self.apply(e, st)
+
+    def replay_with_bug(self, safety: bool = True) -> Engine:
+        """The counterexample on the engine with the bug on; it must follow the mutant spec
+        step by step and (for a safety property) end in a state that breaks it."""
+        assert self.config is not None
+        self.say(f"with the bug ({self.mutant}) on the reference engine:")
+        c, m = self.config, frozenset({self.mutant} if self.mutant else ())
+        worlds = replay(c, m, self.steps)
+        e = self.engine(bug=True)
+        for k, st in enumerate(self.steps):
+            e.step(st["action"], st.get("args", {}))
+            if e.abstract() != worlds[k + 1]:
+                self.expect(False, f"engine follows the mutant spec at step {k + 1}")
+                break
+        else:
+            self.expect(True, f"the engine follows the mutant spec through all {len(worlds) - 1}")
+        if safety:
+            broken = violated_safety(e.abstract(), c)
+            self.expect(self.prop in broken, f"the engine's state breaks {self.prop} {broken}")
+        return e
+
+    def replay_without_bug(self, refused_by: str | None) -> tuple[Engine, OwnershipError | None]:
+        """The counterexample on the correct engine. ``refused_by``: the property the
+        correct protocol's refusal names (the engine must refuse the spec's first forbidden
+        step with it and change nothing), or None when every step is legal there (the
+        correct protocol survives: no property broken, integrity and bytes hold)."""
+        assert self.config is not None
+        c = self.config
+        self.say("without the bug (the correct engine):")
+        try:
+            replay(c, frozenset(), self.steps)
+            first, prop = len(self.steps), None
+        except TraceError as err:
+            first, prop = err.index, err.prop
+        e = self.engine(bug=False)
+        self.run_steps(e, self.steps[:first])
+        if first == len(self.steps):
+            self.expect(refused_by is None, "every step of the counterexample is legal")
+            self.expect(violated_safety(e.abstract(), c) == [], "no property is broken")
+            self.expect_sound(e)
+            return e, None
+        st = self.steps[first]
+        before = e.fingerprint()
+        try:
+            e.step(st["action"], st.get("args", {}))
+        except OwnershipError as exc:
+            self.expect(
+                exc.prop == prop == refused_by,
+                f"step {first + 1} {fmt_step(st)} refused: {type(exc).__name__}({exc})",
+            )
+            self.expect(e.fingerprint() == before, "the refusal changed nothing")
+            self.expect_sound(e)
+            return e, exc
+        self.expect(False, f"step {first + 1} {fmt_step(st)} is refused ({prop})")
+        return e, None
+
+    def expect_sound(self, e: Engine) -> None:
+        try:
+            e.check_integrity()
+            integrity = ""
+        except OwnershipError as exc:
+            integrity = str(exc)
+        self.expect(
+            not integrity, "allocators and records agree" + (f": {integrity}" if integrity else "")
+        )
+        self.expect(e.damaged() == [], f"every live replica equals the truth {e.damaged()}")
+
+    # ------------------------------------------------------------ bounded waits
+    def wait(
+        self,
+        e: Engine,
+        *,
+        actors: tuple[str, ...] = ("P", "D"),
+        timeouts: bool = True,
+        max_steps: int = 60,
+        check_bytes: bool = True,
+    ) -> Waited:
+        """Step the engine with its own enabled steps (no faults, no cancel) until every
+        request has ended with nothing held, or ``max_steps``. ``actors`` limits who moves
+        (("D",) models a stalled or lost peer); timeouts fire only when nothing else can."""
+        c, taken, problems = e.config, [], []
+        for _ in range(max_steps):
+            w = e.abstract()
+            if quiescent_terminal(w, c):
+                return Waited(taken, True, "", problems)
+            pick = choose(w, c, e.m, actors, timeouts)
+            if pick is None:
+                return Waited(taken, False, f"no step enabled after {len(taken)}", problems)
+            st, want = pick
+            e.step(st["action"], st["args"])
+            taken.append(fmt_step(st))
+            if e.abstract() != want:
+                problems.append(f"engine and spec disagree after {fmt_step(st)}")
+            if check_bytes and e.damaged():
+                problems.append(f"damaged {e.damaged()} after {fmt_step(st)}")
+        return Waited(taken, quiescent_terminal(e.abstract(), c), f"{max_steps} steps", problems)
+
+    def survives(self, e: Engine, **kw: Any) -> Waited:
+        """The correct engine runs on to the end: every request ends, nothing is held or
+        damaged on the way, integrity holds."""
+        res = self.wait(e, **kw)
+        self.say_steps("the correct engine runs on", res.steps)
+        self.expect(
+            not res.problems, "no damage on the way" + "".join(f"; {p}" for p in res.problems)
+        )
+        self.expect(
+            res.ended,
+            f"every request ends, nothing held, in {len(res.steps)} steps ({statuses(e)}; "
+            f"held {held_blocks(e)})",
+        )
+        self.expect_sound(e)
+        return res
+
+
+def replay_one(w: World, c: Config, m: frozenset[str], st: Step) -> World:
+    i, arg = decode_args(st["action"], st.get("args", {}))
+    nxt = apply(w, c, m, st["action"], i, arg)
+    if not isinstance(nxt, World):
+        raise TraceError(0, st, nxt.prop, f"the spec refuses {fmt_step(st)}")
+    return nxt
+
+
+def choose(
+    w: World, c: Config, m: frozenset[str], actors: tuple[str, ...], timeouts: bool
+) -> tuple[Step, World] | None:
+    best: tuple[int, Step, World] | None = None
+    for name, i, arg, s in successors(w, c, m):
+        a = ACTIONS[name]
+        if a.actor not in actors or a.kind in ("fault", "client") or name in _NEVER:
+            continue
+        if a.kind == "recv":
+            rank = 0
+        elif a.kind == "timeout":  # decode's first: its Nack lets the source retry
+            if not timeouts:
+                continue
+            rank = 100 if a.actor == "D" else 101
+        else:
+            rank = 1 + _PRIORITY.index(name) if name in _PRIORITY else 50
+        if best is None or rank < best[0]:
+            best = (rank, {"action": name, "args": encode_args(name, i, arg)}, s)
+    return None if best is None else (best[1], best[2])
+
+
+def ended(e: Engine, i: int) -> bool:
+    return e.req[i].status in ENDED
+
+
+def next_request_writes(e: Engine, pools: RankPools, n: int) -> tuple[list[int], torch.Tensor]:
+    """Another request (outside the model's config) asks the same allocator for ``n``
+    blocks and writes its own KV there: what a free block is for. Returns the blocks it
+    got and the bytes it wrote ([n, layers, 2, H, bs, D])."""
+    blocks = pools.alloc.allocate(NEXT, n)
+    kv = gen((n, *e.block_shape_full), e.dtype, e.seed, NEXT)
+    pools.write_full(NEXT, blocks, kv)
+    return blocks, kv
+
+
+def guarded(name: str, prop: str, run: Callable[[Out | None], Result], out: Out | None) -> Result:
+    """Run a script; a crash is a reproduction that did not behave as documented."""
+    try:
+        return run(out)
+    except Exception as exc:  # reported as a failed reproduction, not raised
+        text = f"crashed: {type(exc).__name__}: {exc}"
+        if out is not None:
+            out(text)
+        return Result(name, prop, "", "", False, [text], [text])
+
+
+def script_main(run: Callable[[Out | None], Result], argv: list[str] | None = None) -> int:
+    """A script's command line: the narration, or with --json only the record. Exit 0
+    when the reproduction behaved as documented, 1 otherwise."""
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    mod = sys.modules.get(run.__module__)
+    name = Path(getattr(mod, "__file__", "repro")).stem
+    res = guarded(name, str(getattr(mod, "PROPERTY", "")), run, None if as_json else print)
+    if as_json:
+        print(json.dumps(res.record()))
+    return 0 if res.ok else 1
