@@ -39,7 +39,7 @@ EXPECTED = {  # name: (blocks moved, checksums verified)
 }
 
 
-@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.__name__)
+@pytest.mark.parametrize("path", PATHS, ids=list(SPECS))
 def test_every_path_is_bit_exact(path: Any) -> None:
     r = path()
     assert r.logits_equal and r.max_abs_diff == 0.0
@@ -148,3 +148,20 @@ def test_cli_demo_table_and_mismatch(capsys: pytest.CaptureFixture[str]) -> None
         ("adapter", True, False),
     ]
     assert main(["demo", "--steps", "0"]) == 2
+
+
+def test_offload_reload_moves_the_bytes_to_new_blocks_unchanged() -> None:
+    from refimpl.demo import offload_reload
+    from refimpl.reshard import unshard
+
+    model = TinyDecoder(DEMO_CONFIG, seed=0)
+    w = Worker(model, tp=2, block_size=4, layout="tokens_major", capacity=16)
+    prompt = prompt_of(DEMO_CONFIG, 0)
+    _, store = w.prefill("req", prompt, room=STEPS)
+    before, old = unshard(store.kv), w.rp.alloc.blocks_of("req")
+    table, checks, moved = offload_reload(w, "req", PROMPT_LEN, STEPS)
+    assert set(table).isdisjoint(old) and len(table) == len(old)
+    assert checks == 2 * 2 * PROMPT_BLOCKS and moved == PROMPT_BLOCKS * BLOCK_BYTES
+    assert torch.equal(unshard(w.store(table, PROMPT_LEN).kv), before)
+    w.finish("req")
+    assert w.rp.alloc.num_free == w.rp.alloc.capacity
