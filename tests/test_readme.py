@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _ci_command() -> str:
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
-X
+    marker = next(k for k, x in enumerate(lines) if "--- the README's test command" in x)
     return lines[marker + 1].strip()
 
 
