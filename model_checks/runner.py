@@ -3,6 +3,7 @@ the default suite, one mutant, or all of them. No printing here: see cli.py."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -112,8 +113,11 @@ class MutantResult:
         return len(self.trace.steps) if self.trace is not None else None
 
 
+@functools.cache
 def check_mutant(name: str) -> MutantResult:
-    """Check a mutant on the configs where it must fail; stop at the first that catches it."""
+    """Check a mutant on the configs where it must fail; stop at the first that catches it.
+
+    Deterministic, so the result is cached per process (treat it as read-only)."""
     mu = get_mutant(name)
     is_safety = any(p.id == mu.expected for p in SAFETY)
     last: MutantResult | None = None
