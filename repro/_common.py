@@ -313,7 +313,9 @@ class Repro:
                 return Waited(taken, True, "", problems)
             pick = choose(w, c, e.m, actors, timeouts)
             if pick is None:
-                return Waited(taken, False, f"no step enabled after {len(taken)}", problems)
+                return Waited(
+                    taken, False, f"stuck: nothing enabled after {len(taken)} steps", problems
+                )
             st, want = pick
             e.step(st["action"], st["args"])
             taken.append(fmt_step(st))
