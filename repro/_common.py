@@ -15,10 +15,12 @@ that never ends (``wait``: a bounded run of the engine's own enabled steps), wro
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,9 @@ from refimpl.engine_data import RankPools, gen
 from refimpl.errors import OwnershipError
 from spec.actions import ACTIONS, apply, decode_args, encode_args, successors
 from spec.config import Config, get_config
-from spec.properties import quiescent_terminal, violated_safety
-from spec.state import ENDED, STATUS_NAMES, World
+from spec.mutants import get_mutant
+from spec.properties import LIVENESS, quiescent_terminal, violated_safety
+from spec.state import STATUS_NAMES, World
 
 Step = dict[str, Any]
 NEXT = "next-request"  # a request outside the model's config that reuses freed blocks
@@ -41,31 +44,13 @@ Out = Callable[[str], None]
 # The order in which ``wait`` picks among enabled steps: deliveries first, then steps that
 # finish work; timeouts only when nothing else is enabled. Steps that only generate more
 # work (decode steps, offload, preemption, eviction) are never taken.
-_PRIORITY = (
-    "DecodeValidate",
-    "DecodeCommit",
-    "DecodeFinish",
-    "PrefillSendChunk",
-    "PrefillFinish",
-    "PrefillOffloadCopy",
-    "PrefillOffloadCommit",
-    "PrefillReloadBegin",
-    "PrefillReloadCopy",
-    "PrefillReloadCommit",
-    "PrefillQuiesce",
-    "DecodeAbort",
-    "PrefillRun",
-    "PrefillFreeze",
-    "PrefillAdmit",
+_PRIORITY = tuple(
+    """DecodeValidate DecodeCommit DecodeFinish PrefillSendChunk PrefillFinish
+    PrefillOffloadCopy PrefillOffloadCommit PrefillReloadBegin PrefillReloadCopy
+    PrefillReloadCommit PrefillQuiesce DecodeAbort PrefillRun PrefillFreeze PrefillAdmit""".split()
 )
 _NEVER = frozenset(
-    {
-        "PrefillDecodeStep",
-        "DecodeStep",
-        "PrefillPreempt",
-        "PrefillOffloadBegin",
-        "DecodeEvictPrefix",
-    }
+    "PrefillDecodeStep DecodeStep PrefillPreempt PrefillOffloadBegin DecodeEvictPrefix".split()
 )
 
 
@@ -89,13 +74,40 @@ def fmt_step(st: Step) -> str:
     return f"{st['action']}()"
 
 
-@cache
-def counterexample(mutant: str) -> tuple[str, str, tuple[Step, ...]]:
-    """(config, property, steps) of the shortest counterexample the model check finds."""
+_CEX: dict[str, tuple[str, str, tuple[Step, ...]]] = {}
+
+
+def _check(mutant: str) -> tuple[str, str, tuple[Step, ...]]:
     res = check_mutant(mutant)
     if not res.caught or res.trace is None:
         raise RuntimeError(f"the model check does not catch mutant {mutant!r}: {res.violated}")
     return res.config, res.expected, tuple(res.trace.steps)
+
+
+def counterexample(mutant: str) -> tuple[str, str, tuple[Step, ...]]:
+    """(config, property, steps) of the shortest counterexample the model check finds."""
+    if mutant not in _CEX:
+        _CEX[mutant] = _check(mutant)
+    return _CEX[mutant]
+
+
+def prefetch(mutants: Iterable[str]) -> None:
+    """Run the model checks of several mutants at once in forked worker processes and
+    keep their counterexamples (a failed one is left for the script to redo and report).
+    The liveness checks explore whole graphs, so they go first."""
+    todo = sorted({m for m in mutants if m not in _CEX}, key=lambda m: (not _liveness(m), m))
+    workers = min(len(todo), os.cpu_count() or 1)
+    if workers < 2 or "fork" not in mp.get_all_start_methods():
+        return
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+        futures = {m: pool.submit(_check, m) for m in todo}
+        for m, fut in futures.items():
+            if fut.exception() is None:
+                _CEX[m] = fut.result()
+
+
+def _liveness(mutant: str) -> bool:
+    return get_mutant(mutant).expected in {p.id for p in LIVENESS}
 
 
 @dataclass
@@ -105,7 +117,7 @@ class Waited:
     steps: list[str]
     ended: bool  # quiescent: every request ended, no block held, nothing in flight
     stuck: str  # "" or why it stopped short
-    problems: list[str] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)  # replicas off the truth, per step
 
 
 def held_blocks(e: Engine) -> dict[str, int]:
@@ -210,10 +222,9 @@ class Repro:
         return self.config, self.steps
 
     # ------------------------------------------------------------ replays
-    def engine(self, bug: bool, extra: Iterable[str] = ()) -> Engine:
+    def engine(self, bug: bool) -> Engine:
         assert self.config is not None
-        m = frozenset(extra) | (frozenset({self.mutant}) if bug and self.mutant else frozenset())
-        return Engine(self.config, mutants=m)
+        return Engine(self.config, mutants=frozenset({self.mutant} if bug and self.mutant else ()))
 
     def apply(self, e: Engine, st: Step) -> None:
         """One step on the engine and on the spec (same mutants); they must agree."""
@@ -301,29 +312,28 @@ class Repro:
         actors: tuple[str, ...] = ("P", "D"),
         timeouts: bool = True,
         max_steps: int = 60,
-        check_bytes: bool = True,
     ) -> Waited:
         """Step the engine with its own enabled steps (no faults, no cancel) until every
         request has ended with nothing held, or ``max_steps``. ``actors`` limits who moves
         (("D",) models a stalled or lost peer); timeouts fire only when nothing else can."""
-        c, taken, problems = e.config, [], []
+        c, taken, damaged = e.config, [], []
         for _ in range(max_steps):
             w = e.abstract()
             if quiescent_terminal(w, c):
-                return Waited(taken, True, "", problems)
+                return Waited(taken, True, "", damaged)
             pick = choose(w, c, e.m, actors, timeouts)
             if pick is None:
                 return Waited(
-                    taken, False, f"stuck: nothing enabled after {len(taken)} steps", problems
+                    taken, False, f"stuck: nothing enabled after {len(taken)} steps", damaged
                 )
             st, want = pick
             e.step(st["action"], st["args"])
             taken.append(fmt_step(st))
             if e.abstract() != want:
-                problems.append(f"engine and spec disagree after {fmt_step(st)}")
-            if check_bytes and e.damaged():
-                problems.append(f"damaged {e.damaged()} after {fmt_step(st)}")
-        return Waited(taken, quiescent_terminal(e.abstract(), c), f"{max_steps} steps", problems)
+                self.expect(False, f"engine and spec agree after {fmt_step(st)}")
+            if e.damaged():
+                damaged.append(f"{e.damaged()} after {fmt_step(st)}")
+        return Waited(taken, quiescent_terminal(e.abstract(), c), f"{max_steps} steps", damaged)
 
     def survives(self, e: Engine, **kw: Any) -> Waited:
         """The correct engine runs on to the end: every request ends, nothing is held or
@@ -331,7 +341,7 @@ class Repro:
         res = self.wait(e, **kw)
         self.say_steps("the correct engine runs on", res.steps)
         self.expect(
-            not res.problems, "no damage on the way" + "".join(f"; {p}" for p in res.problems)
+            not res.damaged, "no damage on the way" + "".join(f"; {p}" for p in res.damaged)
         )
         self.expect(
             res.ended,
@@ -369,10 +379,6 @@ def choose(
         if best is None or rank < best[0]:
             best = (rank, {"action": name, "args": encode_args(name, i, arg)}, s)
     return None if best is None else (best[1], best[2])
-
-
-def ended(e: Engine, i: int) -> bool:
-    return e.req[i].status in ENDED
 
 
 def next_request_writes(e: Engine, pools: RankPools, n: int) -> tuple[list[int], torch.Tensor]:
