@@ -316,7 +316,7 @@ class Repro:
         """Step the engine with its own enabled steps (no faults, no cancel) until every
         request has ended with nothing held, or ``max_steps``. ``actors`` limits who moves
         (("D",) models a stalled or lost peer); timeouts fire only when nothing else can."""
-        c, taken, damaged = e.config, [], []
+        c, taken, damaged = e.config, list[str](), list[str]()
         for _ in range(max_steps):
             w = e.abstract()
             if quiescent_terminal(w, c):

@@ -41,7 +41,7 @@ BEFORE_RELOAD = (
     "PrefillOffloadCommit",
     "PrefillReloadBegin",
 )
-GEOMETRY = dict(layers=16, kv_heads=8, block_size=4096, head_dim=128)  # 256 MiB a block
+LAYERS, HEADS, BLOCK, DIM = 16, 8, 4096, 128  # fp16: 256 MiB a block
 
 
 def decode_waits(e: Engine) -> tuple[bool, float]:
@@ -57,12 +57,13 @@ def decode_waits(e: Engine) -> tuple[bool, float]:
     busy = None
     deadline = time.perf_counter() + 10.0
     while busy is None and time.perf_counter() < deadline:
+        time.sleep(0)  # let the worker take the GIL to enqueue its copy
         busy = next((s for s in (compute, transfer) if s is not None and not s.query()), None)
     if busy is None:
         worker.join()
         raise RuntimeError("the reload copy ended before it could be observed")
-    copy_end = torch.cuda.Event(enable_timing=True)
-    start = torch.cuda.Event(enable_timing=True)
+    copy_end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     copy_end.record(busy)  # fires when the work queued on the busy stream (the copy) ends
     start.record(compute)
     y = x @ x  # the decode step of another request
@@ -75,7 +76,12 @@ def decode_waits(e: Engine) -> tuple[bool, float]:
 
 def measure(r: Repro, bug: bool) -> tuple[bool, float]:
     e = Engine(
-        get_config("offload_contend"), mutants=frozenset({STREAM_SWITCH} if bug else ()), **GEOMETRY
+        get_config("offload_contend"),
+        mutants=frozenset({STREAM_SWITCH} if bug else ()),
+        layers=LAYERS,
+        kv_heads=HEADS,
+        block_size=BLOCK,
+        head_dim=DIM,
     )
     for a in BEFORE_RELOAD:
         e.step(a, {"req": 0})

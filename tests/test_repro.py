@@ -92,9 +92,9 @@ def test_a_bug_that_does_not_show_is_reported(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import repro._common as common
+    from refimpl.engine import Engine
 
-    real = common.Engine
-    monkeypatch.setattr(common, "Engine", lambda c, mutants=frozenset(), **kw: real(c, **kw))
+    monkeypatch.setattr(common, "Engine", lambda c, mutants=frozenset(), **kw: Engine(c, **kw))
     rc, out, _ = kvown(capsys, "release_before_install", "--json")  # the switch is ignored
     (row,) = json.loads(out)["repros"]
     assert rc == 1 and row["ok"] is False
