@@ -31,294 +31,84 @@ src_cp -> dst_cp       convertible    reshard the context (token) ranges
 from __future__ import annotations
 
 import json
-import math
-import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, cast
 
-from spec.shardmap import LAYOUTS, tp_check
-
-MANIFEST_VERSION: Final = 1
-SUPPORTED_VERSIONS: Final = frozenset({MANIFEST_VERSION})
-
-# Storage element type of the cache -> bytes per element.
-DTYPE_BYTES: Final[Mapping[str, int]] = {
-    "float16": 2,
-    "bfloat16": 2,
-    "float32": 4,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int8": 1,
-}
-# Quantization scheme -> the storage dtypes it may use.
-QUANTIZATION_DTYPES: Final[Mapping[str, frozenset[str]]] = {
-    "none": frozenset({"float16", "bfloat16", "float32"}),
-    "fp8_e4m3": frozenset({"float8_e4m3fn"}),
-    "fp8_e5m2": frozenset({"float8_e5m2"}),
-    "int8": frozenset({"int8"}),
-}
-# LAYOUTS (axis order of one block) and the TP sharding rule come from spec/shardmap.py:
-# heads_major [layers, fields, kv_heads, block_size, head_dim], tokens_major swaps the
-# kv_heads and block_size axes.
-ROPE_SCALINGS: Final = frozenset({"none", "linear", "dynamic", "yarn", "llama3", "longrope"})
-
-# Caps on untrusted sizes: a receiver reserves memory from these numbers.
-MAX_ID_CHARS: Final = 256
-MAX_TOKENS: Final = 1 << 22
-MAX_TOKEN_ID: Final = (1 << 31) - 1
-MAX_POSITION: Final = 1 << 24
-MAX_LAYERS: Final = 1024
-MAX_KV_HEADS: Final = 1024
-MAX_HEAD_DIM: Final = 2048
-MAX_BLOCK_SIZE: Final = 4096
-MAX_PARALLEL: Final = 1024
-MAX_CACHE_FIELDS: Final = 8
-MAX_EPOCH: Final = (1 << 63) - 1
-MAX_ROPE_THETA: Final = 1e12
-MAX_ROPE_FACTOR: Final = 1e6
-MAX_PAYLOAD_BYTES: Final = 1 << 40
-MAX_JSON_CHARS: Final = 1 << 26
-
-_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
-_XXH3_HEX = re.compile(r"[0-9a-f]{16}")
-
-
-class ManifestError(ValueError):
-    """A malformed or hostile manifest; ``reasons`` names every problem, one per entry."""
-
-    prop: str = "ManifestGate"
-
-    def __init__(self, reasons: list[str]) -> None:
-        self.reasons = list(reasons)
-        super().__init__("; ".join(self.reasons) or "invalid manifest")
-
-
-# ---------------------------------------------------------------- field checkers
-def _int_reason(v: object, lo: int, hi: int) -> str | None:
-    if type(v) is not int:  # bool is an int subclass; refuse it too
-        return f"expected int, got {type(v).__name__}"
-    if not lo <= v <= hi:
-        return f"{v} outside [{lo}, {hi}]"
-    return None
-
-
-def _id_reason(v: object) -> str | None:
-    if not isinstance(v, str):
-        return f"expected string, got {type(v).__name__}"
-    if not 1 <= len(v) <= MAX_ID_CHARS or not v.isprintable():
-        return f"expected 1..{MAX_ID_CHARS} printable characters"
-    return None
-
-
-def _choice_reason(
-    v: object, allowed: Mapping[str, object] | frozenset[str] | tuple[str, ...], what: str
-) -> str | None:
-    if not isinstance(v, str):
-        return f"expected string, got {type(v).__name__}"
-    if v not in allowed:
-        return f"unknown {what} {v!r}; known: {sorted(allowed)}"
-    return None
-
-
-def _token_ids_reason(v: object) -> str | None:
-    if not isinstance(v, tuple):
-        return f"expected array, got {type(v).__name__}"
-    if len(v) > MAX_TOKENS:
-        return f"{len(v)} entries exceed the cap {MAX_TOKENS}"
-    if set(map(type, v)) <= {int} and (not v or 0 <= min(v) and max(v) <= MAX_TOKEN_ID):
-        return None  # the common case, checked at C speed
-    i, t = next((i, t) for i, t in enumerate(v) if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID)
-    return f"entry {i} ({t!r}) is not an int in [0, {MAX_TOKEN_ID}]"
-
-
-def _cache_fields_reason(v: object) -> str | None:
-    if not isinstance(v, tuple):
-        return f"expected array, got {type(v).__name__}"
-    if not 1 <= len(v) <= MAX_CACHE_FIELDS:
-        return f"expected 1..{MAX_CACHE_FIELDS} names, got {len(v)}"
-    if not all(isinstance(f, str) and _FIELD_NAME.fullmatch(f) for f in v):
-        return f"names must match {_FIELD_NAME.pattern}: {v!r}"
-    if len(set(v)) != len(v):
-        return f"duplicate names in {v!r}"
-    return None
-
-
-def _checksums_reason(v: object) -> str | None:
-    if not isinstance(v, tuple):
-        return f"expected array, got {type(v).__name__}"
-    if len(v) > MAX_TOKENS:
-        return f"{len(v)} entries exceed the cap {MAX_TOKENS}"
-    for i, c in enumerate(v):
-        if not isinstance(c, str) or not _XXH3_HEX.fullmatch(c):
-            return f"entry {i} ({c!r}) is not 16 lowercase hex digits (xxh3-64)"
-    return None
-
-
-def _rope_reason(v: object) -> str | None:
-    return None if isinstance(v, RopeConfig) else f"expected object, got {type(v).__name__}"
-
-
-Check = Callable[[object], str | None]
-
-
-def _count(lo: int, hi: int) -> Check:
-    return lambda v: _int_reason(v, lo, hi)
-
-
-_MANIFEST_CHECKS: Final[Mapping[str, Check]] = {
-    "request_id": _id_reason,
-    "model_id": _id_reason,
-    "adapter_id": lambda v: None if v is None else _id_reason(v),
-    "token_ids": _token_ids_reason,
-    "num_tokens": _count(1, MAX_TOKENS),
-    "cache_fields": _cache_fields_reason,
-    "num_layers": _count(1, MAX_LAYERS),
-    "dtype": lambda v: _choice_reason(v, DTYPE_BYTES, "dtype"),
-    "quantization": lambda v: _choice_reason(v, QUANTIZATION_DTYPES, "quantization"),
-    "kv_heads": _count(1, MAX_KV_HEADS),
-    "head_dim": _count(1, MAX_HEAD_DIM),
-    "block_size": _count(1, MAX_BLOCK_SIZE),
-    "layout": lambda v: _choice_reason(v, LAYOUTS, "layout"),
-    "start_pos": _count(0, MAX_POSITION),
-    "rope": _rope_reason,
-    "src_tp": _count(1, MAX_PARALLEL),
-    "src_cp": _count(1, MAX_PARALLEL),
-    "dst_tp": _count(1, MAX_PARALLEL),
-    "dst_cp": _count(1, MAX_PARALLEL),
-    "prefix_blocks": _count(0, MAX_TOKENS),
-    "block_checksums": _checksums_reason,
-    "version": lambda v: (
-        None
-        if type(v) is int and v in SUPPORTED_VERSIONS
-        else f"unknown version {v!r}; supported: {sorted(SUPPORTED_VERSIONS)}"
-    ),
-    "epoch": _count(0, MAX_EPOCH),
-}
-
-
-def _shard_reason(tp: int, kv_heads: int) -> str | None:
-    try:
-        tp_check(kv_heads, tp)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def _geometry_reasons(v: Mapping[str, object]) -> list[str]:
-    """Rules across fields shared by Manifest and LocalConfig; only fields given are read."""
-    r: list[str] = []
-    dtype, quant = v.get("dtype"), v.get("quantization")
-    if isinstance(dtype, str) and isinstance(quant, str) and quant in QUANTIZATION_DTYPES:
-        if dtype not in QUANTIZATION_DTYPES[quant]:
-            r.append(f"dtype: {dtype!r} cannot hold quantization {quant!r}")
-    rope, head_dim = v.get("rope"), v.get("head_dim")
-    if isinstance(rope, RopeConfig) and type(head_dim) is int and rope.rotary_dim > head_dim:
-        r.append(f"rope.rotary_dim: {rope.rotary_dim} exceeds head_dim={head_dim}")
-    return r
-
-
-def _manifest_reasons(values: Mapping[str, object]) -> list[str]:
-    """Every problem with the fields present in ``values`` (missing ones are not reported)."""
-    r: list[str] = []
-    ok: dict[str, Any] = {}
-    for name, check in _MANIFEST_CHECKS.items():
-        if name in values:
-            reason = check(values[name])
-            if reason is None:
-                ok[name] = values[name]
-            else:
-                r.append(f"{name}: {reason}")
-    r += _geometry_reasons(ok)
-    if {"token_ids", "num_tokens"} <= ok.keys() and len(ok["token_ids"]) != ok["num_tokens"]:
-        r.append(f"token_ids: {len(ok['token_ids'])} entries but num_tokens={ok['num_tokens']}")
-    if {"start_pos", "num_tokens"} <= ok.keys() and (
-        ok["start_pos"] + ok["num_tokens"] > MAX_POSITION
-    ):
-        r.append(f"start_pos: positions end past the cap {MAX_POSITION}")
-    for side in ("src_tp", "dst_tp"):
-        if {side, "kv_heads"} <= ok.keys():
-            reason = _shard_reason(ok[side], ok["kv_heads"])
-            if reason:
-                r.append(f"{side}: {reason}")
-    if {"num_tokens", "block_size", "prefix_blocks"} <= ok.keys():
-        n, bs, pre = ok["num_tokens"], ok["block_size"], ok["prefix_blocks"]
-        if pre > n // bs:
-            r.append(
-                f"prefix_blocks: {pre} exceeds the {n // bs} full blocks of "
-                f"num_tokens={n} at block_size={bs}"
-            )
-        elif "block_checksums" in ok and len(ok["block_checksums"]) != -(-n // bs) - pre:
-            r.append(
-                f"block_checksums: {len(ok['block_checksums'])} entries for "
-                f"{-(-n // bs) - pre} sent blocks (num_tokens={n}, block_size={bs}, "
-                f"prefix_blocks={pre})"
-            )
-    geometry = ("num_tokens", "num_layers", "cache_fields", "kv_heads", "head_dim", "dtype")
-    if set(geometry) <= ok.keys():
-        fields_per_layer = len(ok["cache_fields"])
-        size = ok["num_tokens"] * ok["num_layers"] * fields_per_layer * ok["kv_heads"]
-        size *= ok["head_dim"] * DTYPE_BYTES[ok["dtype"]]
-        if size > MAX_PAYLOAD_BYTES:
-            r.append(f"num_tokens: payload of {size} bytes exceeds the cap {MAX_PAYLOAD_BYTES}")
-    return r
+from spec.manifest_fields import (  # the public names are re-exported from here
+    DTYPE_BYTES as DTYPE_BYTES,
+)
+from spec.manifest_fields import (
+    MANIFEST_VERSION as MANIFEST_VERSION,
+)
+from spec.manifest_fields import (
+    MAX_BLOCK_SIZE as MAX_BLOCK_SIZE,
+)
+from spec.manifest_fields import (
+    MAX_CACHE_FIELDS as MAX_CACHE_FIELDS,
+)
+from spec.manifest_fields import (
+    MAX_EPOCH as MAX_EPOCH,
+)
+from spec.manifest_fields import (
+    MAX_HEAD_DIM as MAX_HEAD_DIM,
+)
+from spec.manifest_fields import (
+    MAX_ID_CHARS as MAX_ID_CHARS,
+)
+from spec.manifest_fields import (
+    MAX_JSON_CHARS as MAX_JSON_CHARS,
+)
+from spec.manifest_fields import (
+    MAX_KV_HEADS as MAX_KV_HEADS,
+)
+from spec.manifest_fields import (
+    MAX_LAYERS as MAX_LAYERS,
+)
+from spec.manifest_fields import (
+    MAX_PARALLEL as MAX_PARALLEL,
+)
+from spec.manifest_fields import (
+    MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
+)
+from spec.manifest_fields import (
+    MAX_POSITION as MAX_POSITION,
+)
+from spec.manifest_fields import (
+    MAX_ROPE_FACTOR as MAX_ROPE_FACTOR,
+)
+from spec.manifest_fields import (
+    MAX_ROPE_THETA as MAX_ROPE_THETA,
+)
+from spec.manifest_fields import (
+    MAX_TOKEN_ID as MAX_TOKEN_ID,
+)
+from spec.manifest_fields import (
+    MAX_TOKENS as MAX_TOKENS,
+)
+from spec.manifest_fields import (
+    QUANTIZATION_DTYPES as QUANTIZATION_DTYPES,
+)
+from spec.manifest_fields import (
+    ROPE_SCALINGS as ROPE_SCALINGS,
+)
+from spec.manifest_fields import (
+    SUPPORTED_VERSIONS as SUPPORTED_VERSIONS,
+)
+from spec.manifest_fields import (
+    ManifestError as ManifestError,
+)
+from spec.manifest_fields import (
+    RopeConfig as RopeConfig,
+)
+from spec.manifest_fields import (
+    _manifest_reasons,
+)
+from spec.manifest_fields import (
+    rope_reasons as rope_reasons,
+)
 
 
 # ---------------------------------------------------------------- records
-@dataclass(frozen=True, slots=True)
-class RopeConfig:
-    """Rotary embedding applied to the stored keys."""
-
-    theta: float  # base frequency, e.g. 10000.0
-    rotary_dim: int  # leading dims of each head that are rotated
-    scaling: str = "none"  # scaling scheme, one of ROPE_SCALINGS
-    scaling_factor: float = 1.0  # context extension factor for the scheme
-
-    def __post_init__(self) -> None:
-        r = rope_reasons(self.to_json_dict())
-        if r:
-            raise ManifestError(r)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "theta": self.theta,
-            "rotary_dim": self.rotary_dim,
-            "scaling": self.scaling,
-            "scaling_factor": self.scaling_factor,
-        }
-
-
-def _float_reason(v: object, lo: float, hi: float) -> str | None:
-    if type(v) not in (int, float):
-        return f"expected number, got {type(v).__name__}"
-    f = float(cast(float, v))
-    if not math.isfinite(f) or not lo < f <= hi:
-        return f"{v!r} outside ({lo}, {hi}]"
-    return None
-
-
-def rope_reasons(d: object) -> list[str]:
-    """Every problem with a JSON rope object, each prefixed ``rope.<field>``."""
-    if not isinstance(d, dict):
-        return [f"rope: expected object, got {type(d).__name__}"]
-    checks: dict[str, Check] = {
-        "theta": lambda v: _float_reason(v, 0.0, MAX_ROPE_THETA),
-        "rotary_dim": lambda v: (
-            _int_reason(v, 2, MAX_HEAD_DIM)
-            or (None if cast(int, v) % 2 == 0 else f"{v} is odd; rotation pairs dims")
-        ),
-        "scaling": lambda v: _choice_reason(v, ROPE_SCALINGS, "scaling"),
-        "scaling_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
-    }
-    r = [f"rope.{k}: unknown field" for k in d if k not in checks]
-    for name, check in checks.items():
-        if name not in d:
-            r.append(f"rope.{name}: missing")
-        elif (reason := check(d[name])) is not None:
-            r.append(f"rope.{name}: {reason}")
-    return r
-
-
 def _rope_from_json(d: object) -> RopeConfig | list[str]:
     r = rope_reasons(d)
     if r:
