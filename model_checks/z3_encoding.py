@@ -95,6 +95,7 @@ class Encoding:
         self.bits = auto_bits(c) if bits is None else bits
         self.split = split
         self._eq_cache: dict[tuple[str, Key, Any], Z] = {}
+        self._tmpl_step: tuple[FState, FState, Z, Z] | None = None
         self._n = 0
         tmpl = self.tmpl = self.state("tmpl")
         self.insts = [k for k in self._all_instances() if self.effects(k, tmpl)]
@@ -295,6 +296,17 @@ class Encoding:
                 for key, val in ch.items():
                     chains[key] = ITE(gj, val, chains[key])
         return A(O(*enabled), *(t[key] == val for key, val in chains.items()))
+
+    def step_fast(self, s: FState, t: FState, sel: Z) -> Z:
+        """``step``, built once on template states and renamed (z3.substitute) onto
+        ``s``, ``t`` and ``sel``: the same formula, without rebuilding it in Python."""
+        if self._tmpl_step is None:
+            a, b = self.state("tmpl_a"), self.state("tmpl_b")
+            tsel = z3.BitVec("tmpl_sel", sel.size()) if z3.is_bv(sel) else z3.Int("tmpl_sel")
+            self._tmpl_step = (a, b, tsel, self.step(a, b, tsel))
+        a, b, tsel, f = self._tmpl_step
+        pairs = [(a.v[k], s.v[k]) for k in a.v] + [(b.v[k], t.v[k]) for k in b.v]
+        return z3.substitute(f, *pairs, (tsel, sel))
 
     def init(self, s: FState) -> Z:
         return self.is_world(s, self.c.initial())

@@ -128,9 +128,11 @@ def prove(
     goal: Z,
     timeout_ms: int = 60_000,
     minimize_core: bool = False,
+    small: Sequence[Z] = (),
 ) -> tuple[str, list[str], Any]:
     """The one proof helper: assert the named hypotheses (tracked) and the negated
-    goal; "proved" on unsat (with the unsat core's names), else "cti"/"unknown"."""
+    goal; "proved" on unsat (with the unsat core's names), else "cti"/"unknown".
+    On sat, ``small`` (bounds on the numbers) is tried first, for a readable CTI."""
     solver.set("timeout", timeout_ms)
     if minimize_core:
         solver.set("core.minimize", True)
@@ -141,7 +143,14 @@ def prove(
     if r == z3.unsat:
         return "proved", sorted(str(c) for c in solver.unsat_core()), None
     if r == z3.sat:
-        return "cti", [], solver.model()
+        model = solver.model()
+        if small:
+            solver.push()
+            solver.add(*small)
+            if solver.check() == z3.sat:
+                model = solver.model()
+            solver.pop()
+        return "cti", [], model
     return "unknown", [], None
 
 
@@ -159,30 +168,71 @@ def _tagged(hyps: list[tuple[str, Z]]) -> list[tuple[str, Z]]:
 
 
 class Prover:
-    """Induction queries for one TP degree (src_tp)."""
+    """Induction queries for one TP degree (src_tp). The states, the fresh constants,
+    each conjunct's instances and each transition are built once and shared by every
+    query of this prover."""
 
     def __init__(self, src_tp: int = 2, minimize_core: bool = False) -> None:
-        self.m = UModel(src_tp)
+        m = self.m = UModel(src_tp)
         self.minimize_core = minimize_core
+        self.s, self.t, self.s0 = m.state("pre"), m.state("post"), m.state("init")
+        self.r0, self.x = z3.Const("r0", REQ), z3.Const("x", REQ)
+        self.pt: Slot = (z3.Int("e_x"), z3.Int("i_x"))
+        self.em, self.im = z3.Int("e_m"), z3.Int("i_m")
+        self.probes = probes(self.x, self.pt)
+        v0 = m.view(self.s, self.r0)
+        last = m.params.src_tp * (m.params.blocks - v0.hit) - 1
+        # where the hypothesis is instantiated: x's slot, the consumed message's slot,
+        # and the last chunk of r0's attempt
+        self.slots = [
+            ("x", self.x, self.pt),
+            ("msg", self.r0, (self.em, self.im)),
+            ("last", self.r0, (v0.dep, last)),
+        ]
+        self.base = [*m.param_facts, *self._counting(self.s, self.r0, self.x)]
+        self._hyps: dict[str, list[tuple[str, Z]]] = {}
+        self._goals: dict[tuple[str, str], Z] = {}
+        self._trans: dict[UAction, Z] = {}
 
-    def _fresh(self) -> tuple[Z, Z, Slot]:
-        r0, x = z3.Const("r0", REQ), z3.Const("x", REQ)
-        return r0, x, (z3.Int("e_x"), z3.Int("i_x"))
+    def _hyp(self, c: Conj) -> list[tuple[str, Z]]:
+        got = self._hyps.get(c.name)
+        if got is None:
+            m, s = self.m, self.s
+            if c.scope == "glob":
+                got = [(c.name, instance(m, s, c, self.x))]
+            elif c.scope == "req":
+                got = [
+                    (f"{c.name}@{n}", instance(m, s, c, r))
+                    for n, r in (("r0", self.r0), ("x", self.x))
+                ]
+            else:
+                got = [(f"{c.name}@{n}", instance(m, s, c, r, sl)) for n, r, sl in self.slots]
+            self._hyps[c.name] = got
+        return got
 
-    def _param_hyps(self) -> list[tuple[str, Z]]:
-        return list(self.m.param_facts)
+    def _goal(self, cs: Sequence[Conj], s: UState) -> Z:
+        out = []
+        for c in cs:
+            g = self._goals.get((c.name, s.tag))
+            if g is None:
+                g = self._goals[(c.name, s.tag)] = holds(self.m, s, [c], self.x, self.pt)
+            out.append(g)
+        return A(*out)
+
+    def _step_trans(self, act: UAction) -> Z:
+        tr = self._trans.get(act)
+        if tr is None:
+            msg = Msg(act.kind, self.em, self.im) if act.kind is not None else None
+            tr = self._trans[act] = self.m.trans(act, self.s, self.t, self.r0, msg, self.probes)
+        return tr
 
     def init_step(self, cs: Sequence[Conj], goal: Sequence[Conj] | None = None) -> StepResult:
         t0 = time.perf_counter()
-        s = self.m.state("init")
-        _, x, pt = self._fresh()
-        hyps = [*self._param_hyps(), ("Init", self.m.init(s, probes(x, pt)))]
+        s, x, pt = self.s0, self.x, self.pt
+        hyps = [*self.m.param_facts, ("Init", self.m.init(s, self.probes))]
         gs = cs if goal is None else goal
         verdict, core, model = prove(
-            z3.Solver(),
-            _tagged(hyps),
-            holds(self.m, s, gs, x, pt),
-            minimize_core=self.minimize_core,
+            z3.Solver(), _tagged(hyps), self._goal(gs, s), minimize_core=self.minimize_core
         )
         cti = None
         if model is not None:
@@ -195,46 +245,52 @@ class Prover:
     ) -> StepResult:
         """Inv(cs) /\\ act => Inv(goal)' (goal: cs when not given)."""
         t0 = time.perf_counter()
-        m = self.m
-        s, t = m.state("pre"), m.state("post")
-        r0, x, pt = self._fresh()
-        msg = Msg(act.kind, z3.Int("e_m"), z3.Int("i_m")) if act.kind is not None else None
-        hyps = self._param_hyps()
-        v0 = m.view(s, r0)
-        last = m.params.src_tp * (m.params.blocks - v0.hit) - 1
-        slots = [("x", x, pt), ("last", r0, (v0.dep, last))]
-        if msg is not None:
-            slots.append(("msg", r0, (msg.e, msg.i)))
+        s, t, r0, x, pt = self.s, self.t, self.r0, self.x, self.pt
+        hyps = list(self.base)
         for c in cs:
-            if c.scope == "glob":
-                hyps.append((c.name, instance(m, s, c, x)))
-            elif c.scope == "req":
-                hyps += [
-                    (f"{c.name}@r0", instance(m, s, c, r0)),
-                    (f"{c.name}@x", instance(m, s, c, x)),
-                ]
-            else:
-                hyps += [(f"{c.name}@{tag}", instance(m, s, c, r, sl)) for tag, r, sl in slots]
-        hyps += self._counting(s, r0, x)
-        hyps.append((act.label, m.trans(act, s, t, r0, msg, probes(x, pt))))
+            hyps += self._hyp(c)
+        hyps.append((act.label, self._step_trans(act)))
         gs = cs if goal is None else goal
         verdict, core, model = prove(
-            z3.Solver(), _tagged(hyps), holds(m, t, gs, x, pt), minimize_core=self.minimize_core
+            z3.Solver(),
+            _tagged(hyps),
+            self._goal(gs, t),
+            minimize_core=self.minimize_core,
+            small=self._small(),
         )
         cti = None
         if model is not None:
             failed = self._failed(model, t, gs, x, pt)
             who = [r0, x]
             label = act.label
-            if msg is not None:
-                e, i = (model.eval(v, model_completion=True) for v in (msg.e, msg.i))
-                label = f"{act.name}({MSG_NAMES[act.kind or 0]}(e={e},i={i})) by r0"
+            if act.kind is not None:
+                e, i = (model.eval(v, model_completion=True) for v in (self.em, self.im))
+                label = f"{act.name}({MSG_NAMES[act.kind]}(e={e},i={i})) by r0"
             elif act.worker is None and act.name != "DecodeEvictPrefix":
                 label = f"{act.name} by r0"
             cti = CTI(
                 label, failed, self._describe(model, s, who, pt), self._describe(model, t, who, pt)
             )
         return StepResult(act.label, verdict, core, cti, time.perf_counter() - t0)
+
+    def _small(self) -> list[Z]:
+        """Small numbers everywhere the CTI shows (tried only after a sat answer)."""
+        m, out = self.m, []
+        p = m.params
+        for v in (p.blocks, p.cap_p, p.cap_d, p.cap_h, p.prefix, p.faults, p.max_attempts):
+            out += [v >= 0, v <= 4]
+        out += [p.max_moves >= 0, p.max_moves <= 4]
+        for s in (self.s, self.t):
+            for r in (self.r0, self.x):
+                v = m.view(s, r)
+                for f in ("ep", "dep", "sent", "phit", "hit", "hl", "gl", "mv", "rcnt"):
+                    out += [v.get(f) >= -1, v.get(f) <= 8]
+                out += [s.net[pr] >= -1 for pr in self.probes if pr[0] is r]
+                out += [s.net[pr] <= 3 for pr in self.probes if pr[0] is r]
+            out += [s.g["faults"] <= 4, s.g["pfx_ref"] >= -1, s.g["pfx_ref"] <= 4]
+            out += [z3.And(k >= -1, k <= 16) for k in s.k.values()]
+        out += [z3.And(t >= -1, t <= 8) for t in (*self.pt, self.em, self.im)]
+        return out
 
     def _counting(self, s: UState, r0: Z, x: Z) -> list[tuple[str, Z]]:
         """A ghost counter is the sum of non-negative contributions, so it is at least
