@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 HELP = "z3: BMC of mutants, inductive invariants, layouts"
 
@@ -47,6 +48,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=min(2, os.cpu_count() or 1),
         help="worker processes (default: 2 or the CPU count)",
     )
+
+
+def _console() -> Console:
+    """No emoji codes (``layout:bug:...`` is an id), and room for the ids in a pipe."""
+    con = Console(emoji=False, highlight=False)
+    if not con.is_terminal:
+        con.width = max(con.width, 140)
+    return con
 
 
 def _err(msg: str) -> int:
@@ -85,20 +94,22 @@ def _claims(args: argparse.Namespace) -> int:
         out = [{k: c.public()[k] for k in keys} for c in claims]
         print(json.dumps({"claims": out, "ok": ok, "wall_seconds": round(wall, 3)}))
         return 0 if ok else 1
-    con = Console()
+    con = _console()
     table = Table(title=f"kvown prove: {len(claims)} claims in {wall:.1f}s wall")
     for col in ("claim", "method", "verdict", "seconds", "detail"):
-        table.add_column(col, justify="right" if col == "seconds" else "left")
+        just: Any = "right" if col == "seconds" else "left"
+        table.add_column(col, justify=just, no_wrap=col != "detail", overflow="fold")
     for row in _rows(claims, args.all):
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     con.print(table)
     from model_checks.z3_bmc import LIVENESS_MUTANTS
 
-    con.print(
-        f"not BMC claims: {', '.join(LIVENESS_MUTANTS)} (they break liveness properties:"
-        " lassos, checked on the state graph by `kvown check`)",
-        markup=False,
-    )
+    if "bmc" in (args.only or GROUPS):
+        con.print(
+            f"not BMC claims: {', '.join(LIVENESS_MUTANTS)} (they break liveness properties:"
+            " lassos, checked on the state graph by `kvown check`)",
+            markup=False,
+        )
     for c in claims:
         if c.cti:
             print(f"\ncounterexample to induction for {c.id}:")
@@ -114,6 +125,10 @@ def _verdict(c: Any) -> str:
     return v if c.ok else f"{v} (expected {c.expected})"
 
 
+def _short(detail: str, n: int = 70) -> str:
+    return detail if len(detail) <= n else detail[: n - 3] + "..."
+
+
 def _rows(claims: list[Any], every: bool) -> list[tuple[str, str, str, str, str]]:
     rows: list[tuple[str, str, str, str, str]] = []
     layout: dict[str, list[Any]] = defaultdict(list)
@@ -122,11 +137,11 @@ def _rows(claims: list[Any], every: bool) -> list[tuple[str, str, str, str, str]
             parts = c.id.split(":")
             layout[":".join(parts[:2]) if len(parts) > 2 else c.id].append(c)
             continue
-        rows.append((c.id, c.method, _verdict(c), f"{c.seconds:.2f}", c.detail))
+        rows.append((c.id, c.method, _verdict(c), f"{c.seconds:.2f}", _short(c.detail)))
     for group, cs in layout.items():
         if len(cs) == 1:
             c = cs[0]
-            rows.append((c.id, c.method, _verdict(c), f"{c.seconds:.2f}", c.detail))
+            rows.append((c.id, c.method, _verdict(c), f"{c.seconds:.2f}", _short(c.detail)))
             continue
         secs = sum(c.seconds for c in cs)
         results = sorted({c.result for c in cs})
@@ -158,7 +173,7 @@ def _mutant(args: argparse.Namespace) -> int:
         out["seconds"] = round(res.seconds, 3)
         print(json.dumps(out))
         return 0 if ok else 1
-    con = Console()
+    con = _console()
     con.print(f"mutant {name}: {MUTANTS[name].doc}", markup=False)
     if res.depth is None:
         con.print(f"no violation of {res.props[0]} up to depth {res.bound}", markup=False)
@@ -190,7 +205,7 @@ def _property(args: argparse.Namespace) -> int:
         keys = ("id", "method", "result", "seconds", "expected", "ok", "detail", "cti")
         print(json.dumps({"claims": [{k: c.public()[k] for k in keys}]}))
         return 0 if c.ok else 1
-    con = Console()
+    con = _console()
     names = [n for n in (pid, *SUPPORT[pid]) if n not in args.drop]
     conj = " and ".join(names)
     con.print(f"{pid}: invariant = {conj}", markup=False)

@@ -12,7 +12,8 @@ reduction (request slots are concrete on both sides):
 
 States come from a full exploration of the tiny configs below (every state, every
 edge) and from random walks on the default configs and on each mutant's config
-(a sample). ``python -m model_checks.z3_agree`` prints a summary.
+(a sample). ``python -m model_checks.z3_agree`` prints a summary. The unbounded model
+of the induction proofs has its own check, ``z3_agree_unbounded``.
 """
 
 from __future__ import annotations

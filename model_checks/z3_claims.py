@@ -43,7 +43,7 @@ class Claim:
 
 def _proof_claim(cid: str, proof: Proof, tp: int) -> Claim:
     n = len(proof.steps)
-    detail = f"{n - 1} transitions + init; {len(proof.conjuncts) - 1} support conjuncts"
+    detail = f"init + {n - 1} transitions; {len(proof.conjuncts) - 1} support conjuncts"
     c = Claim(cid, proof.method, proof.result, proof.seconds, "proved", detail)
     bad = [s for s in proof.steps if s.result != "proved"]
     if bad:

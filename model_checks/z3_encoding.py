@@ -5,9 +5,10 @@ requests and the message codes that can ever exist: epochs 1..max_attempts, chun
 indices below src_tp*blocks, Ready carrying 0 or the prefix, RankDone a source rank
 (corrupt codes only with the "corrupt" fault, bad manifests only with "mismatch").
 
-Model.  A symbolic state (``FState``) holds, per request, the 18 scalar ``Req`` fields
-(ints; ``landed``/``rmask``/``dfl``/``g`` as bit-vectors), one count per possible message
-code (the multiset ``Req.net``), and the globals ``faults, p_up, d_up, pfx, pfx_ref``.
+Model.  A symbolic state (``FState``, ``z3_finite``) holds, per request, the 18 scalar
+``Req`` fields, one count per possible message code (the multiset ``Req.net``), and the
+globals ``faults, p_up, d_up, pfx, pfx_ref``: bit-vectors (signed, ``auto_bits`` wide;
+``bits=0`` gives unbounded ints instead) and Booleans.
 The actions are the shared ones of ``z3_actions_p``/``z3_actions_d`` (same names as the
 spec), instantiated per (action, request slot, argument): the argument is the message
 code for actions that consume one, the worker for ``EnvCrash``; these ``Inst`` labels
@@ -18,7 +19,9 @@ are exactly the explorer's edge labels.
 - ``trans(s, t)``: the disjunction of all instances;
 - ``step(s, t, sel)``: the same relation, compact: ``sel`` is the index of the instance
   taken, and each variable of ``t`` is one if-then-else over the instances that change
-  it. BMC and the agreement test use it; the model's ``sel`` names the action.
+  it. BMC and the agreement test use it; the model's ``sel`` names the action. Some
+  instances are split into parts (``Sub``) on the fields that decide which message
+  code they send, so that every code is concrete; ``step_fast`` renames one template.
 - ``init(s)``, ``holds(prop, s)`` / ``bad(prop, s)``, and ``world(model, s)`` /
   ``is_world(s, w)`` to go from and to the explicit ``World``.
 """

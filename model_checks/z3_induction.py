@@ -17,24 +17,23 @@ states and the action between them). Hypotheses are asserted with
 at a request, the action's transition, a config fact), so an unsat core says which
 ones the proof needed.
 
-Quantifiers.  ``Inv_P`` is universal: for every request (and every message). The goal
-is its negation at fresh constants (a request ``x``, a message point of ``x``); the
+Quantifiers.  ``Inv_P`` is universal: for every request (and every message slot). The
+goal is its negation at fresh constants (a request ``x``, a slot of ``x``); the
 hypothesis is Inv_P instantiated where the step looks: at ``x``, at the acting request
-``r0`` and at the message it consumes. Using fewer instances than the universal
-hypothesis is sound (a weaker hypothesis), so unsat is a proof; a CTI may, in turn, be
-a state the full invariant excludes, so it is reported as "unknown", never "violated".
-Ghost counters equal the sums they count; the pre-state facts used about them are
-consequences (a sum of non-negative terms is at least any two of them).
+``r0``, at the slot of the message it consumes and at the slot of its last chunk.
+Using fewer instances than the universal hypothesis is sound (a weaker hypothesis), so
+unsat is a proof; a CTI may, in turn, be a state the full invariant excludes, so it is
+reported as "unknown", never "violated". Ghost counters equal the sums they count; the
+pre-state facts used about them are consequences (a sum of non-negative terms is at
+least any two of them).
 
-k-induction.  ``prove_k`` unrolls k transitions (any actions, any requests) with
-Inv_P on the first k states and asks for a violation on the last, plus the base case
-(no violation within k-1 steps of Init, for the same symbolic config).
+Every Inv_P is 1-inductive (plain induction): no k-induction was needed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +127,7 @@ def prove(
     goal: Z,
     timeout_ms: int = 60_000,
     minimize_core: bool = False,
-    small: Sequence[Z] = (),
+    small: Callable[[], Sequence[Z]] | None = None,
 ) -> tuple[str, list[str], Any]:
     """The one proof helper: assert the named hypotheses (tracked) and the negated
     goal; "proved" on unsat (with the unsat core's names), else "cti"/"unknown".
@@ -144,9 +143,9 @@ def prove(
         return "proved", sorted(str(c) for c in solver.unsat_core()), None
     if r == z3.sat:
         model = solver.model()
-        if small:
+        if small is not None:
             solver.push()
-            solver.add(*small)
+            solver.add(*small())
             if solver.check() == z3.sat:
                 model = solver.model()
             solver.pop()
@@ -193,6 +192,7 @@ class Prover:
         self._hyps: dict[str, list[tuple[str, Z]]] = {}
         self._goals: dict[tuple[str, str], Z] = {}
         self._trans: dict[UAction, Z] = {}
+        self._small_terms: list[Z] | None = None
 
     def _hyp(self, c: Conj) -> list[tuple[str, Z]]:
         got = self._hyps.get(c.name)
@@ -256,7 +256,7 @@ class Prover:
             _tagged(hyps),
             self._goal(gs, t),
             minimize_core=self.minimize_core,
-            small=self._small(),
+            small=self._small,
         )
         cti = None
         if model is not None:
@@ -275,6 +275,8 @@ class Prover:
 
     def _small(self) -> list[Z]:
         """Small numbers everywhere the CTI shows (tried only after a sat answer)."""
+        if self._small_terms is not None:
+            return self._small_terms
         m, out = self.m, []
         p = m.params
         for v in (p.blocks, p.cap_p, p.cap_d, p.cap_h, p.prefix, p.faults, p.max_attempts):
@@ -290,6 +292,7 @@ class Prover:
             out += [s.g["faults"] <= 4, s.g["pfx_ref"] >= -1, s.g["pfx_ref"] <= 4]
             out += [z3.And(k >= -1, k <= 16) for k in s.k.values()]
         out += [z3.And(t >= -1, t <= 8) for t in (*self.pt, self.em, self.im)]
+        self._small_terms = out
         return out
 
     def _counting(self, s: UState, r0: Z, x: Z) -> list[tuple[str, Z]]:
