@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import z3
@@ -39,8 +40,7 @@ def test_every_strengthening_conjunct_is_documented_and_used() -> None:
     used = {n for sup in SUPPORT.values() for n in sup}
     assert set(STRENGTHENING) <= used
     assert set(SUPPORT) == set(IDS)
-    with open("spec/INVARIANTS.md") as f:
-        doc = f.read()
+    doc = (Path(__file__).resolve().parent.parent / "spec" / "INVARIANTS.md").read_text()
     for name in STRENGTHENING:
         assert f"`{name}`" in doc, name
 
