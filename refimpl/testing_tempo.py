@@ -1,0 +1,150 @@
+"""How the machine spends its steps: a schedule drawn per example (``Tempo``).
+
+A uniform choice among enabled actions cancels a request or loses a message within a few
+steps, so runs rarely get deep. The actions fall into groups, and each group waits for
+its turn:
+
+    faults     the environment's faults                       every k-th step, or only
+    quits      timeouts, the client's cancel, DecodeAbort       in one protocol phase
+    endings    validate, commit, finish                        every k-th step
+    chores     token steps, discards, prefix eviction          every k-th step
+
+"Every k-th step" is a pseudo-random 1/k of the steps (a hash of the drawn salt, the step
+and the group), so the windows between steps stay open for the other groups: a timeout
+can land between validate and commit. Faults and quits may instead be tied to a phase
+(``PHASES``): they then run only while some request is in it (as a nemesis schedule
+injects faults at protocol points): it then steps as soon as it can there, once. Quits that clean
+up an ended request are never held
+back; validation and chores wait only while some other step can run. All of it is drawn
+by Hypothesis with the example (``TEMPOS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hypothesis import strategies as st
+
+from spec.actions import ACTIONS
+from spec.state import (
+    AWAIT_ACK,
+    AWAIT_READY,
+    COMPLETE,
+    ENDED,
+    FILLING,
+    IDLE,
+    PREFILLING,
+    RUNNING,
+    SENDING,
+    WRITABLE,
+    Req,
+    World,
+)
+
+FAULTS = frozenset(n for n, a in ACTIONS.items() if a.kind == "fault")
+QUITS = frozenset(n for n, a in ACTIONS.items() if a.kind in ("timeout", "client"))
+QUITS |= {"DecodeAbort"}
+ENDINGS = frozenset({"PrefillFinish", "DecodeFinish", "DecodeValidate", "DecodeCommit"})
+CHORES = frozenset(
+    {"PrefillDecodeStep", "DecodeStep", "PrefillDiscard", "DecodeDiscard", "DecodeEvictPrefix"}
+)
+HELD_BACK = FAULTS | QUITS | (ENDINGS - {"DecodeValidate"})  # wait for their turn always
+GATED = FAULTS | QUITS | ENDINGS | CHORES
+INJECTABLE = FAULTS | QUITS
+
+PHASES: tuple[tuple[str, Callable[[Req], bool]], ...] = (
+    ("any", lambda r: True),
+    ("prefilling", lambda r: r.st == PREFILLING or (r.st == RUNNING and r.ep == 0)),
+    ("awaiting ready", lambda r: r.ps == AWAIT_READY),
+    ("sending", lambda r: r.ps == SENDING),
+    ("awaiting the ack", lambda r: r.ps == AWAIT_ACK and r.d not in (COMPLETE, WRITABLE)),
+    ("validated", lambda r: r.d == COMPLETE),
+    ("committed", lambda r: r.d == WRITABLE),
+    ("storing to host", lambda r: r.h == FILLING),
+    ("loading from host", lambda r: r.p == FILLING),
+    ("idle after a handoff", lambda r: r.st == RUNNING and r.ep > 0 and r.ps == IDLE),
+)
+
+
+def _mix(*xs: int) -> int:
+    """A small deterministic hash of ints (str hashes are salted per process)."""
+    h = 0x811C9DC5
+    for x in xs:
+        h = ((h ^ (x & 0xFFFFFFFF)) * 0x01000193) & 0xFFFFFFFF
+    return h >> 7
+
+
+def ended(w: World, args: dict[str, Any]) -> bool:
+    """Does this step act on a request that has ended (a cleanup, not a derailment)?"""
+    return "req" in args and w.reqs[args["req"]].st in ENDED
+
+
+@dataclass(frozen=True)
+class Tempo:
+    salt: int = 0  # which steps each group gets
+    fault_every: int = 1  # faults: on about 1 step in k ...
+    fault_when: int = 0  # ... or (not 0) only while a request is in PHASES[fault_when]
+    quit_every: int = 1
+    quit_when: int = 0
+    end_every: int = 1  # validate, commit, finish
+    chore_every: int = 1  # token steps, discards, prefix eviction
+    probe_every: int = 1  # refusal probes (named refusals, arbitrary_step)
+
+    def due(self, every: int, k: int, tag: int) -> bool:
+        return every == 1 or _mix(self.salt, k, tag) % every == 0
+
+    def _in_phase(self, when: int, w: World, args: dict[str, Any]) -> bool:
+        pred = PHASES[when][1]
+        reqs = (w.reqs[args["req"]],) if "req" in args else w.reqs
+        return any(pred(r) for r in reqs)
+
+    def injects(self, name: str) -> bool:
+        """Is the group of ``name`` tied to a phase? Then it is injected: while some request
+        is in that phase and the group can act on it, only the group may step."""
+        return bool((name in FAULTS and self.fault_when) or (name in QUITS and self.quit_when))
+
+    def injected(self, name: str) -> Tempo:
+        """The schedule after the injection of ``name``'s group (it keeps to the clock)."""
+        return replace(self, fault_when=0) if name in FAULTS else replace(self, quit_when=0)
+
+    def clocked(self, name: str) -> bool:
+        """Does the turn of ``name`` come with the clock (rather than with a phase)?"""
+        if name in FAULTS:
+            return not self.fault_when
+        if name in QUITS:
+            return not self.quit_when
+        return name in GATED
+
+    def allows(self, name: str, k: int, w: World, args: dict[str, Any]) -> bool:
+        """May step ``k`` (0-based) be ``name(args)`` in state ``w``?"""
+        if name in FAULTS:
+            if self.fault_when:
+                return self._in_phase(self.fault_when, w, args)
+            return self.due(self.fault_every, k, 0)
+        if name in QUITS:
+            if ended(w, args):
+                return True
+            if self.quit_when:
+                return self._in_phase(self.quit_when, w, args)
+            return self.due(self.quit_every, k, 1)
+        if name in ENDINGS:
+            return self.due(self.end_every, k, 2)
+        if name in CHORES:
+            return self.due(self.chore_every, k, 3)
+        return True
+
+
+_WHEN = st.sampled_from((0, 0, 0, *range(1, len(PHASES))))
+TEMPOS = st.builds(
+    Tempo,
+    salt=st.integers(0, 2**16 - 1),
+    fault_every=st.sampled_from((2, 1, 4, 8)),
+    fault_when=_WHEN,
+    quit_every=st.sampled_from((12, 25, 6)),
+    quit_when=_WHEN,
+    end_every=st.sampled_from((12, 25, 6)),
+    chore_every=st.sampled_from((25, 8)),
+    probe_every=st.sampled_from((25, 8)),
+)
