@@ -61,7 +61,7 @@ from refimpl.testing_harness import (
     compact,
     replay_program,
 )
-from refimpl.testing_tempo import GATED, HELD_BACK, INJECTABLE, TEMPOS, Tempo, ended
+from refimpl.testing_tempo import GATED, HELD_BACK, INJECTABLE, Tempo, ended, tempos
 from spec.actions import ACTIONS, WORKERS, encode_args
 from spec.common import Refused
 from spec.config import CONFIGS, Config
@@ -289,16 +289,17 @@ class SpecMachine(RuleBasedStateMachine):
             self._opts = {}
 
     # ---------------------------------------------------------------- init and probes
-    @initialize(seed=st.integers(0, 2**16 - 1), tempo=TEMPOS)
-    def build(self, seed: int, tempo: Tempo) -> None:
-        """Build the implementation (``seed``: its data); ``tempo``: see ``Tempo``."""
-        self.tempo = tempo
+    @initialize(seed=st.integers(0, 2**16 - 1), data=st.data())
+    def build(self, seed: int, data: st.DataObject) -> None:
+        """Build the implementation (``seed``: its data) and draw the schedule
+        (``testing_tempo``)."""
+        self.tempo = data.draw(tempos(self.config), label="tempo")
         torch.manual_seed(seed)
         self.h = self._guard(
             lambda: Harness(self.adapter, self.config, self.mutants, seed, self.coverage)
         )
         self._guard(self.harness.check_state)
-        note(f"  0 init seed={seed} {self.config.name}  | {compact(self.harness.w)}")
+        note(f"  0 init seed={seed} {self.config.name} {self.tempo}  | {compact(self.harness.w)}")
 
     @precondition(lambda self: self._due(self.tempo.probe_every) or not self._any_eligible())
     @rule(data=st.data())

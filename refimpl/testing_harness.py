@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 from model_checks.trace import describe, diff
 from spec.actions import apply, decode_args
+from spec.actions_decode import decode_msg_stale
+from spec.actions_prefill import prefill_msg_stale
 from spec.common import Refused, full_ranks, used_d, used_h, used_p
 from spec.config import Config
 from spec.properties import SAFETY
@@ -43,6 +45,8 @@ from spec.state import (
     QUARANTINED,
     RESERVED,
     RUNNING,
+    TO_DECODE,
+    TO_PREFILL,
     WRITABLE,
     World,
     canonical,
@@ -105,7 +109,17 @@ def _any(w: World, f: Callable[[Any], bool]) -> bool:
 
 
 def _stale_in_flight(r: Any) -> bool:
-    return any(msg_epoch(x) < max(r.ep, r.dep) for x in r.net)
+    """A message in flight that its receiver must not act on: of an older epoch, or one
+    the spec's receivers can only discard."""
+    for x in r.net:
+        if msg_epoch(x) < max(r.ep, r.dep):
+            return True
+        kind = msg_kind(x)
+        if kind in TO_PREFILL and prefill_msg_stale(r.st, r.ps, r.ep, x):
+            return True
+        if kind in TO_DECODE and kind not in CHUNKS and decode_msg_stale(r, x):
+            return True
+    return False
 
 
 def _crowded(w: World, c: Config) -> bool:

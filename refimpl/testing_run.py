@@ -29,7 +29,7 @@ from spec.mutants import MUTANTS
 
 _COMMON: dict[str, Any] = dict(deadline=None, stateful_step_count=50)
 PROFILES: dict[str, dict[str, Any]] = {
-    "ci": dict(max_examples=60, derandomize=True, database=None, **_COMMON),
+    "ci": dict(max_examples=100, derandomize=True, database=None, **_COMMON),
     "dev": dict(max_examples=100, **_COMMON),
     "nightly": dict(max_examples=2000, **_COMMON),
 }
@@ -213,7 +213,8 @@ class Kill:
     examples: int | None = None  # examples run until the first failure
     seconds: float = 0.0
     message: str = ""  # the shrunk failure's first line
-    program: list[Step] = field(default_factory=list)
+    program: list[Step] = field(default_factory=list)  # the shrunk counterexample
+    seed: int = 0  # the implementation's seed it replays with
 
     def to_json(self) -> dict[str, Any]:
         killed: bool | str = "n/a" if self.killed is None else self.killed
@@ -252,7 +253,16 @@ def kill(
         return Kill(name, cname, True, True, None, res.first_failure, took, first)
     first = str(err).splitlines()[0]
     return Kill(
-        name, cname, True, True, len(err.program), res.first_failure, took, first, err.program
+        name,
+        cname,
+        True,
+        True,
+        len(err.program),
+        res.first_failure,
+        took,
+        first,
+        err.program,
+        int(err.where["seed"]),
     )
 
 

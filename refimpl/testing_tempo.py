@@ -16,7 +16,7 @@ can land between validate and commit. Faults and quits may instead be tied to a 
 injects faults at protocol points): it then steps as soon as it can there, once. Quits that clean
 up an ended request are never held
 back; validation and chores wait only while some other step can run. All of it is drawn
-by Hypothesis with the example (``TEMPOS``).
+by Hypothesis with the example (``tempos(config)``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from spec.actions import ACTIONS
+from spec.config import Config
 from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
@@ -54,17 +55,23 @@ HELD_BACK = FAULTS | QUITS | (ENDINGS - {"DecodeValidate"})  # wait for their tu
 GATED = FAULTS | QUITS | ENDINGS | CHORES
 INJECTABLE = FAULTS | QUITS
 
-PHASES: tuple[tuple[str, Callable[[Req], bool]], ...] = (
-    ("any", lambda r: True),
-    ("prefilling", lambda r: r.st == PREFILLING or (r.st == RUNNING and r.ep == 0)),
-    ("awaiting ready", lambda r: r.ps == AWAIT_READY),
-    ("sending", lambda r: r.ps == SENDING),
-    ("awaiting the ack", lambda r: r.ps == AWAIT_ACK and r.d not in (COMPLETE, WRITABLE)),
-    ("validated", lambda r: r.d == COMPLETE),
-    ("committed", lambda r: r.d == WRITABLE),
-    ("storing to host", lambda r: r.h == FILLING),
-    ("loading from host", lambda r: r.p == FILLING),
-    ("idle after a handoff", lambda r: r.st == RUNNING and r.ep > 0 and r.ps == IDLE),
+
+def _HANDOFF(c: Config) -> bool:  # noqa: N802 - a phase's "can this config reach it"
+    return c.handoff
+
+
+PHASES: tuple[tuple[str, Callable[[Req], bool], Callable[[Config], bool]], ...] = (
+    ("any", lambda r: True, lambda c: True),
+    ("prefilling", lambda r: r.st == PREFILLING or (r.st == RUNNING and r.ep == 0), _HANDOFF),
+    ("awaiting ready", lambda r: r.ps == AWAIT_READY, _HANDOFF),
+    ("sending", lambda r: r.ps == SENDING, _HANDOFF),
+    ("awaiting the ack", lambda r: r.ps == AWAIT_ACK and r.d not in (COMPLETE, WRITABLE), _HANDOFF),
+    ("validated", lambda r: r.d == COMPLETE, _HANDOFF),
+    ("committed", lambda r: r.d == WRITABLE, _HANDOFF),
+    ("after a handoff", lambda r: r.st == RUNNING and r.ep > 0 and r.ps == IDLE, _HANDOFF),
+    ("running", lambda r: r.st == RUNNING and r.p == WRITABLE, lambda c: not c.handoff),
+    ("storing to host", lambda r: r.h == FILLING, lambda c: c.offload),
+    ("loading from host", lambda r: r.p == FILLING, lambda c: c.offload),
 )
 
 
@@ -136,15 +143,19 @@ class Tempo:
         return True
 
 
-_WHEN = st.sampled_from((0, 0, 0, *range(1, len(PHASES))))
-TEMPOS = st.builds(
-    Tempo,
-    salt=st.integers(0, 2**16 - 1),
-    fault_every=st.sampled_from((2, 1, 4, 8)),
-    fault_when=_WHEN,
-    quit_every=st.sampled_from((12, 25, 6)),
-    quit_when=_WHEN,
-    end_every=st.sampled_from((12, 25, 6)),
-    chore_every=st.sampled_from((25, 8)),
-    probe_every=st.sampled_from((25, 8)),
-)
+def tempos(c: Config) -> st.SearchStrategy[Tempo]:
+    """Schedules for config ``c``: faults and quits on the clock or tied to one of the
+    phases ``c`` can reach."""
+    phases = [k for k, (_, _, can) in enumerate(PHASES) if k and can(c)]
+    when = st.sampled_from((0, 0, *phases))
+    return st.builds(
+        Tempo,
+        salt=st.integers(0, 2**16 - 1),
+        fault_every=st.sampled_from((2, 1, 4, 8)),
+        fault_when=when,
+        quit_every=st.sampled_from((12, 25, 6)),
+        quit_when=when,
+        end_every=st.sampled_from((12, 25, 6)),
+        chore_every=st.sampled_from((25, 8)),
+        probe_every=st.sampled_from((25, 8)),
+    )
