@@ -169,7 +169,7 @@ def _print_fuzz(
     con.print(t)
     _print_coverage(con, cov, shares)
     if detail is not None:
-        con.print(detail, markup=False, highlight=False)
+        print(detail)  # unwrapped: the program is JSON, one step a line
 
 
 def _print_coverage(con: Console, cov: Coverage, shares: dict[str, tuple[int, int]]) -> None:
@@ -211,7 +211,8 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
         return 0 if ok else 1
     t = Table(title="kill matrix (the machine against each bug switch)")
     for col in ("mutant", "config", "killed", "steps", "examples", "seconds", "caught by"):
-        t.add_column(col, justify="right" if col in ("steps", "examples", "seconds") else "left")
+        right = col in ("steps", "examples", "seconds")
+        t.add_column(col, justify="right" if right else "left", no_wrap=col != "caught by")
     for k in kills:
         killed = "n/a" if k.killed is None else "yes" if k.killed else "[red]NO[/red]"
         t.add_row(
@@ -221,9 +222,9 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
             "-" if k.steps is None else str(k.steps),
             "-" if k.examples is None else str(k.examples),
             f"{k.seconds:.1f}",
-            _why(k.message),
+            k.caught or k.message,
         )
-    con = Console()
+    con = Console(width=max(Console().width, 150))
     con.print(t)
     tally = Counter("n/a" if k.killed is None else str(k.killed) for k in kills)
     con.print(
@@ -231,9 +232,3 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
         highlight=False,
     )
     return 0 if ok else 1
-
-
-def _why(message: str) -> str:
-    """The check that caught a switch, from the divergence's first line."""
-    _, _, rest = message.partition(": ")
-    return rest.split(" (")[0][:60] if rest else message[:60]

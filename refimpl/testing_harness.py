@@ -98,9 +98,11 @@ class Adapter(Protocol):
 class Divergence(AssertionError):
     """The implementation left the spec. ``program`` replays it (``replay_program``)."""
 
-    def __init__(self, message: str, program: list[Step], where: dict[str, Any]) -> None:
+    def __init__(
+        self, message: str, program: list[Step], where: dict[str, Any], kind: str = ""
+    ) -> None:
         super().__init__(message)
-        self.program, self.where = program, where
+        self.program, self.where, self.kind = program, where, kind
 
 
 # --------------------------------------------------------------------- coverage
@@ -252,17 +254,23 @@ class Harness:
         except self.adapter.refusals as exc:
             prop = getattr(exc, "prop", None)
             if not isinstance(want, Refused):
-                self.fail(f"refused an action the spec enables: {type(exc).__name__}: {exc}")
+                self.fail(
+                    "refused an enabled step",
+                    f"refused an action the spec enables: {type(exc).__name__}: {exc}",
+                )
             if prop != want.prop:
-                self.fail(f"refused naming {prop!r}, the spec names {want.prop!r}: {exc}")
+                self.fail(
+                    "named another property",
+                    f"refused naming {prop!r}, the spec names {want.prop!r}: {exc}",
+                )
             if self.impl.snapshot() != before:
-                self.fail("refused, but its state changed")
+                self.fail("changed on a refusal", "refused, but its state changed")
         except Exception as exc:  # an untyped error: a crash, not a refusal
-            self.fail(f"raised {type(exc).__name__}: {exc}", exc)
+            self.fail("crashed", f"raised {type(exc).__name__}: {exc}", exc)
         else:
             if isinstance(want, Refused):
                 why = f"it would break {want.prop}" if want.prop else "it is not enabled"
-                self.fail(f"accepted an action the spec refuses ({why})")
+                self.fail("accepted a refused step", f"accepted an action the spec refuses ({why})")
             self.w = want
         self.check_refinement(f"{name}")
         if self.coverage is not None:
@@ -284,14 +292,17 @@ class Harness:
                 return
             self._probed(name, args, prop)
             if got != prop:
-                self.fail(f"refused naming {got!r}, the spec names {prop!r}: {exc}")
-            self.fail("refused, but its state changed")
+                self.fail(
+                    "named another property",
+                    f"refused naming {got!r}, the spec names {prop!r}: {exc}",
+                )
+            self.fail("changed on a refusal", "refused, but its state changed")
         except Exception as exc:
             self._probed(name, args, prop)
-            self.fail(f"raised {type(exc).__name__}: {exc}", exc)
+            self.fail("crashed", f"raised {type(exc).__name__}: {exc}", exc)
         self._probed(name, args, prop)
         why = f"it would break {prop}" if prop else "it is not enabled"
-        self.fail(f"accepted an action the spec refuses ({why})")
+        self.fail("accepted a refused step", f"accepted an action the spec refuses ({why})")
 
     def _probed(self, name: str, args: dict[str, Any], prop: str | None) -> None:
         expect = "refused" + (f":{prop}" if prop else "")
@@ -302,27 +313,30 @@ class Harness:
         try:
             got = self.impl.abstract()
         except Exception as exc:
-            self.fail(f"abstract() raised {type(exc).__name__}: {exc}", exc)
+            self.fail("crashed", f"abstract() raised {type(exc).__name__}: {exc}", exc)
         if got != self.w:
             changes = "; ".join(diff(self.w, got)) if len(got.reqs) == len(self.w.reqs) else ""
-            self.fail(f"after {after}, abstract() is not the spec's state: spec -> impl {changes}")
+            self.fail(
+                "state differs",
+                f"after {after}, abstract() is not the spec's state: spec -> impl {changes}",
+            )
         self.abs = got
 
     def check_property(self, pid: str) -> None:
         pred = PREDS[pid]
         if not pred(self.abs, self.c):
-            self.fail(f"{pid} is violated on the implementation's state")
+            self.fail(f"violates {pid}", f"{pid} is violated on the implementation's state")
 
     def check_integrity(self) -> None:
         try:
             self.impl.check_integrity()
         except Exception as exc:
-            self.fail(f"check_integrity(): {type(exc).__name__}: {exc}", exc)
+            self.fail("integrity", f"check_integrity(): {type(exc).__name__}: {exc}", exc)
 
     def check_data(self) -> None:
         bad = self.impl.data_problems()
         if bad:
-            self.fail(f"replicas differ from the ground truth: {', '.join(bad)}")
+            self.fail("bytes differ", f"replicas differ from the ground truth: {', '.join(bad)}")
 
     def check_state(self) -> None:
         for pid in PREDS:
@@ -339,7 +353,8 @@ class Harness:
             "seed": self.seed,
         }
 
-    def fail(self, what: str, cause: BaseException | None = None) -> None:
+    def fail(self, kind: str, what: str, cause: BaseException | None = None) -> None:
+        """Raise ``Divergence``: ``kind`` says which check caught it, ``what`` the detail."""
         k = len(self.program)
         at = f"step {k} {self.program[-1]['action']}" if k else "init"
         lines = [
@@ -351,7 +366,7 @@ class Harness:
             *(f"    {json.dumps(s)}," for s in self.program),
             "  ]",
         ]
-        raise Divergence("\n".join(lines), list(self.program), self.where()) from cause
+        raise Divergence("\n".join(lines), list(self.program), self.where(), kind) from cause
 
 
 def replay_program(

@@ -33,7 +33,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "dev": dict(max_examples=100, **_COMMON),
     "nightly": dict(max_examples=2000, **_COMMON),
 }
-KILL_EXAMPLES = {"ci": 400, "dev": 400, "nightly": 4000}  # per switch, to the first failure
+KILL_EXAMPLES = {"ci": 500, "dev": 500, "nightly": 4000}  # per switch, to the first failure
 # No "explain" phase (it traces coverage of every shrink step: slow here); no "target"
 # phase (the machine does not call target(): hill-climbing one family of examples found
 # fewer seeded bugs than fresh generation did).
@@ -215,6 +215,7 @@ class Kill:
     message: str = ""  # the shrunk failure's first line
     program: list[Step] = field(default_factory=list)  # the shrunk counterexample
     seed: int = 0  # the implementation's seed it replays with
+    caught: str = ""  # which check caught it, at which action
 
     def to_json(self) -> dict[str, Any]:
         killed: bool | str = "n/a" if self.killed is None else self.killed
@@ -263,6 +264,7 @@ def kill(
         first,
         err.program,
         int(err.where["seed"]),
+        f"{err.kind}: {err.program[-1]['action']}" if err.program else err.kind,
     )
 
 
