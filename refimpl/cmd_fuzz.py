@@ -177,8 +177,8 @@ def _print_coverage(con: Console, cov: Coverage, shares: dict[str, tuple[int, in
     for col in ("action", "accepted", "refused"):
         t.add_column(col, justify="left" if col == "action" else "right")
     for a in ACTIONS:
-        hit = str(cov.accepted[a]) if cov.accepted[a] else "[red]0[/red]"
-        t.add_row(a, hit, str(cov.refused_actions[a]))
+        cell = str(cov.accepted[a]) if cov.accepted[a] else "[red]0[/red]"
+        t.add_row(a, cell, str(cov.refused_actions[a]))
     con.print(t)
     hit = sum(1 for a in ACTIONS if cov.accepted[a])
     con.print(f"actions accepted: {hit}/{len(ACTIONS)}", highlight=False)

@@ -3,30 +3,34 @@
     from refimpl.testing import EngineAdapter, make_machine
     TestHandoff = make_machine(EngineAdapter(), CONFIGS["handoff_tp2to1"]).TestCase
 
-System: the machine drives one implementation instance (built by an ``Adapter``: the torch
-reference engine here, yours elsewhere) in lockstep with the correct spec
-(``refimpl.testing_harness.Harness``). The spec is the oracle; the implementation may carry
-bug switches (``mutants``), the oracle never does.
+System: the machine drives one implementation instance, built by an ``Adapter`` (the torch
+reference engine here: ``EngineAdapter``; yours elsewhere), in lockstep with the correct
+spec (``testing_harness.Harness``). The spec is the oracle and never carries a mutant; the
+implementation may (its bug switches).
 
-Rules mirror the spec one to one: one rule per action of ``spec.actions.ACTIONS``, with the
-action's name (the environment's faults and the client's cancel included). A rule's
-precondition is the spec's word on the state: the rule runs when the spec enables the
-action for some argument or refuses it naming a property; it then draws among those
-arguments and, now and then, one the spec does not enable. ``arbitrary_step`` draws any
-action with any arguments (messages that are not in flight, stale epochs, other kinds):
-mostly steps the spec does not enable at all. Every draw is checked the same way: the
-implementation accepts exactly what the spec enables (and reaches the spec's successor),
-and refuses the rest with a typed error that changes nothing.
+Rules mirror the spec one to one: one rule per action of ``spec.actions.ACTIONS``, named
+after it (the environment's faults and the client's cancel included). A rule runs when
+the spec enables its action for some argument (or, on probe steps, refuses it naming a
+property) and draws among those arguments, now and then one the spec does not enable.
+``arbitrary_step`` draws any action with any arguments (messages not in flight, stale
+epochs, other kinds): mostly steps the spec does not enable. Which groups of rules may run
+when (faults, quits, endings, chores) follows a schedule drawn per example
+(``testing_tempo``), so that runs get deep and faults land inside protocol windows.
 
-Invariants, one per safety property (by its ID), then ``integrity`` (the implementation's
-``check_integrity()``) and ``data_integrity`` (every committed replica holds the ground
-truth), run after every step. Each step is ``note()``d with the compact state; a failure
-raises ``Divergence`` with the program in the trace format (``replay_program`` reruns it).
-Coverage goes to ``hypothesis.event()``: each action with its outcome, each property on the
-states where it is non-trivial (``testing_harness.NONTRIVIAL``).
+Every step is checked the same way: the implementation accepts exactly what the spec
+enables and reaches the spec's successor (``abstract()``), and refuses the rest with a
+typed error that names the spec's property and changes nothing. After every step the
+invariants run: one per safety property (by its ID) on the implementation's state;
+``guards_agree`` (every step the spec refuses here naming a property, the implementation
+refuses the same way); ``integrity`` (its ``check_integrity()``) and ``data_integrity``
+(every complete or writable replica holds the ground truth's bytes). Each step is
+``note()``d with the compact state; a failure raises ``Divergence`` with the program in
+the trace format, which ``replay_program`` reruns. Coverage goes to ``hypothesis.event()``
+(each action with its outcome, each property on the states where it is non-trivial:
+``testing_harness.NONTRIVIAL``) and to a ``Coverage`` object.
 
-Randomness: the implementation's seed is drawn by Hypothesis (``initialize``) and seeds
-torch's global generator as well; an adapter's own ``random.Random`` instances go in its
+Randomness: the implementation's seed is drawn by Hypothesis (``build``) and also seeds
+torch's global generator; an adapter's own ``random.Random`` instances go in its
 ``randoms`` and are registered with ``register_random``.
 """
 
@@ -175,7 +179,7 @@ class SpecMachine(RuleBasedStateMachine):
         # place (faults/timeouts/cancels and probes are what it would thin out).
         strategy = getattr(self, "_rules_strategy", None)
         if hasattr(strategy, "enabled_rules_strategy"):
-            strategy.enabled_rules_strategy = st.just(_EveryRule())
+            setattr(strategy, "enabled_rules_strategy", st.just(_EveryRule()))  # noqa: B010
 
     # ---------------------------------------------------------------- plumbing
     def _guard(self, fn: Callable[[], object]) -> Any:
@@ -329,7 +333,10 @@ class SpecMachine(RuleBasedStateMachine):
         for name in ACTIONS:
             for args, why in self.menu(name)[1]:
                 assert isinstance(why, Refused)
-                self._guard(lambda n=name, a=args, p=why.prop: self.harness.probe(n, a, p))
+                self._probe(name, args, why.prop)
+
+    def _probe(self, name: str, args: dict[str, Any], prop: str | None) -> None:
+        self._guard(lambda: self.harness.probe(name, args, prop))
 
     @invariant()
     def integrity(self) -> None:

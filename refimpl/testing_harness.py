@@ -23,7 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from model_checks.trace import describe, diff
 from spec.actions import apply, decode_args
@@ -136,7 +136,7 @@ _WAITING = (RESERVED, FILLING)
 
 
 def _two_copies(r: Any) -> bool:
-    return (r.p == WRITABLE and r.d != NONE) or (r.d == WRITABLE and r.p != NONE)
+    return bool((r.p == WRITABLE and r.d != NONE) or (r.d == WRITABLE and r.p != NONE))
 
 
 def _ended_busy(r: Any) -> bool:
@@ -245,32 +245,35 @@ class Harness:
         """Take one step on both sides; returns "ok", "refused" or "refused:<prop>"."""
         i, arg = decode_args(name, args)
         want = self.verdict(name, i, arg)
-        refused = isinstance(want, Refused)
-        expect = "ok" if not refused else "refused" + (f":{want.prop}" if want.prop else "")
+        why = want.prop if isinstance(want, Refused) else None
+        refused = not isinstance(want, World)
+        expect = "ok" if not refused else "refused" + (f":{why}" if why else "")
         self.program.append({"action": name, "args": dict(args), "expect": expect})
         before = self.impl.snapshot() if refused else None
         try:
             self.impl.step(name, dict(args))
         except self.adapter.refusals as exc:
             prop = getattr(exc, "prop", None)
-            if not isinstance(want, Refused):
+            if not refused:
                 self.fail(
                     "refused an enabled step",
                     f"refused an action the spec enables: {type(exc).__name__}: {exc}",
                 )
-            if prop != want.prop:
+            if prop != why:
                 self.fail(
                     "named another property",
-                    f"refused naming {prop!r}, the spec names {want.prop!r}: {exc}",
+                    f"refused naming {prop!r}, the spec names {why!r}: {exc}",
                 )
             if self.impl.snapshot() != before:
                 self.fail("changed on a refusal", "refused, but its state changed")
         except Exception as exc:  # an untyped error: a crash, not a refusal
             self.fail("crashed", f"raised {type(exc).__name__}: {exc}", exc)
         else:
-            if isinstance(want, Refused):
-                why = f"it would break {want.prop}" if want.prop else "it is not enabled"
-                self.fail("accepted a refused step", f"accepted an action the spec refuses ({why})")
+            if not isinstance(want, World):
+                reason = f"it would break {why}" if why else "it is not enabled"
+                self.fail(
+                    "accepted a refused step", f"accepted an action the spec refuses ({reason})"
+                )
             self.w = want
         self.check_refinement(f"{name}")
         if self.coverage is not None:
@@ -353,7 +356,7 @@ class Harness:
             "seed": self.seed,
         }
 
-    def fail(self, kind: str, what: str, cause: BaseException | None = None) -> None:
+    def fail(self, kind: str, what: str, cause: BaseException | None = None) -> NoReturn:
         """Raise ``Divergence``: ``kind`` says which check caught it, ``what`` the detail."""
         k = len(self.program)
         at = f"step {k} {self.program[-1]['action']}" if k else "init"

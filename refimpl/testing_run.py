@@ -112,7 +112,8 @@ def run_machine(
     c = get_config(config) if isinstance(config, str) else config
     tally = Tally()
     cls = make_machine(adapter, c, mutants, coverage=coverage, tally=tally)
-    test = get_state_machine_test(cls, settings=use if use is not None else machine_settings())
+    use = use if use is not None else machine_settings()
+    test = get_state_machine_test(cls, settings=use)  # type: ignore[no-untyped-call]
     if rng_seed is not None:
         test = seed(rng_seed)(test)
     t0 = time.perf_counter()
