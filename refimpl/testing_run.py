@@ -144,12 +144,14 @@ def hunt(
     seconds: float | None = None,
     coverage: Coverage | None = None,
 ) -> RunResult:
-    """Run the machine until it fails or the budget is spent: ``examples`` (default the
-    profile's) in one run, or with ``seconds``, further runs of that size with seeds
-    1, 2, ... while time is left. Quiet, no Hypothesis shrinking (see ``kill``)."""
+    """Run the machine until it fails or the budget is spent. Without ``seconds``: one
+    run of ``examples`` (default the profile's). With it: runs of at most 25 examples
+    (seeds 1, 2, ... after a derandomised first) until the time is spent, or until
+    ``examples`` when that is given too. Quiet, no Hypothesis shrinking (see ``kill``)."""
     c = get_config(config) if isinstance(config, str) else config
     n = examples if examples is not None else int(PROFILES[profile]["max_examples"])
-    use = profile_settings(profile, max_examples=n, phases=FIND, verbosity=Verbosity.quiet)
+    batch = n if seconds is None else min(n, 25)
+    use = profile_settings(profile, max_examples=batch, phases=FIND, verbosity=Verbosity.quiet)
     total = RunResult(c.name, tuple(sorted(mutants)))
     t0 = time.perf_counter()
     k = 0
@@ -159,6 +161,8 @@ def hunt(
         total.add(res)
         k += 1
         if res.failed or seconds is None or time.perf_counter() - t0 >= seconds:
+            return total
+        if examples is not None and total.examples >= examples:
             return total
 
 
