@@ -5,6 +5,7 @@ machine's own Hypothesis test: ``--hypothesis-show-statistics`` lists its events
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 from hypothesis.stateful import get_state_machine_test
 
 from refimpl.testing import Coverage, EngineAdapter, make_machine
@@ -26,5 +27,7 @@ def test_the_suite_takes_every_action_and_presses_every_property() -> None:
     they have not all run in this session."""
     if any(m.tally.examples == 0 for m in MACHINES.values()):
         pytest.skip("needs every machine above to have run in this session")
+    if not settings.default.derandomize:  # a random profile may miss a rare fault by chance
+        pytest.skip("pinned for the derandomised ci profile only")
     assert [a for a in ACTIONS if not SUITE.accepted[a]] == []
     assert [p for p in NONTRIVIAL if not SUITE.properties[p]] == []
