@@ -1,6 +1,7 @@
 """Running the machine: settings profiles, runs on a budget, the mutant kill matrix.
 
-Profiles (``register_profiles``; tests/conftest.py loads ``ci`` when ``CI`` is set):
+Profiles (``register_profiles``; tests/conftest.py loads ``ci`` unless ``HYPOTHESIS_PROFILE``
+names another):
 
     ci       derandomised, no database, bounded: the same examples on every run
     dev      random (the local database replays past failures), a bit more than ci
