@@ -10,7 +10,7 @@
 
 A ratio is raw time / path time, from medians of interleaved rounds, so drift on a busy
 machine hits both sides alike. The handoff step is a plug-in (``HANDOFFS``): once
-refimpl/engine.py exists, add an entry that drives the engine's actions instead.
+refimpl/engine/core.py exists, add an entry that drives the engine's actions instead.
 
     python benchmarks/datapath.py [--json] [--rounds N] [--block-size 16]
 """

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model_checks.explore import explore  # noqa: E402
-from model_checks.runner import check_suite  # noqa: E402
+from model_checks.explicit.explore import explore  # noqa: E402
+from model_checks.explicit.runner import check_suite  # noqa: E402
 from spec.config import SCALE  # noqa: E402
 
 

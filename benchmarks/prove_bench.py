@@ -26,8 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model_checks.z3_bmc import CORRECT_DEPTH, SAFETY_IDS, bmc  # noqa: E402
-from model_checks.z3_claims import run_all  # noqa: E402
+from model_checks.symbolic.bmc import CORRECT_DEPTH, SAFETY_IDS, bmc  # noqa: E402
+from model_checks.symbolic.claims import run_all  # noqa: E402
 from spec.config import CONFIGS  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from model_checks.trace_check import check_log, parse_log  # noqa: E402
+from model_checks.conformance import check_log, parse_log  # noqa: E402
 
 
 def _e(action: str, req: int, **msg: int | str) -> str:

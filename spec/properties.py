@@ -2,7 +2,7 @@
 
 Safety predicates take a state and return True when the property holds there.
 Liveness properties are goals over the state graph; their predicates here define the
-goal states and the edge kinds, and ``model_checks/liveness.py`` checks them.
+goal states and the edge kinds, and ``model_checks/explicit/liveness.py`` checks them.
 """
 
 from __future__ import annotations

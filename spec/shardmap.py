@@ -6,7 +6,7 @@ System.  A request's KV cache is a 4-d set of elements (layer, kv, head, token),
 (the layout) is an engine choice.  Resharding moves the elements from one split to another.
 
 Assumptions.  Pure integer math: no torch, networkx or z3.  The refimpl (refimpl/reshard.py)
-and the layout proofs (model_checks/layout_proofs.py) both call these functions; neither
+and the layout proofs (model_checks/layouts/proofs.py) both call these functions; neither
 restates them.
 
 Ownership intervals (H = kv_heads, P = tp):
@@ -20,7 +20,7 @@ Ownership intervals (H = kv_heads, P = tp):
                          non-empty shard may be short, and trailing ranks may be empty
     block size bs        token t lives in logical block t // bs, slot t % bs
 
-Properties (proved in model_checks/layout_proofs.py, tested in tests/test_shardmap.py):
+Properties (proved in model_checks/layouts/proofs.py, tested in tests/test_shardmap.py):
     safety  every destination element is written exactly once by a reshard plan
     safety  every source element of a primary replica is read exactly once by a primary
             piece; non-primary replicas are never read

@@ -1,4 +1,4 @@
-"""Hypothesis settings profiles (``refimpl/testing_run.py``): ``ci`` (derandomised, bounded)
+"""Hypothesis settings profiles (``refimpl/testing/run.py``): ``ci`` (derandomised, bounded)
 by default, so the README's test command gives the same result on every machine;
 ``HYPOTHESIS_PROFILE`` picks ``dev`` or ``nightly`` (randomised, more examples) instead."""
 
@@ -8,7 +8,7 @@ import os
 
 from hypothesis import settings
 
-from refimpl.testing_run import register_profiles
+from refimpl.testing.run import register_profiles
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")

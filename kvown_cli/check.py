@@ -1,0 +1,218 @@
+"""``kvown check``: the explicit-state model check (suite, one config, mutants)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from model_checks.explicit.explore import Progress as ProgressFn
+from model_checks.explicit.runner import (
+    ConfigResult,
+    MutantResult,
+    check_config,
+    check_mutant,
+    property_rows,
+)
+from model_checks.explicit.trace import pretty, to_dot
+from spec.config import DEFAULT_SUITE, get_config
+from spec.mutants import MUTANTS, get_mutant
+
+HELP = "explore the spec exhaustively (default suite)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--config", metavar="NAME", help="check one config")
+    g.add_argument("--mutant", metavar="NAME", help="check a mutant where it must fail")
+    g.add_argument("--all-mutants", action="store_true", help="the mutant matrix")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--dot", metavar="FILE", help="write the state graph (or cex) as DOT")
+
+
+def _err(msg: str) -> int:
+    print(f"kvown check: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.config is not None:
+            get_config(args.config)
+        if args.mutant is not None:
+            get_mutant(args.mutant)
+    except KeyError as exc:
+        return _err(str(exc.args[0]))
+    if args.dot and not (args.config or args.mutant):
+        return _err("--dot needs --config (a small config's graph) or --mutant (its cex)")
+    if args.all_mutants:
+        return _all_mutants(args)
+    if args.mutant is not None:
+        return _mutant(args)
+    names = (args.config,) if args.config else DEFAULT_SUITE
+    return _suite(args, names)
+
+
+def _progress_bar(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed} states"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not enabled,
+    )
+
+
+def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
+    err = Console(stderr=True)
+    results: list[ConfigResult] = []
+    with _progress_bar(err, not args.json) as bar:
+        for name in names:
+            task = bar.add_task(f"exploring {name}", total=None)
+
+            def tick(n: int, frontier: int, task: Any = task) -> None:
+                bar.update(task, completed=n)
+
+            fn: ProgressFn = tick
+            res = check_config(name, progress=fn)
+            bar.update(task, completed=res.graph.n_states, visible=False)
+            results.append(res)
+    rows = property_rows(results)
+    violated = next((r for r in rows if not r["holds"]), None)
+    if args.dot:
+        g = results[0].graph
+        try:
+            text = to_dot(g)
+        except ValueError as exc:
+            return _err(str(exc))
+        with open(args.dot, "w") as f:
+            f.write(text)
+    first = None
+    if violated is not None:
+        pid = str(violated["id"])
+        first = next(r.violations[pid] for r in results if pid in r.violations)
+    if args.json:
+        out: dict[str, Any] = {
+            "configs": [r.summary() for r in results],
+            "properties": [{"id": r["id"], "kind": r["kind"], "holds": r["holds"]} for r in rows],
+        }
+        if first is not None:
+            out.update(violated=first.prop, config=first.config, trace=first.steps)
+        print(json.dumps(out))
+        return 1 if first is not None else 0
+    con = Console()
+    ct = Table(title="configs")
+    for col in ("config", "distinct states", "edges", "depth", "seconds", "states/s"):
+        ct.add_column(col, justify="right" if col != "config" else "left")
+    for r in results:
+        rate = r.graph.n_states / r.graph.seconds if r.graph.seconds else 0.0
+        ct.add_row(
+            r.name,
+            f"{r.graph.n_states:,}",
+            f"{r.graph.n_edges:,}",
+            str(r.graph.max_depth),
+            f"{r.seconds:.2f}",
+            f"{rate:,.0f}",
+        )
+    con.print(ct)
+    pt = Table(title="properties")
+    for col in ("property", "kind", "verdict", "configs", "states", "seconds"):
+        pt.add_column(col)
+    for row in rows:
+        verdict = "holds" if row["holds"] else f"VIOLATED in {', '.join(row['violated_in'])}"  # type: ignore[arg-type]
+        pt.add_row(
+            str(row["id"]),
+            str(row["kind"]),
+            verdict,
+            str(row["configs"]),
+            f"{row['states']:,}",
+            f"{row['seconds']:.2f}",
+        )
+    con.print(pt)
+    if first is not None:
+        c = get_config(first.config)
+        con.print(pretty(c, frozenset(), first.steps, first.prop), markup=False, highlight=False)
+        return 1
+    return 0
+
+
+def _mutant(args: argparse.Namespace) -> int:
+    r = check_mutant(args.mutant)
+    if args.dot and r.trace is not None:
+        from model_checks.explicit.explore import explore
+
+        g = explore(get_config(r.config), frozenset({r.name}), stop_on=r.expected)
+        with open(args.dot, "w") as f:
+            f.write(to_dot(g, path=r.trace.steps))
+    if args.json:
+        out: dict[str, Any] = {
+            "mutant": r.name,
+            "expected": r.expected,
+            "config": r.config,
+            "violated": r.expected if r.caught else (r.violated[0] if r.violated else None),
+            "violated_all": r.violated,
+            "trace": r.trace.steps if r.trace is not None else [],
+            "trace_length": r.trace_length,
+        }
+        print(json.dumps(out))
+        return 1 if r.violated else 0
+    con = Console()
+    con.print(f"mutant {r.name}: {MUTANTS[r.name].doc}", markup=False)
+    if r.trace is None:
+        con.print(f"NOT CAUGHT: {r.expected} holds on {r.config}", markup=False)
+        return 0
+    c = get_config(r.config)
+    con.print(pretty(c, frozenset({r.name}), r.trace.steps, r.expected), markup=False)
+    return 1
+
+
+def _all_mutants(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    results: list[MutantResult] = []
+    with _progress_bar(err, not args.json) as bar:
+        task = bar.add_task("mutants", total=len(MUTANTS))
+        for name in MUTANTS:
+            bar.update(task, description=f"mutant {name}")
+            results.append(check_mutant(name))
+            bar.advance(task)
+    ok = all(r.caught for r in results)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "mutants": [
+                        {
+                            "name": r.name,
+                            "expected": r.expected,
+                            "violated": r.expected if r.caught else None,
+                            "trace_length": r.trace_length,
+                            "config": r.config,
+                        }
+                        for r in results
+                    ],
+                    "all_caught": ok,
+                }
+            )
+        )
+        return 0 if ok else 1
+    t = Table(title="mutants")
+    for col in ("mutant", "expected", "violated", "trace length", "config", "seconds"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(
+            r.name,
+            r.expected,
+            r.expected if r.caught else "[red]not caught[/red]",
+            str(r.trace_length if r.trace_length is not None else "-"),
+            r.config,
+            f"{r.seconds:.2f}",
+        )
+    Console().print(t)
+    return 0 if ok else 1

@@ -1,0 +1,234 @@
+"""``kvown fuzz``: the Hypothesis machine on the torch reference engine.
+
+    kvown fuzz                         the correct engine, every default config, ci budget
+    kvown fuzz --config NAME --seconds 60 --profile nightly
+    kvown fuzz --all-mutants [--json]  the kill matrix: every bug switch must be caught
+    kvown fuzz --mutant NAME           one switch
+
+Exit codes: 0 nothing found (fuzzing) or every applicable switch killed (matrix); 1 a
+divergence (its shrunk program is printed) or a surviving switch; 2 misuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from refimpl.testing import EngineAdapter
+from refimpl.testing.harness import NONTRIVIAL, Coverage
+from refimpl.testing.run import PROFILES, Kill, RunResult, hunt, kill, shrunk, state_share
+from spec.actions import ACTIONS
+from spec.config import DEFAULT_SUITE, get_config
+from spec.properties import SAFETY
+
+HELP = "fuzz the reference implementation against the spec (Hypothesis)"
+SMALL = 10_000  # configs with at most this many states get their share by default
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--all-mutants", action="store_true", help="the kill matrix of every switch")
+    g.add_argument("--mutant", metavar="NAME", action="append", help="hunt one switch")
+    p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
+    p.add_argument("--examples", type=int, metavar="N", help="examples per config or switch")
+    p.add_argument("--seconds", type=float, metavar="S", help="time budget (total; per switch)")
+    p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
+    p.add_argument("--coverage", action="store_true", help="state share on every config")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _err(msg: str) -> int:
+    print(f"kvown fuzz: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    adapter = EngineAdapter()
+    switches = adapter.switches()
+    if args.profile not in PROFILES:
+        return _err(f"unknown profile {args.profile!r}; valid profiles: {', '.join(PROFILES)}")
+    for name in args.mutant or ():
+        if name not in switches:
+            return _err(f"unknown mutant {name!r}; valid mutants: {', '.join(switches)}")
+    if args.config is not None:
+        if args.all_mutants or args.mutant:
+            return _err(
+                "--config is for fuzzing the correct engine; a switch is hunted on its config"
+            )
+        try:
+            get_config(args.config)
+        except KeyError as exc:
+            return _err(str(exc.args[0]))
+    if args.examples is not None and args.examples < 1:
+        return _err("--examples must be at least 1")
+    if args.all_mutants or args.mutant:
+        return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
+    return _fuzz(args, adapter)
+
+
+# --------------------------------------------------------------------- fuzzing
+def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
+    names = (args.config,) if args.config else DEFAULT_SUITE
+    seconds = args.seconds / len(names) if args.seconds is not None else None
+    total = Coverage()
+    results: list[RunResult] = []
+    shares: dict[str, tuple[int, int]] = {}
+    err = Console(stderr=True)
+    for name in names:
+        cov = Coverage(states=set())
+        if not args.json:
+            err.print(f"fuzzing {name} ...", highlight=False)
+        res = hunt(
+            adapter,
+            name,
+            profile=args.profile,
+            examples=args.examples,
+            seconds=seconds,
+            coverage=cov,
+        )
+        results.append(res)
+        total.merge(cov)
+        if res.failed:
+            break
+        if args.coverage or _small(name):
+            assert cov.states is not None
+            shares[name] = state_share(cov.states, get_config(name))
+    failed = next((r for r in results if r.failed), None)
+    detail = _failure_text(adapter, failed) if failed is not None else None
+    if args.json:
+        print(json.dumps(_fuzz_json(results, total, shares, detail)))
+    else:
+        _print_fuzz(results, total, shares, detail)
+    return 1 if failed is not None else 0
+
+
+def _small(name: str) -> bool:
+    from model_checks.explicit.pin import PINNED
+
+    pinned = json.loads(PINNED.read_text()).get("configs", {}).get(name, {})
+    return int(pinned.get("distinct_states", SMALL + 1)) <= SMALL
+
+
+def _failure_text(adapter: EngineAdapter, res: RunResult) -> str:
+    err = shrunk(adapter, res)
+    return str(err) if err is not None else f"{type(res.failure).__name__}: {res.failure}"
+
+
+def _coverage_json(cov: Coverage, shares: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    return {
+        "actions": {a: cov.accepted[a] for a in ACTIONS},
+        "actions_hit": sum(1 for a in ACTIONS if cov.accepted[a]),
+        "actions_total": len(ACTIONS),
+        "refusals": dict(cov.refused),
+        "properties_nontrivial": {p.id: cov.properties[p.id] for p in SAFETY},
+        "state_share": {k: {"visited": v, "states": n} for k, (v, n) in shares.items()},
+    }
+
+
+def _fuzz_json(
+    results: list[RunResult],
+    cov: Coverage,
+    shares: dict[str, tuple[int, int]],
+    detail: str | None,
+) -> dict[str, Any]:
+    return {
+        "configs": [
+            {
+                "name": r.config,
+                "examples": r.examples,
+                "steps": r.steps,
+                "seconds": round(r.seconds, 2),
+                "failed": r.failed,
+            }
+            for r in results
+        ],
+        "coverage": _coverage_json(cov, shares),
+        "failure": detail,
+    }
+
+
+def _print_fuzz(
+    results: list[RunResult],
+    cov: Coverage,
+    shares: dict[str, tuple[int, int]],
+    detail: str | None,
+) -> None:
+    con = Console()
+    t = Table(title="fuzzing the correct engine")
+    for col in ("config", "examples", "steps", "seconds", "verdict"):
+        t.add_column(col, justify="left" if col in ("config", "verdict") else "right")
+    for r in results:
+        verdict = "[red]DIVERGES[/red]" if r.failed else "conforms"
+        t.add_row(r.config, str(r.examples), str(r.steps), f"{r.seconds:.1f}", verdict)
+    con.print(t)
+    _print_coverage(con, cov, shares)
+    if detail is not None:
+        print(detail)  # unwrapped: the program is JSON, one step a line
+
+
+def _print_coverage(con: Console, cov: Coverage, shares: dict[str, tuple[int, int]]) -> None:
+    t = Table(title="coverage: spec actions")
+    for col in ("action", "accepted", "refused"):
+        t.add_column(col, justify="left" if col == "action" else "right")
+    for a in ACTIONS:
+        cell = str(cov.accepted[a]) if cov.accepted[a] else "[red]0[/red]"
+        t.add_row(a, cell, str(cov.refused_actions[a]))
+    con.print(t)
+    hit = sum(1 for a in ACTIONS if cov.accepted[a])
+    con.print(f"actions accepted: {hit}/{len(ACTIONS)}", highlight=False)
+    p = Table(title="coverage: safety properties")
+    for col in ("property", "checked on non-trivial states", "refusals naming it"):
+        p.add_column(col, justify="left" if col == "property" else "right")
+    for prop in SAFETY:
+        n = cov.properties[prop.id]
+        p.add_row(prop.id, str(n) if n else "[red]0[/red]", str(cov.refused[prop.id]))
+    con.print(p)
+    live = sum(1 for pid in NONTRIVIAL if cov.properties[pid])
+    con.print(f"properties checked where non-trivial: {live}/{len(NONTRIVIAL)}", highlight=False)
+    for name, (v, n) in shares.items():
+        con.print(f"abstract states visited on {name}: {v}/{n} ({100 * v / n:.1f}%)")
+
+
+# --------------------------------------------------------------------- the kill matrix
+def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) -> int:
+    err = Console(stderr=True)
+    kills: list[Kill] = []
+    for name in names:
+        if not args.json:
+            err.print(f"hunting {name} ...", highlight=False)
+        kills.append(
+            kill(adapter, name, profile=args.profile, examples=args.examples, seconds=args.seconds)
+        )
+    ok = all(k.killed for k in kills if k.applicable)
+    if args.json:
+        print(json.dumps({"mutants": [k.to_json() for k in kills]}))
+        return 0 if ok else 1
+    t = Table(title="kill matrix (the machine against each bug switch)")
+    for col in ("mutant", "config", "killed", "steps", "examples", "seconds", "caught by"):
+        right = col in ("steps", "examples", "seconds")
+        t.add_column(col, justify="right" if right else "left", no_wrap=col != "caught by")
+    for k in kills:
+        killed = "n/a" if k.killed is None else "yes" if k.killed else "[red]NO[/red]"
+        t.add_row(
+            k.name,
+            k.config,
+            killed,
+            "-" if k.steps is None else str(k.steps),
+            "-" if k.examples is None else str(k.examples),
+            f"{k.seconds:.1f}",
+            k.caught or k.message,
+        )
+    con = Console(width=max(Console().width, 150))
+    con.print(t)
+    tally = Counter("n/a" if k.killed is None else str(k.killed) for k in kills)
+    con.print(
+        f"killed {tally['True']}, survived {tally['False']}, not applicable {tally['n/a']}",
+        highlight=False,
+    )
+    return 0 if ok else 1

@@ -1,0 +1,213 @@
+"""Liveness on the explored graph (never a second exploration).
+
+- ``NoDeadlock``: every reachable state is an ancestor of (or is) a quiescent terminal
+  state: ``networkx.ancestors`` of a virtual goal node on the same DiGraph.
+- ``FairTermination``: (1) in the subgraph of protocol actions only (``local`` and
+  ``recv``: no fault, no timeout, no cancel), every state reachable from the initial
+  state can still reach a quiescent terminal state in that subgraph; (2) the same with
+  client cancels added: cancellation needs no timeout; (3) every non-trivial SCC
+  (``networkx.strongly_connected_components``) has an exit that weak fairness forces:
+  a protocol action enabled in all of its states with an edge leaving it.
+- ``BoundedExit``: each worker that waits on a peer can free what it holds through its
+  own ``local`` steps and ``timeout`` actions alone (reverse reachability in that
+  worker's subgraph): the exit does not depend on the peer being alive.
+
+Each check returns a shallowest offending state (or None) and the path to it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from model_checks.explicit.explore import Graph, Label
+from spec.actions import ACTIONS
+from spec.properties import decode_waiting, prefill_waiting, quiescent_terminal
+
+# one bit per (actor, kind) category of action, to filter edges cheaply
+_CATS = sorted({(a.actor, a.kind) for a in ACTIONS.values()})
+_BIT = {cat: 1 << k for k, cat in enumerate(_CATS)}
+_ACTION_BIT = {name: _BIT[(a.actor, a.kind)] for name, a in ACTIONS.items()}
+
+
+def mask(pred: Callable[[str, str], bool]) -> int:
+    return sum(bit for (actor, kind), bit in _BIT.items() if pred(actor, kind))
+
+
+PROTOCOL = mask(lambda a, k: k in ("local", "recv"))
+PROTOCOL_CLIENT = mask(lambda a, k: k in ("local", "recv", "client"))
+
+
+def _own_exit(actor: str) -> int:
+    return mask(lambda a, k: a == actor and k in ("local", "timeout"))
+
+
+OWN_EXIT = {x: _own_exit(x) for x in ("P", "D")}
+
+
+@dataclass
+class LiveResult:
+    prop: str
+    holds: bool
+    state: int | None = None  # a shallowest offending state
+    path: list[Label] | None = None  # the labels from the initial state to it
+    note: str = ""
+
+
+class _Edges:
+    """Per-edge category bits, and reverse adjacency, built once per graph."""
+
+    def __init__(self, gr: Graph) -> None:
+        self.bits = [_ACTION_BIT[lb[0]] for lb in gr.lab]
+        rev: list[list[int]] = [[] for _ in range(gr.n_states)]
+        for idx, d in enumerate(gr.dst):
+            rev[d].append(idx)
+        self.rev = rev
+
+
+def _reach_back(gr: Graph, ed: _Edges, targets: Iterable[int], m: int) -> set[int]:
+    """Targets plus every state that reaches one through edges in category mask ``m``."""
+    seen = set(targets)
+    queue = deque(seen)
+    src, bits, rev = gr.src, ed.bits, ed.rev
+    while queue:
+        n = queue.popleft()
+        for idx in rev[n]:
+            if bits[idx] & m:
+                p = src[idx]
+                if p not in seen:
+                    seen.add(p)
+                    queue.append(p)
+    return seen
+
+
+def _reach_fwd(gr: Graph, ed: _Edges, m: int) -> dict[int, tuple[int, Label]]:
+    """Shortest-path parents from the initial state through edges in mask ``m``."""
+    par: dict[int, tuple[int, Label]] = {0: (0, ("", 0, 0))}
+    queue = deque([0])
+    while queue:
+        n = queue.popleft()
+        for idx in gr.out_edges(n):
+            if ed.bits[idx] & m:
+                t = gr.dst[idx]
+                if t not in par:
+                    par[t] = (n, gr.lab[idx])
+                    queue.append(t)
+    return par
+
+
+def _walk(par: dict[int, tuple[int, Label]], sid: int) -> list[Label]:
+    out: list[Label] = []
+    while sid != 0:
+        sid, lb = par[sid]
+        out.append(lb)
+    out.reverse()
+    return out
+
+
+def _shallowest(gr: Graph, bad: Iterable[int]) -> int | None:
+    return min(bad, key=lambda s: (gr.depth[s], s), default=None)
+
+
+def _goals(gr: Graph) -> list[int]:
+    c = gr.config
+    return [i for i, w in enumerate(gr.states) if quiescent_terminal(w, c)]
+
+
+def no_deadlock(gr: Graph, ed: _Edges) -> LiveResult:
+    g = gr.to_networkx()
+    goal = -1  # a virtual node every quiescent terminal state points to
+    g.add_edges_from((s, goal) for s in _goals(gr))
+    try:
+        ok = nx.ancestors(g, goal)
+    finally:
+        g.remove_node(goal)
+    goals = set(_goals(gr))
+    bad = _shallowest(gr, (s for s in range(gr.n_states) if s not in ok and s not in goals))
+    if bad is None:
+        return LiveResult("NoDeadlock", True)
+    sink = len(gr.out_edges(bad)) == 0
+    note = "a non-terminal sink" if sink else "no quiescent terminal state is reachable"
+    return LiveResult("NoDeadlock", False, bad, gr.path_to(bad), note)
+
+
+def _terminates_within(gr: Graph, ed: _Edges, m: int, what: str) -> LiveResult | None:
+    par = _reach_fwd(gr, ed, m)
+    goal = [s for s in _goals(gr) if s in par]
+    ok = _reach_back(gr, ed, goal, m)
+    bad = [s for s in par if s not in ok]
+    if not bad:
+        return None
+    worst = min(bad, key=lambda s: (len(_walk(par, s)), s))
+    return LiveResult("FairTermination", False, worst, _walk(par, worst), what)
+
+
+def _fair_sccs(gr: Graph, ed: _Edges) -> LiveResult | None:
+    g = gr.to_networkx()
+    for comp in nx.strongly_connected_components(g):
+        if len(comp) == 1:
+            (n,) = comp
+            if not g.has_edge(n, n):
+                continue
+        # a protocol action enabled in every state of the SCC, with an edge leaving it,
+        # is forced by weak fairness: then no fair run stays in the SCC forever
+        common: set[Label] | None = None
+        leaving: set[Label] = set()
+        for n in comp:
+            labs: set[Label] = set()
+            for idx in gr.out_edges(n):
+                if ed.bits[idx] & PROTOCOL:
+                    labs.add(gr.lab[idx])
+                    if gr.dst[idx] not in comp:
+                        leaving.add(gr.lab[idx])
+            common = labs if common is None else common & labs
+        if not (common or set()) & leaving:
+            bad = _shallowest(gr, comp)
+            assert bad is not None
+            return LiveResult(
+                "FairTermination", False, bad, gr.path_to(bad), "a fair cycle avoids progress"
+            )
+    return None
+
+
+def fair_termination(gr: Graph, ed: _Edges) -> LiveResult:
+    for res in (
+        _terminates_within(gr, ed, PROTOCOL, "stuck without faults, cancels or timeouts"),
+        _terminates_within(gr, ed, PROTOCOL_CLIENT, "a cancel that needs a timeout to end"),
+        _fair_sccs(gr, ed),
+    ):
+        if res is not None:
+            return res
+    return LiveResult("FairTermination", True)
+
+
+def bounded_exit(gr: Graph, ed: _Edges) -> LiveResult:
+    c = gr.config
+    worst: int | None = None
+    note = ""
+    for actor, waiting in (("D", decode_waiting), ("P", prefill_waiting)):
+        flags = [waiting(w, c) for w in gr.states]
+        ok = _reach_back(gr, ed, (i for i, f in enumerate(flags) if not f), OWN_EXIT[actor])
+        bad = _shallowest(gr, (i for i, f in enumerate(flags) if f and i not in ok))
+        if bad is not None and (worst is None or gr.depth[bad] < gr.depth[worst]):
+            worst, note = bad, f"{actor} waits with no exit of its own"
+    if worst is None:
+        return LiveResult("BoundedExit", True)
+    return LiveResult("BoundedExit", False, worst, gr.path_to(worst), note)
+
+
+CHECKS: dict[str, Callable[[Graph, _Edges], LiveResult]] = {
+    "NoDeadlock": no_deadlock,
+    "FairTermination": fair_termination,
+    "BoundedExit": bounded_exit,
+}
+
+
+def check_liveness(gr: Graph, only: Iterable[str] | None = None) -> list[LiveResult]:
+    """Run the liveness checks (all, or ``only`` those IDs) on an explored graph."""
+    ed = _Edges(gr)
+    names = list(CHECKS) if only is None else [n for n in CHECKS if n in set(only)]
+    return [CHECKS[n](gr, ed) for n in names]

@@ -1,0 +1,140 @@
+"""Run the checks: a config (safety on every state, then liveness on the same graph),
+the default suite, one mutant, or all of them. No printing here: see cli.py."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from model_checks.explicit.explore import Graph, Progress, explore
+from model_checks.explicit.liveness import check_liveness
+from model_checks.explicit.trace import Step, Trace, concretize
+from spec.config import DEFAULT_SUITE, get_config
+from spec.mutants import get_mutant
+from spec.properties import LIVENESS, SAFETY
+
+
+@dataclass
+class Violation:
+    prop: str
+    config: str
+    steps: list[Step]
+    note: str = ""
+
+
+@dataclass
+class ConfigResult:
+    name: str
+    graph: Graph
+    seconds: float  # exploration + liveness
+    violations: dict[str, Violation] = field(default_factory=dict)  # by property ID
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "distinct_states": self.graph.n_states,
+            "edges": self.graph.n_edges,
+            "depth": self.graph.max_depth,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def check_config(
+    name: str,
+    mutants: frozenset[str] = frozenset(),
+    *,
+    symmetry: bool = True,
+    liveness: bool = True,
+    stop_on: str | None = None,
+    progress: Progress | None = None,
+) -> ConfigResult:
+    """Explore ``name`` exhaustively; record the shortest counterexample per property."""
+    c = get_config(name)
+    t0 = time.perf_counter()
+    g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress)
+    res = ConfigResult(name, g, 0.0)
+    for pid, sid in g.first_violation.items():
+        res.violations[pid] = Violation(pid, name, concretize(g, g.path_to(sid)))
+    if liveness and (stop_on is None or stop_on not in g.first_violation):
+        for lr in check_liveness(g):
+            if not lr.holds and lr.path is not None:
+                res.violations[lr.prop] = Violation(lr.prop, name, concretize(g, lr.path), lr.note)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def check_suite(
+    names: tuple[str, ...] = DEFAULT_SUITE,
+    on_config: Callable[[str], Progress | None] | None = None,
+) -> list[ConfigResult]:
+    return [
+        check_config(n, progress=on_config(n) if on_config is not None else None) for n in names
+    ]
+
+
+def property_rows(results: list[ConfigResult]) -> list[dict[str, object]]:
+    """One row per property: kind, verdict, configs checked, states, seconds."""
+    rows = []
+    states = sum(r.graph.n_states for r in results)
+    seconds = sum(r.seconds for r in results)
+    for p in (*SAFETY, *LIVENESS):
+        broken = [r.name for r in results if p.id in r.violations]
+        rows.append(
+            {
+                "id": p.id,
+                "kind": p.kind,
+                "holds": not broken,
+                "configs": len(results),
+                "violated_in": broken,
+                "states": states,
+                "seconds": round(seconds, 3),
+            }
+        )
+    return rows
+
+
+@dataclass
+class MutantResult:
+    name: str
+    expected: str
+    config: str
+    violated: list[str]  # every property it broke on that config
+    trace: Trace | None  # the shortest counterexample for the expected property
+    seconds: float
+
+    @property
+    def caught(self) -> bool:
+        return self.expected in self.violated
+
+    @property
+    def trace_length(self) -> int | None:
+        return len(self.trace.steps) if self.trace is not None else None
+
+
+@functools.cache
+def check_mutant(name: str) -> MutantResult:
+    """Check a mutant on the configs where it must fail; stop at the first that catches it.
+
+    Deterministic, so the result is cached per process (treat it as read-only)."""
+    mu = get_mutant(name)
+    is_safety = any(p.id == mu.expected for p in SAFETY)
+    last: MutantResult | None = None
+    for cname in mu.configs:
+        t0 = time.perf_counter()
+        r = check_config(
+            cname,
+            frozenset({name}),
+            liveness=not is_safety,
+            stop_on=mu.expected if is_safety else None,
+        )
+        v = r.violations.get(mu.expected)
+        trace = Trace(cname, name, mu.expected, v.steps) if v is not None else None
+        last = MutantResult(
+            name, mu.expected, cname, sorted(r.violations), trace, time.perf_counter() - t0
+        )
+        if last.caught:
+            return last
+    assert last is not None
+    return last

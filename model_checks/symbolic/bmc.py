@@ -1,0 +1,162 @@
+"""Bounded model checking of the spec with z3 (Programming Z3, section 5.5, "bmc").
+
+System.  ``z3_encoding.Encoding``: <init, trans, bad> of one config under a set of
+mutants. The unrolling is incremental: step k adds ``step(s_k, s_k+1, sel_k)`` and asks
+whether ``bad(s_k)`` is satisfiable (one solver; the bad state is an assumption), so the
+first depth that answers sat is the length of a shortest counterexample, the same
+number the explorer's BFS reports. Bit-vector state, ``QF_FD`` solver (bit-blasting
+onto z3's incremental SAT core: an order of magnitude faster here than the SMT core).
+
+Properties.  A mutant is checked against the property it must break
+(``spec.mutants``); the correct spec against all 12 safety properties at once. Liveness
+mutants (``zero_block_never_done``, ``sweep_only_on_admit``, ``no_timeout_while_filling``)
+break a liveness property: a lasso, not a bounded path to a bad state, so they are out
+of BMC's scope (the explorer checks them on the state graph).
+
+Harness.  ``bmc(...)`` returns a ``BmcResult`` whose ``steps`` are in the one trace
+format (``[{action, args}]`` via ``spec.actions.encode_args``) and replay on the
+explicit spec (``model_checks.explicit.trace.replay``); ``mutant_bmc(name)`` and
+``correct_bmc(config, depth)`` are what ``kvown prove`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from model_checks.explicit.trace import Step, replay
+from model_checks.symbolic.core import O, Z
+from model_checks.symbolic.encoding import Encoding
+from spec.actions import encode_args
+from spec.config import Config, get_config
+from spec.mutants import MUTANTS, get_mutant
+from spec.properties import PROPERTIES, SAFETY
+
+SAFETY_IDS = tuple(p.id for p in SAFETY)
+SAFETY_MUTANTS = tuple(n for n, m in MUTANTS.items() if PROPERTIES[m.expected].kind == "safety")
+LIVENESS_MUTANTS = tuple(n for n in MUTANTS if n not in SAFETY_MUTANTS)
+
+# Correct-spec bound K per default config: the deepest unrolling that answers in a
+# few seconds on the 2-core reference machine (see benchmarks/prove_bench.py).
+# offload_contend's bound is its diameter (the BFS depth, 22): there BMC is exhaustive.
+CORRECT_DEPTH: dict[str, int] = {
+    "handoff_tp2to1": 15,
+    "handoff_crash": 16,
+    "offload_contend": 22,
+    "prefix_share": 13,
+    "handoff_two": 15,
+}
+
+
+@dataclass
+class BmcResult:
+    config: str
+    mutants: frozenset[str]
+    props: tuple[str, ...]  # the properties whose violation was searched for
+    depth: int | None  # the first depth with a violation; None: none up to ``bound``
+    bound: int  # the deepest depth checked
+    violated: list[str] = field(default_factory=list)  # at ``depth``, per the spec
+    steps: list[Step] = field(default_factory=list)  # the counterexample trace
+    seconds: float = 0.0
+    depth_seconds: list[float] = field(default_factory=list)  # elapsed when depth k done
+
+    def trace_json(self) -> dict[str, Any]:
+        mut = ",".join(sorted(self.mutants)) or None
+        v = self.violated[0] if self.violated else None
+        return {"config": self.config, "mutant": mut, "violated": v, "trace": self.steps}
+
+
+def bmc(
+    c: Config,
+    mutants: frozenset[str],
+    props: Sequence[str],
+    max_depth: int,
+    *,
+    deadline_s: float | None = None,
+) -> BmcResult:
+    """Unroll until ``bad`` (a violation of any of ``props``) is satisfiable, up to
+    ``max_depth`` steps (or until ``deadline_s`` seconds have passed)."""
+    t0 = time.perf_counter()
+    enc = Encoding(c, mutants)
+    solver = z3.SolverFor("QF_FD")
+    states = [enc.state("0")]
+    solver.add(enc.init(states[0]))
+    sels: list[Z] = []
+    sel_bits = max(1, len(enc.subs).bit_length())
+    res = BmcResult(c.name, frozenset(mutants), tuple(props), None, -1)
+    for k in range(max_depth + 1):
+        flag = z3.Bool(f"bad@{k}")
+        solver.add(z3.Implies(flag, O(*(enc.bad(p, states[k]) for p in props))))
+        verdict = solver.check(flag)
+        res.bound = k
+        res.depth_seconds.append(time.perf_counter() - t0)
+        if verdict == z3.sat:
+            res.depth = k
+            res.steps = _trace(enc, solver.model(), sels)
+            break
+        if verdict != z3.unsat:
+            raise RuntimeError(f"bmc {c.name} depth {k}: z3 answered {verdict}")
+        if k == max_depth or (deadline_s is not None and time.perf_counter() - t0 > deadline_s):
+            break
+        nxt = enc.state(str(k + 1))
+        sel = z3.BitVec(f"sel@{k}", sel_bits)
+        solver.add(enc.step_fast(states[k], nxt, sel))
+        states.append(nxt)
+        sels.append(sel)
+    if res.depth is not None:
+        res.violated = _check_replay(c, frozenset(mutants), res.steps, props)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _trace(enc: Encoding, model: Any, sels: list[Z]) -> list[Step]:
+    steps: list[Step] = []
+    for sel in sels:
+        k = enc.subs[model.eval(sel, model_completion=True).as_long()].inst
+        steps.append({"action": k.name, "args": encode_args(k.name, k.i, k.arg)})
+    return steps
+
+
+def _check_replay(
+    c: Config, m: frozenset[str], steps: list[Step], props: Sequence[str]
+) -> list[str]:
+    """Replay on the explicit spec (raises TraceError if a step is refused) and return
+    the properties of ``props`` the final state breaks."""
+    final = replay(c, m, steps)[-1]
+    return [p for p in props if not _pred(p)(final, c)]
+
+
+def _pred(pid: str) -> Any:
+    pred = PROPERTIES[pid].pred
+    assert pred is not None
+    return pred
+
+
+def bfs_depth(name: str) -> int | None:
+    """The pinned BFS shortest-counterexample length of a mutant (spec/pinned.json)."""
+    from model_checks.explicit.pin import PINNED
+
+    data = json.loads(PINNED.read_text())
+    v = data.get("mutants", {}).get(name, {}).get("trace_length")
+    return int(v) if isinstance(v, int) else None
+
+
+def mutant_bmc(name: str, max_depth: int | None = None) -> BmcResult:
+    """BMC of a safety mutant on its first config, for its expected property."""
+    mu = get_mutant(name)
+    if name not in SAFETY_MUTANTS:
+        raise ValueError(f"{name} breaks {mu.expected}, a liveness property: not a BMC claim")
+    pinned = bfs_depth(name)
+    bound = max_depth if max_depth is not None else (pinned + 2 if pinned is not None else 40)
+    return bmc(get_config(mu.configs[0]), frozenset({name}), (mu.expected,), bound)
+
+
+def correct_bmc(config: str, depth: int | None = None) -> BmcResult:
+    """The correct spec: no safety property violated up to ``depth`` steps."""
+    k = depth if depth is not None else CORRECT_DEPTH[config]
+    return bmc(get_config(config), frozenset(), SAFETY_IDS, k)

@@ -1,0 +1,122 @@
+"""z3 mirror of the 12 safety predicates of ``spec/properties.py`` (same IDs).
+
+Each property is split by scope, so both domains can quantify it their own way:
+``glob`` (globals and pool usage), ``req`` (one request) and ``msg`` (one message of a
+request in flight, of a concrete kind). A state satisfies the property when ``glob``
+holds, ``req`` holds for every request and ``msg`` for every message in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
+from spec.properties import SAFETY
+from spec.state import (
+    CANCELLED,
+    CHUNKS,
+    COMPLETE,
+    DF_CORRUPT,
+    DF_FENCED,
+    DF_MISMATCH,
+    FAILED,
+    FILLING,
+    G_END_CANCELLED,
+    G_END_FAILED,
+    G_FOREIGN,
+    G_FROZEN_WRITE,
+    G_POSTEND,
+    G_STALE,
+    IDLE,
+    QUARANTINED,
+    RESERVED,
+    RUNNING,
+    WRITABLE,
+)
+
+HELD = (COMPLETE, WRITABLE)
+MsgPred = Callable[[Ctx, RV, int, Z, Z], Z]
+
+
+def _true_glob(x: Ctx) -> Z:
+    return True
+
+
+def _true_msg(x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
+    return True
+
+
+@dataclass(frozen=True)
+class ZProp:
+    id: str
+    req: Callable[[Ctx, RV], Z]
+    glob: Callable[[Ctx], Z] = _true_glob
+    msg: MsgPred = _true_msg
+    msg_kinds: frozenset[int] = frozenset()  # kinds ``msg`` constrains
+
+
+def _reuse_msg(x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
+    if kind not in CHUNKS:
+        return True
+    source = A(r.ps != IDLE, r.ep == e, r.p == COMPLETE)
+    held = A(r.dep == e, IN(r.d, (RESERVED, FILLING, QUARANTINED)))
+    fenced = A(r.dep == e, flag(r.dfl, DF_FENCED))
+    return A(source, O(held, fenced))
+
+
+def _capacity(x: Ctx) -> Z:
+    c = x.c
+    return A(
+        x.used_p() <= c.cap_p,
+        x.used_d() <= c.cap_d,
+        x.used_h() <= c.cap_h,
+        x.pfx_ref == x.refs(),
+        x.pfx_ref >= 0,
+        O(x.pfx_ref == 0, x.pfx),
+    )
+
+
+ZPROPS: dict[str, ZProp] = {
+    p.id: p
+    for p in (
+        ZProp("SingleWriter", lambda x, r: N(A(r.p == WRITABLE, r.d == WRITABLE))),
+        ZProp(
+            "NoPartialUse",
+            lambda x, r: O(
+                N(IN(r.d, HELD)), A(x.lfull(r.landed, r.hit), N(flag(r.dfl, DF_CORRUPT)))
+            ),
+        ),
+        ZProp(
+            "NothingLost",
+            lambda x, r: O(r.st != RUNNING, IN(r.p, HELD), IN(r.d, HELD), r.h == COMPLETE),
+        ),
+        ZProp("FrozenSnapshot", lambda x, r: N(flag(r.g, G_FROZEN_WRITE))),
+        ZProp("Fencing", lambda x, r: N(flag(r.g, G_STALE))),
+        ZProp(
+            "NoReuseUnderIO",
+            lambda x, r: A(
+                N(flag(r.g, G_FOREIGN)),
+                N(A(r.h == FILLING, r.p != COMPLETE)),
+                N(A(r.p == FILLING, N(IN(r.h, (COMPLETE, FILLING))))),
+            ),
+            msg=_reuse_msg,
+            msg_kinds=frozenset(CHUNKS),
+        ),
+        ZProp(
+            "StickyEnd",
+            lambda x, r: A(
+                N(flag(r.g, G_POSTEND)),
+                O(N(flag(r.g, G_END_CANCELLED)), r.st == CANCELLED),
+                O(N(flag(r.g, G_END_FAILED)), r.st == FAILED),
+            ),
+        ),
+        ZProp("ManifestGate", lambda x, r: N(A(IN(r.d, HELD), flag(r.dfl, DF_MISMATCH)))),
+        ZProp("CapacityRefcount", lambda x, r: True, glob=_capacity),
+        ZProp("RankAgreement", lambda x, r: N(A(IN(r.d, HELD), r.rmask != x.rfull()))),
+        ZProp("PublishAfterCommit", lambda x, r: N(A(r.h == COMPLETE, r.hl != x.c.blocks))),
+        ZProp("LoadXorStore", lambda x, r: N(A(r.p == FILLING, r.h == FILLING))),
+    )
+}
+
+assert tuple(ZPROPS) == tuple(p.id for p in SAFETY), "z3 properties out of step with spec"

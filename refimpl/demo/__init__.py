@@ -1,0 +1,41 @@
+"""``kvown demo``: the data path on a tiny GQA+RoPE decoder, logits bit-exact.
+
+``paths`` runs every handoff path (TP 2→1, 1→2, 4→2, a prefix hit, an offload round trip,
+a block-size and layout change) and compares the logits with decoding without a handoff;
+``handoff`` is the manifest → checksum → reshard → install pipeline between two workers;
+``mismatch`` shows what a wrong RoPE base or adapter does with the compatibility check off.
+"""
+
+from refimpl.demo.handoff import Handoff, Worker, handoff
+from refimpl.demo.paths import (
+    DEMO_CONFIG,
+    PATHS,
+    PROMPT_LEN,
+    SEED,
+    SPECS,
+    STEPS,
+    DemoRecord,
+    PathSpec,
+    offload_reload,
+    prompt_of,
+    run_all,
+    run_path,
+)
+
+__all__ = [
+    "DEMO_CONFIG",
+    "PATHS",
+    "PROMPT_LEN",
+    "SEED",
+    "SPECS",
+    "STEPS",
+    "DemoRecord",
+    "Handoff",
+    "PathSpec",
+    "Worker",
+    "handoff",
+    "offload_reload",
+    "prompt_of",
+    "run_all",
+    "run_path",
+]

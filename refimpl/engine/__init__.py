@@ -1,0 +1,30 @@
+"""The reference engine: one method per spec action, over real torch pools.
+
+``Engine`` (``core``) speaks the spec's action names, refuses what the spec disables with
+a typed error naming the property (changing nothing), and maps its state to a spec state
+(``abstract``). Prefill's actions live in ``prefill``, decode's in ``decode``, the
+environment's faults in ``env``; ``base`` holds the records and the shared machinery,
+``data`` the per-rank pools and seeded ground truth, ``wire`` the message encoding.
+"""
+
+from refimpl.engine.base import (
+    KNOWN_SWITCHES,
+    STREAM_SWITCH,
+    LoadStoreError,
+    NotEnabled,
+    RankError,
+    UnpublishedError,
+)
+from refimpl.engine.core import Engine
+from refimpl.engine.data import RankPools
+
+__all__ = [
+    "KNOWN_SWITCHES",
+    "STREAM_SWITCH",
+    "Engine",
+    "LoadStoreError",
+    "NotEnabled",
+    "RankError",
+    "RankPools",
+    "UnpublishedError",
+]

@@ -1,0 +1,285 @@
+"""Running the machine: settings profiles, runs on a budget, the mutant kill matrix.
+
+Profiles (``register_profiles``; tests/conftest.py loads ``ci`` unless ``HYPOTHESIS_PROFILE``
+names another):
+
+    ci       derandomised, no database, bounded: the same examples on every run
+    dev      random (the local database replays past failures), a bit more than ci
+    nightly  many more examples
+
+``run_machine`` runs one machine class (an adapter, a config, bug switches) to the end of
+its budget or its first failure. ``hunt`` repeats runs (new seeds) until a time budget
+is spent. ``kill`` hunts with one switch on, then shrinks the failing program by delta
+debugging (``shrink_program``): a replay costs a fraction of a Hypothesis shrink step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
+from hypothesis.stateful import get_state_machine_test
+
+from refimpl.testing.harness import Adapter, Coverage, Divergence, Step, replay_program
+from refimpl.testing.machine import Tally, make_machine
+from spec.config import Config, get_config
+from spec.mutants import MUTANTS
+
+_COMMON: dict[str, Any] = dict(deadline=None, stateful_step_count=50)
+PROFILES: dict[str, dict[str, Any]] = {
+    "ci": dict(max_examples=100, derandomize=True, database=None, **_COMMON),
+    "dev": dict(max_examples=100, **_COMMON),
+    "nightly": dict(max_examples=2000, **_COMMON),
+}
+KILL_EXAMPLES = {"ci": 500, "dev": 500, "nightly": 4000}  # per switch, to the first failure
+# No "explain" phase (it traces coverage of every shrink step: slow here); no "target"
+# phase (the machine does not call target(): hill-climbing one family of examples found
+# fewer seeded bugs than fresh generation did).
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+FIND = (Phase.generate,)  # hunts: find, then shrink_program
+
+
+def register_profiles() -> None:
+    for name, kw in PROFILES.items():
+        settings.register_profile(name, **kw)
+
+
+def machine_settings(base: settings | None = None, **overrides: Any) -> settings:
+    """Settings for the machine: the given (or the current default) profile, no deadline,
+    no health checks (a run's cost is its budget), one bug reported, no explain phase."""
+    kw: dict[str, Any] = dict(
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        phases=PHASES,
+    )
+    kw.update(overrides)
+    return settings(base if base is not None else settings.default, **kw)
+
+
+def profile_settings(name: str, **overrides: Any) -> settings:
+    """The machine's settings under profile ``name`` (KeyError naming the valid ones)."""
+    if name not in PROFILES:
+        raise KeyError(f"unknown profile {name!r}; valid profiles: {', '.join(PROFILES)}")
+    register_profiles()
+    return machine_settings(settings.get_profile(name), **overrides)
+
+
+@dataclass
+class RunResult:
+    config: str
+    mutants: tuple[str, ...]
+    examples: int = 0  # examples started (shrinking included)
+    steps: int = 0  # steps taken in all of them
+    first_failure: int | None = None  # examples started when the first failure happened
+    failure: BaseException | None = None  # what the run raised (a Divergence: the machine's)
+    seconds: float = 0.0
+    runs: int = 0  # Hypothesis runs (``hunt`` repeats them with new seeds)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    @property
+    def program(self) -> list[Step] | None:
+        """The failing program, when the machine caught a divergence."""
+        return self.failure.program if isinstance(self.failure, Divergence) else None
+
+    def add(self, other: RunResult) -> None:
+        if other.first_failure is not None and self.first_failure is None:
+            self.first_failure = self.examples + other.first_failure
+        self.examples += other.examples
+        self.steps += other.steps
+        self.failure = self.failure or other.failure
+        self.seconds += other.seconds
+        self.runs += other.runs
+
+
+def run_machine(
+    adapter: Adapter,
+    config: Config | str,
+    mutants: Sequence[str] = (),
+    *,
+    use: settings | None = None,
+    coverage: Coverage | None = None,
+    rng_seed: int | None = None,
+) -> RunResult:
+    """One Hypothesis run of the machine (``use``: its settings, default
+    ``machine_settings()``); ``rng_seed`` fixes Hypothesis's choices when the settings
+    are not derandomised. A failure is returned, not raised."""
+    c = get_config(config) if isinstance(config, str) else config
+    tally = Tally()
+    cls = make_machine(adapter, c, mutants, coverage=coverage, tally=tally)
+    use = use if use is not None else machine_settings()
+    test = get_state_machine_test(cls, settings=use)  # type: ignore[no-untyped-call,unused-ignore]
+    if rng_seed is not None:
+        test = seed(rng_seed)(test)
+    t0 = time.perf_counter()
+    failure: BaseException | None = None
+    try:
+        test()
+    except Exception as exc:  # the failure (or Hypothesis's own complaint)
+        failure = exc
+    return RunResult(
+        c.name,
+        tuple(sorted(mutants)),
+        tally.examples,
+        tally.steps,
+        tally.first_failure,
+        failure,
+        time.perf_counter() - t0,
+        1,
+    )
+
+
+def hunt(
+    adapter: Adapter,
+    config: Config | str,
+    mutants: Sequence[str] = (),
+    *,
+    profile: str = "ci",
+    examples: int | None = None,
+    seconds: float | None = None,
+    coverage: Coverage | None = None,
+) -> RunResult:
+    """Run the machine until it fails or the budget is spent. Without ``seconds``: one
+    run of ``examples`` (default the profile's). With it: runs of at most 25 examples
+    (seeds 1, 2, ... after a derandomised first) until the time is spent, or until
+    ``examples`` when that is given too. Quiet, no Hypothesis shrinking (see ``kill``)."""
+    c = get_config(config) if isinstance(config, str) else config
+    n = examples if examples is not None else int(PROFILES[profile]["max_examples"])
+    batch = n if seconds is None else min(n, 25)
+    use = profile_settings(profile, max_examples=batch, phases=FIND, verbosity=Verbosity.quiet)
+    total = RunResult(c.name, tuple(sorted(mutants)))
+    t0 = time.perf_counter()
+    k = 0
+    while True:
+        rng = None if k == 0 and use.derandomize else k
+        res = run_machine(adapter, c, mutants, use=use, coverage=coverage, rng_seed=rng)
+        total.add(res)
+        k += 1
+        if res.failed or seconds is None or time.perf_counter() - t0 >= seconds:
+            return total
+        if examples is not None and total.examples >= examples:
+            return total
+
+
+def shrink_program(
+    adapter: Adapter, config: Config, mutants: Sequence[str], seed_: int, program: list[Step]
+) -> tuple[list[Step], Divergence]:
+    """Delta debugging on a failing program: drop runs of steps (halves, quarters, ...
+    single steps) while a replay still diverges; every replay is cut at its failing step.
+    Returns the 1-minimal program and its divergence."""
+
+    def fails(p: list[Step]) -> Divergence | None:
+        try:
+            replay_program(adapter, p, config=config, mutants=mutants, seed=seed_)
+        except Divergence as err:
+            return err
+        return None
+
+    err = fails(program)
+    if err is None:
+        raise AssertionError("the program does not fail on replay: the run is not reproducible")
+    best = err.program
+    size = max(len(best) // 2, 1)
+    while True:
+        k, changed = 0, False
+        while k < len(best):
+            trial = best[:k] + best[k + size :]
+            e = fails(trial) if trial else None
+            if e is not None:
+                best, err, changed = e.program, e, True
+            else:
+                k += size
+        if size == 1 and not changed:
+            return best, err
+        size = max(size // 2, 1)
+
+
+def shrunk(adapter: Adapter, res: RunResult) -> Divergence | None:
+    """The failure of ``res`` with its program shrunk (None when it has none to shrink)."""
+    if not isinstance(res.failure, Divergence):
+        return None
+    where = res.failure.where
+    c = get_config(where["config"])
+    return shrink_program(adapter, c, where["mutants"], where["seed"], res.failure.program)[1]
+
+
+@dataclass
+class Kill:
+    name: str
+    config: str
+    applicable: bool
+    killed: bool | None  # None: not applicable here
+    steps: int | None = None  # steps in the shrunk counterexample
+    examples: int | None = None  # examples run until the first failure
+    seconds: float = 0.0
+    message: str = ""  # the shrunk failure's first line
+    program: list[Step] = field(default_factory=list)  # the shrunk counterexample
+    seed: int = 0  # the implementation's seed it replays with
+    caught: str = ""  # which check caught it, at which action
+
+    def to_json(self) -> dict[str, Any]:
+        killed: bool | str = "n/a" if self.killed is None else self.killed
+        return {"name": self.name, "killed": killed, "steps": self.steps, "examples": self.examples}
+
+
+def mutant_config(name: str) -> str:
+    """Where a switch is hunted: its spec mutant's first config (the stream switch: a
+    config with offload, where reloads run)."""
+    mu = MUTANTS.get(name)
+    return mu.configs[0] if mu is not None else "offload_contend"
+
+
+def kill(
+    adapter: Adapter,
+    name: str,
+    *,
+    profile: str = "ci",
+    examples: int | None = None,
+    seconds: float | None = None,
+) -> Kill:
+    """Hunt with switch ``name`` on (``KILL_EXAMPLES`` of the profile by default); killed
+    when the machine fails. The failing program is then shrunk by ``shrink_program``."""
+    cname = mutant_config(name)
+    if not adapter.switches().get(name, False):
+        return Kill(name, cname, False, None, message="not applicable here")
+    n = examples if examples is not None else KILL_EXAMPLES[profile]
+    res = hunt(adapter, cname, (name,), profile=profile, examples=n, seconds=seconds)
+    if res.failure is None:
+        return Kill(name, cname, True, False, seconds=res.seconds)
+    t0 = time.perf_counter()
+    err = shrunk(adapter, res)
+    took = res.seconds + time.perf_counter() - t0
+    if err is None:
+        first = f"{type(res.failure).__name__}: {res.failure}".splitlines()[0]
+        return Kill(name, cname, True, True, None, res.first_failure, took, first)
+    first = str(err).splitlines()[0]
+    return Kill(
+        name,
+        cname,
+        True,
+        True,
+        len(err.program),
+        res.first_failure,
+        took,
+        first,
+        err.program,
+        int(err.where["seed"]),
+        f"{err.kind}: {err.program[-1]['action']}" if err.program else err.kind,
+    )
+
+
+def state_share(visited: set[Any], config: Config) -> tuple[int, int]:
+    """(visited, total) canonical abstract states of ``config``'s explicit graph."""
+    from model_checks.explicit.explore import explore
+
+    states = set(explore(config).states)
+    outside = visited - states
+    if outside:  # the machine checks refinement, so this is a bug of the harness
+        raise AssertionError(f"{len(outside)} visited states are not in the spec's graph")
+    return len(visited), len(states)

@@ -1,0 +1,30 @@
+"""The kill matrix: with each bug switch of the engine on, the machine fails, and its
+counterexample shrinks to a short program that fails on the switched engine only."""
+
+from __future__ import annotations
+
+import pytest
+
+from refimpl.testing import Divergence, EngineAdapter, replay_program
+from refimpl.testing.run import KILL_EXAMPLES, kill
+
+ADAPTER = EngineAdapter()
+SWITCHES = ADAPTER.switches()
+MAX_STEPS = 25  # the model check's shortest counterexamples are 4 to 20 steps
+
+
+@pytest.mark.parametrize("name", [n for n, ok in SWITCHES.items() if ok])
+def test_the_machine_kills_the_switch(name: str) -> None:
+    k = kill(ADAPTER, name, profile="ci")
+    assert k.killed, f"{name} survived {KILL_EXAMPLES['ci']} examples on {k.config}"
+    assert k.steps is not None and 1 <= k.steps <= MAX_STEPS, k.message
+    with pytest.raises(Divergence):
+        replay_program(ADAPTER, k.program, config=k.config, mutants=[name], seed=k.seed)
+    replay_program(ADAPTER, k.program, config=k.config, seed=k.seed)  # the correct engine
+
+
+@pytest.mark.parametrize("name", [n for n, ok in SWITCHES.items() if not ok])
+def test_a_switch_that_does_not_apply_here_is_not_a_survivor(name: str) -> None:
+    k = kill(ADAPTER, name, profile="ci")
+    assert (k.applicable, k.killed) == (False, None)
+    assert k.to_json()["killed"] == "n/a"
