@@ -12,8 +12,7 @@ import argparse
 import json
 import sys
 
-from model_checks.conformance.checker import ASSUMABLE, DEFAULT_MAX_GAP, Verdict, check_file
-from model_checks.conformance.events import LogError
+from model_checks.conformance import ASSUMABLE, DEFAULT_MAX_GAP, LogError, Verdict, check_file
 from spec.actions import ACTIONS
 
 HELP = "check an engine's JSONL event log against the spec (0 conforms, 1 violation, 2 malformed)"
@@ -36,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ACTION",
         help="also let ACTION be assumed when unlogged (repeatable)",
     )
+    p.add_argument(
+        "--open",
+        action="store_true",
+        help="the log was cut from a running engine: skip the end-of-log stall checks",
+    )
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
 
 
@@ -45,9 +49,11 @@ def format_verdict(v: Verdict) -> str:
     lines = [("CONFORMS: " if v.conforms else "VIOLATION: ") + head]
     if not v.conforms:
         lines.append(f"  line {v.line}: {json.dumps(v.event)}")
-        lines.append(f"  property: {v.violated or 'none (not allowed)'}")
+        lines.append(f"  property: {', '.join(v.properties) or v.violated}")
         lines.append(f"  why: {v.reason}")
         lines.append(f"  state before: {v.state}")
+        if v.refuted_by is not None:
+            lines.append(f"  refuted by line {v.refuted_by}; the explanation tried:")
     for s in v.assumed:
         args = ", ".join(f"{k}={val}" for k, val in s["args"].items())
         lines.append(f"  assumed before line {s['before_line']}: {s['action']}({args})")
@@ -75,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             args.config,
             max_gap=args.max_gap,
             assumable=ASSUMABLE | frozenset(args.assume),
+            open_end=args.open,
         )
     except LogError as exc:
         return _malformed(args, exc.msg, exc.line)

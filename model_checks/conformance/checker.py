@@ -1,40 +1,32 @@
-"""Check an engine's event log (JSONL, spec/EVENTLOG.md) against the spec.
+"""Check an engine's event log (JSONL, spec/EVENTLOG.md) against the spec, event by event.
 
 Trace validation in the style of TLA+: the log is a behaviour with holes. Each logged
 event must be a spec action enabled in a state the log so far reaches, where at most
 ``max_gap`` unlogged *assumable* steps (``ASSUMABLE``: message deliveries and network
 faults) may be filled in before it. Request ids are concrete: no symmetry reduction.
 
-A small frontier of candidate states is kept. An event that applies directly to one
-needs no search; otherwise a BFS over assumable steps finds the fewest that enable it
-(placed as late as possible, and reported as assumed). The verdict is the first event
-that no candidate allows (with the refusal's property), whose successor breaks a safety
-property, whose ``observed`` fields differ from the spec's successor (judged by the
-properties the observed state breaks), or at which a request has waited past the
-header's ``timeout_s`` (``BoundedExit``).
+Assumed steps are hypotheses. A frontier of candidate states (each with the chain of
+steps it assumed) is kept; an event that applies directly to one needs no search, else
+a BFS over assumable steps finds the fewest that enable it. When no candidate explains
+a line and an earlier line was explained only by assuming a delivery that this line
+shows had not happened yet, the verdict moves to that earlier line, judged without the
+assumption, and the explanation tried is reported. Every verdict names a property
+(``blame``), or ``Unmodelled``. Timestamps are compared per worker clock
+(``BoundedExit``); at the end of the log a stall with blocks held is ``NoDeadlock``.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from model_checks.conformance.events import (
-    OBSERVABLE,
-    Event,
-    EventLog,
-    LogError,
-    Observed,
-    parse_log,
-)
+from model_checks.conformance.blame import UNMODELLED, blame, blame_state, ordered
+from model_checks.conformance.events import OBSERVABLE, Event, Observed
+from model_checks.conformance.verdict import Chain, Verdict, chain_steps, describe_world
 from model_checks.explicit.trace import describe
 from spec import state as S
-from spec.actions import ACTIONS, WORKERS, encode_args
+from spec.actions import ACTIONS, WORKERS, successors
 from spec.common import Mutants, Refused
 from spec.config import Config
-from spec.properties import violated_safety
 from spec.state import MSG_NAMES, Req, World, msg_kind
 
 DEFAULT_MAX_GAP = 6  # enough for a handoff_tp2to1 log that logs no delivery at all
@@ -49,54 +41,11 @@ ASSUMABLE: frozenset[str] = frozenset(
     a.name for a in ACTIONS.values() if a.kind == "recv" or (a.kind == "fault" and a.arg == "msg")
 )
 _D_WAIT = (S.RESERVED, S.FILLING, S.QUARANTINED)  # spec.properties.decode_waiting, per request
+_MOVES = frozenset({"local", "recv"})  # kinds that move a stalled state without a timeout
 
-
-class _Chain(NamedTuple):
-    """Assumed steps before one logged line, linked to those before earlier lines."""
-
-    line: int
-    steps: tuple[tuple[str, int, int], ...]  # (action, request, argument)
-    parent: _Chain | None
-
-
-@dataclass
-class Verdict:
-    config: str
-    events: int
-    conforms: bool = True
-    violated: str | None = None  # property ID (None: not allowed, no property named)
-    line: int | None = None
-    event: dict[str, Any] | None = None
-    reason: str = ""
-    state: str | None = None  # the state before the event, described
-    assumed: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """The issue's five keys first, then reason, state, config and events."""
-        d = asdict(self)
-        head = {k: d.pop(k) for k in ("conforms", "violated", "line", "event")}
-        return {**head, "assumed_steps": d.pop("assumed"), **d}
-
-
-def describe_world(w: World) -> str:
-    parts = [f"r{i}: {describe(r)}" for i, r in enumerate(w.reqs)]
-    extra = [f"{f}={getattr(w, f)}" for f in ("faults", "pfx", "pfx_ref") if getattr(w, f)]
-    extra += [f"{f}=False" for f in ("p_up", "d_up") if not getattr(w, f)]
-    return " | ".join(parts) + (" | " + " ".join(extra) if extra else "")
-
-
-def _chain_steps(ch: _Chain | None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    while ch is not None:
-        for name, i, arg in reversed(ch.steps):
-            out.append({"before_line": ch.line, "action": name, "args": encode_args(name, i, arg)})
-        ch = ch.parent
-    out.reverse()
-    return out
-
-
-Node = tuple[World, _Chain | None]
-_Open = tuple[World, _Chain | None, tuple[tuple[str, int, int], ...], int]  # + path, faults
+Node = tuple[World, Chain | None]
+_Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int]  # + path, faults
+_Best = tuple[tuple[int, int, int], str, World, Chain | None]  # key, property, pre, chain
 
 
 class Checker:
@@ -110,22 +59,32 @@ class Checker:
         assumable: frozenset[str] = ASSUMABLE,
         mutants: Mutants = frozenset(),
         timeout_s: float | None = None,
+        open_end: bool = False,
     ) -> None:
         unknown = assumable - ACTIONS.keys()
         if unknown:
             raise ValueError(f"unknown assumable actions {sorted(unknown)}")
+        if max_gap < 0:
+            raise ValueError(f"max_gap must be >= 0, got {max_gap}")
         self.c, self.m, self.k, self.timeout = c, mutants, max_gap, timeout_s
+        self.open_end = open_end
         acts = [ACTIONS[n] for n in sorted(assumable)]
         self._req = [a for a in acts if a.arg == "req"]
         self._glob = [a for a in acts if a.arg in ("global", "worker")]
         self._by_kind = {k: [a for a in acts if a.arg == "msg" and k in a.msgs] for k in MSG_NAMES}
         self.frontier: list[Node] = [(c.initial(), None)]
-        self.waits: dict[tuple[str, int], tuple[int, float, int]] = {}
+        # (side, request) -> (epoch, start t or None: no reading of side's clock yet,
+        # the line of that reading, the line the wait began)
+        self.waits: dict[tuple[str, int], tuple[int, float | None, int, int]] = {}
         self.verdict: Verdict | None = None
         self.n = 0
+        self.last: Event | None = None
+
+    # -- the spec, with assumed steps ---------------------------------------------
 
     def _apply(self, w: World, e: Event) -> World | Refused:
         a = e.action
+        assert a is not None
         if a.arg == "msg" and e.arg not in w.reqs[e.i].net:
             return Refused(None)
         return a.fn(w, self.c, self.m, e.i, e.arg)
@@ -150,12 +109,17 @@ class Checker:
                     out.append((a.name, 0, wk, s))
         return out
 
-    def _search(self, e: Event) -> tuple[list[tuple[World, Node]], tuple[Any, ...] | None]:
+    def _link(self, e: Event, path: tuple[Any, ...], ch: Chain | None, pre: World) -> Chain:
+        assert e.action is not None
+        return Chain(e.line, path, ch, pre, (e.action.name, e.i, e.arg), e.obj)
+
+    def _search(self, e: Event) -> tuple[list[tuple[World, Node]], _Best | None]:
         """Fewest assumed steps that enable ``e``: (pre-state, successor) pairs, and the
         best refusal seen (fewest assumed faults, then most progress)."""
-        best: tuple[Any, ...] | None = None
+        best: _Best | None = None
         seen = {w for w, _ in self.frontier}
         level: list[_Open] = [(w, ch, (), 0) for w, ch in self.frontier]
+        roots = {id(ch): w for w, ch in self.frontier}
         for depth in range(1, self.k + 1):
             nxt: list[_Open] = []
             for w, ch, path, nf in level:
@@ -168,28 +132,114 @@ class Checker:
             for k, (s, ch, path, nf) in enumerate(nxt):
                 r = self._apply(s, e)
                 if type(r) is World:
-                    found.append((nf, s, (r, _Chain(e.line, path, ch))))
+                    found.append((nf, s, (r, self._link(e, path, ch, roots[id(ch)]))))
                 elif isinstance(r, Refused) and r.prop is not None:
                     key = (nf, -depth, k)
                     if best is None or key < best[0]:
-                        best = (key, r.prop, s, _Chain(e.line, path, ch))
+                        best = (key, r.prop, s, self._link(e, path, ch, roots[id(ch)]))
             if found or not nxt:
                 found.sort(key=lambda x: x[0])  # paths with fewer assumed faults first
                 return [(s, node) for _, s, node in found], best
             level = nxt
         return [], best
 
-    def _fail(self, e: Event, prop: str | None, why: str, pre: World, ch: _Chain | None) -> None:
-        ev = json.loads(e.raw)
+    # -- verdicts -----------------------------------------------------------------
+
+    def _fail(
+        self,
+        line: int,
+        obj: dict[str, Any] | None,
+        props: list[str],
+        why: str,
+        pre: World,
+        ch: Chain | None,
+        refuted_by: int | None = None,
+    ) -> bool:
+        props = props or [UNMODELLED]
+        if props == [UNMODELLED]:
+            why += "; no property of the spec explains it (a finding about the spec)"
         self.verdict = Verdict(
-            self.c.name, self.n, False, prop, e.line, ev, why, describe_world(pre), _chain_steps(ch)
+            self.c.name,
+            self.n,
+            False,
+            props[0],
+            line,
+            obj,
+            why,
+            describe_world(pre),
+            chain_steps(ch),
+            props,
+            refuted_by,
         )
+        return False
+
+    def _blame(self, w: World, e: Event) -> list[str]:
+        a = e.action
+        assert a is not None
+        return blame(w, self.c, a.name, a.actor, e.i, e.arg, a.arg == "msg")
+
+    def _refuted(self, e: Event) -> bool:
+        """``e`` is enabled in no explanation. If an explanation assumed ``e``'s own
+        delivery (or another use of its message) before an earlier line, that line is
+        where the log stopped being explainable: judge it without the assumption."""
+        a = e.action
+        assert a is not None
+        hits: list[tuple[int, list[str], Chain]] = []
+        for _w, ch in self.frontier:
+            link = ch
+            while link is not None:
+                used = any(
+                    (n == a.name or a.arg == "msg") and i == e.i and arg == e.arg
+                    for n, i, arg in link.steps
+                )
+                if used:
+                    name, i, arg = link.event
+                    r = ACTIONS[name].fn(link.pre, self.c, self.m, i, arg)
+                    if isinstance(r, Refused):
+                        act = ACTIONS[name]
+                        props = [r.prop] if r.prop else []
+                        props += blame(link.pre, self.c, name, act.actor, i, arg, act.arg == "msg")
+                        hits.append((link.line, ordered(props), link))
+                    break
+                link = link.parent
+        if not hits:
+            return False
+        line, props, link = min(hits, key=lambda h: h[0])
+        steps = ", ".join(f"{n}(r{i})" for n, i, _ in link.steps)
+        why = (
+            f"line {line} is explained only by assuming {steps} before it, but line {e.line}"
+            f" logs {a.name} after it; without that assumption the spec refuses line {line}"
+        )
+        if props:
+            why += f": it breaks {', '.join(props)}"
+        return self._fail(line, link.obj, props, why, link.pre, link, refuted_by=e.line)
+
+    def _refusal(self, e: Event, best: _Best | None) -> bool:
+        if self._refuted(e):
+            return False
+        if best is None:
+            w0, ch0 = self.frontier[0]
+            props = self._blame(w0, e)
+            why = f"not enabled (within {self.k} assumed steps)"
+            if props:
+                why += f": the engine's step breaks {', '.join(props)}"
+            return self._fail(e.line, e.obj, props, why, w0, ch0)
+        _, prop, pre, ch = best
+        props = [prop] + [p for p in self._blame(pre, e) if p != prop]
+        why = f"refused by the spec: it would break {prop}"
+        if ch is not None and ch.line == e.line:
+            n = len(ch.steps)
+            why += f" (after {n} assumed steps; not enabled within --max-gap {self.k})"
+        return self._fail(e.line, e.obj, props, why, pre, ch)
 
     def step(self, e: Event) -> bool:
         """Replay one event; False (and ``verdict`` set) at a violation."""
         self.n += 1
+        self.last = e
+        if e.action is None:  # Now: time passes, nothing acts
+            return self._deadlines(e)
         pairs: list[tuple[World, Node]] = []
-        best: tuple[Any, ...] | None = None
+        best: _Best | None = None
         for k, (w, ch) in enumerate(self.frontier):
             r = self._apply(w, e)
             if type(r) is World:
@@ -201,18 +251,7 @@ class Checker:
             if deeper is not None and (best is None or deeper[0] < best[0]):
                 best = deeper
         if not pairs:
-            if best is None:
-                w0, ch0 = self.frontier[0]
-                why = f"not allowed: not enabled within {self.k} assumed steps"
-                self._fail(e, None, why, w0, ch0)
-                return False
-            _, prop, pre, ch = best
-            why = f"refused by the spec: it would break {prop}"
-            if ch is not None and ch.line == e.line:
-                n = len(ch.steps)
-                why += f" (after {n} assumed steps; not enabled within --max-gap {self.k})"
-            self._fail(e, prop, why, pre, ch)
-            return False
+            return self._refusal(e, best)
         if e.obs is not None:
             ok = [p for p in pairs if self._matches(p[1][0], e.obs)]
             if not ok:
@@ -220,14 +259,12 @@ class Checker:
             pairs = ok
         for pre, (s, ch) in pairs:  # never fires on the correct spec (model-checked)
             if s is not pre:
-                bad = violated_safety(s, self.c)
+                bad = blame_state(s, self.c)
                 if bad:
-                    self._fail(e, bad[0], f"the step breaks {', '.join(bad)}", pre, ch)
-                    return False
+                    why = f"the step breaks {', '.join(bad)}"
+                    return self._fail(e.line, e.obj, bad, why, pre, ch)
         self._set_frontier([p[1] for p in pairs])
-        if self.timeout is not None and e.t is not None:
-            return self._deadlines(e, pairs[0][0])
-        return True
+        return self._deadlines(e)
 
     @staticmethod
     def _matches(s: World, obs: Observed) -> bool:
@@ -242,24 +279,31 @@ class Checker:
         r = s.reqs[ri]
         r2 = Req._make(new.get(f, getattr(r, f)) for f in Req._fields)
         eng = s._replace(reqs=(*s.reqs[:ri], r2, *s.reqs[ri + 1 :]))
-        bad = violated_safety(eng, self.c)
+        bad = blame_state(eng, self.c)
         spec = " ".join(f"{f}={OBSERVABLE[f][getattr(s.reqs[ri], f)]}" for f, _ in fields)
         seen = " ".join(f"{f}={OBSERVABLE[f][v]}" for f, v in fields)
         why = f"r{ri}: observed {seen}, the spec's step gives {spec}"
         why += f"; the observed state breaks {', '.join(bad)}" if bad else ""
-        self._fail(e, bad[0] if bad else None, why, pre, ch)
-        return False
+        return self._fail(e.line, e.obj, bad, why, pre, ch)
 
     def _set_frontier(self, nodes: list[Node]) -> None:
+        if len(nodes) == 1:
+            self.frontier = nodes
+            return
         uniq: dict[World, Node] = {}
         for node in nodes:
             uniq.setdefault(node[0], node)
         self.frontier = list(uniq.values())[:MAX_FRONTIER]
 
-    def _deadlines(self, e: Event, pre: World) -> bool:
-        """BoundedExit, timed: no request may wait (decode holding blocks for an attempt,
-        or prefill's sender waiting) past ``timeout_s`` while the log goes on."""
-        assert e.t is not None and self.timeout is not None
+    # -- time and the end of the log ------------------------------------------------
+
+    def _deadlines(self, e: Event) -> bool:
+        """BoundedExit, timed per worker clock: decode may not hold blocks for an attempt,
+        nor prefill's sender wait, past ``timeout_s`` on its own clock. A wait begun at
+        another worker's event starts at this worker's next reading (causality gives the
+        order, never a duration across clocks)."""
+        if self.timeout is None or e.t is None:
+            return True
         late: list[str] = []
         for i in range(self.c.n_reqs):
             for side in ("decode", "prefill"):
@@ -273,40 +317,52 @@ class Checker:
                 if ep < 0:
                     continue
                 if old is None or old[0] != ep:
-                    old = (ep, e.t, e.line)
+                    old = (ep, None, e.line, e.line)
+                if old[1] is None and e.clock == side:
+                    old = (ep, e.t, e.line, old[3])
                 self.waits[(side, i)] = old
-                if e.t - old[1] > self.timeout:
+                t0 = old[1]
+                if e.clock == side and t0 is not None and e.t - t0 > self.timeout:
                     late.append(
-                        f"{side} has waited on r{i} (epoch {ep}) since line {old[2]}"
-                        f" (t={old[1]:g}), {e.t - old[1]:g}s > timeout_s={self.timeout:g}"
+                        f"{side} has waited on r{i} (epoch {ep}) since line {old[3]}"
+                        f" ({side} clock t={t0:g} at line {old[2]}), {e.t - t0:g}s"
+                        f" > timeout_s={self.timeout:g}"
                     )
         if late:
-            self._fail(e, "BoundedExit", "; ".join(late), pre, self.frontier[0][1])
-        return not late
+            w0, ch0 = self.frontier[0]
+            return self._fail(e.line, e.obj, ["BoundedExit"], "; ".join(late), w0, ch0)
+        return True
+
+    def _stuck(self, w: World) -> str | None:
+        """Blocks held and no protocol step can move them (a timeout counts only when the
+        log sets ``timeout_s``: then BoundedExit judges the wait); None if not stuck."""
+        held = [
+            f"r{i}: {describe(r)}"
+            for i, r in enumerate(w.reqs)
+            if r.p or r.d or r.h or r.ps != S.IDLE
+        ]
+        if not held:
+            return None
+        for name, _i, _arg, s in successors(w, self.c, self.m):
+            kind = ACTIONS[name].kind
+            if s != w and (kind in _MOVES or (kind == "timeout" and self.timeout is not None)):
+                return None
+        return "; ".join(held)
+
+    def finish(self) -> Verdict:
+        """The end of the log (unless ``open_end``): a stall is NoDeadlock, at the last line."""
+        if self.verdict is None and not self.open_end and self.last is not None:
+            stuck = [self._stuck(w) for w, _ in self.frontier]
+            if all(stuck):
+                why = (
+                    f"the log ends with blocks held and nothing but a timeout or a fault"
+                    f" can move them (a silent stall): {stuck[0]}"
+                )
+                w0, ch0 = self.frontier[0]
+                self._fail(self.last.line, self.last.obj, ["NoDeadlock"], why, w0, ch0)
+        return self.result()
 
     def result(self) -> Verdict:
         if self.verdict is not None:
             return self.verdict
-        return Verdict(self.c.name, self.n, assumed=_chain_steps(self.frontier[0][1]))
-
-
-def check_log(log: EventLog, **kw: Any) -> Verdict:
-    """Check a parsed log; ``kw``: ``max_gap``, ``assumable``, ``mutants`` (see Checker)."""
-    ck = Checker(log.config, timeout_s=log.timeout_s, **kw)
-    for e in log.events:
-        if not ck.step(e):
-            break
-    return ck.result()
-
-
-def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdict:
-    """Parse and check; LogError on malformed input."""
-    return check_log(parse_log(data, config), **kw)
-
-
-def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise LogError(None, f"cannot read {path}: {exc.strerror or exc}") from None
-    return check_text(data, config, **kw)
+        return Verdict(self.c.name, self.n, assumed=chain_steps(self.frontier[0][1]))

@@ -1,42 +1,49 @@
-"""Event logs (JSONL, spec/EVENTLOG.md) parsed into ``EventLog``: the header, then one
-``Event`` per line with its action instance, optional ``observed`` fields and timestamp.
-Malformed input raises ``LogError`` naming the line."""
+"""Event logs (JSONL, spec/EVENTLOG.md) parsed line by line into ``Event`` records.
+
+``LineParser`` is the streaming form (memory: one line, whatever the log's length): the
+header, then one ``Event`` per line with its action instance, optional ``observed``
+fields, timestamp and clock. ``parse_log`` collects a whole log into an ``EventLog``.
+Malformed input raises ``LogError`` naming the line, never anything else.
+
+Clocks are per worker: an event is stamped by its actor's clock (``prefill``,
+``decode``, or ``env``/``client`` for the orchestrator's and the router's events;
+``Now`` names its worker). A clock that goes backwards is an input error.
+"""
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from spec.actions import ACTIONS, Action, decode_args
+from model_checks.conformance.jsonline import LogError, cut, loads_line, show, text_lines
+from spec.actions import ACTIONS, WORKERS, Action, decode_args
 from spec.config import Config, get_config
 from spec.state import MSG_NAMES, REPLICA_NAMES, SENDER_NAMES, STATUS_NAMES, msg_kind
 
 OBSERVABLE = {"st": STATUS_NAMES, "p": REPLICA_NAMES, "d": REPLICA_NAMES, "h": REPLICA_NAMES}
 OBSERVABLE["ps"] = SENDER_NAMES
-
-
-class LogError(ValueError):
-    """Malformed input; ``line`` is 1-based (None: not tied to a line)."""
-
-    def __init__(self, line: int | None, msg: str) -> None:
-        self.line, self.msg = line, msg
-        super().__init__(f"line {line}: {msg}" if line is not None else msg)
-
+NOW = "Now"  # a log event, not a spec action: a worker marks the time without acting
+CLOCKS = {"P": "prefill", "D": "decode", "env": "env", "client": "client"}
+MAX_T = 1e12  # seconds; larger timestamps and timeouts are refused
 
 Observed = tuple[int, tuple[tuple[str, int], ...]]  # (request, ((field, value), ...))
 
 
 class Event(NamedTuple):
     line: int
-    action: Action
+    action: Action | None  # None: a ``Now`` event
     i: int  # request slot (0 for global and worker actions)
     arg: int  # message code, worker index, or 0
-    t: float | None  # timestamp in seconds
+    t: float | None  # timestamp in seconds, on ``clock``
     obs: Observed | None  # the engine's view of one request after the event
-    raw: str
+    obj: dict[str, Any]  # the line as parsed (what a verdict quotes)
+    clock: str  # prefill, decode, env or client
+
+    @property
+    def name(self) -> str:
+        return NOW if self.action is None else self.action.name
 
 
 @dataclass
@@ -47,103 +54,159 @@ class EventLog:
 
 
 def _num(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and 0 <= v <= MAX_T
+    )
 
 
 def _observed(line: int, ob: object, a: Action, i: int, c: Config) -> Observed:
     if not isinstance(ob, dict):
         raise LogError(line, "'observed' must be an object")
     req = ob.get("req", i if a.arg in ("req", "msg") else None)
-    if not isinstance(req, int) or isinstance(req, bool) or not 0 <= req < c.n_reqs:
-        raise LogError(line, f"'observed' needs 'req' in 0..{c.n_reqs - 1}, got {req!r}")
+    if type(req) is not int or not 0 <= req < c.n_reqs:
+        raise LogError(line, f"'observed' needs 'req' in 0..{c.n_reqs - 1}, got {show(req)}")
     fields: list[tuple[str, int]] = []
     for k, v in ob.items():
         if k == "req":
             continue
         names = OBSERVABLE.get(k)
         if names is None:
-            raise LogError(line, f"'observed' field {k!r} is not one of {sorted(OBSERVABLE)}")
-        if v not in names:
-            raise LogError(line, f"'observed' {k} must be one of {list(names)}, got {v!r}")
+            raise LogError(line, f"'observed' field {show(k)} is not one of {sorted(OBSERVABLE)}")
+        if type(v) is not str or v not in names:
+            raise LogError(line, f"'observed' {k} must be one of {list(names)}, got {show(v)}")
         fields.append((k, names.index(v)))
     return (req, tuple(fields))
 
 
-def _event(line: int, obj: dict[str, Any], raw: str, c: Config, need_t: bool) -> Event:
-    name = obj.get("action")
-    if not isinstance(name, str):
-        raise LogError(line, "an event needs 'action' (a string)")
-    a = ACTIONS.get(name)
-    if a is None:
-        raise LogError(line, f"unknown action {name!r}")
+def _args(line: int, name: str, obj: dict[str, Any]) -> dict[str, Any]:
     args = obj.get("args", {})
     if not isinstance(args, dict):
         raise LogError(line, f"{name}: 'args' must be an object")
+    for k in ("msg", "worker"):
+        if k in args and type(args[k]) is not str:
+            raise LogError(line, f"{name}: argument {k!r} must be a string, got {show(args[k])}")
+    return args
+
+
+def _now(line: int, obj: dict[str, Any]) -> Event:
+    args = _args(line, NOW, obj)
+    wk = args.get("worker")
+    if wk not in WORKERS:
+        raise LogError(line, f"Now: argument 'worker' must be one of {WORKERS}, got {show(wk)}")
+    if "observed" in obj:
+        raise LogError(line, "Now: an event that does nothing has no 'observed'")
+    return Event(line, None, 0, WORKERS.index(wk), None, None, obj, wk)
+
+
+def _event(line: int, obj: dict[str, Any], c: Config) -> Event:
+    name = obj.get("action")
+    if type(name) is not str:
+        raise LogError(line, f"an event needs 'action' (a string), got {show(name)}")
+    if name == NOW:
+        return _now(line, obj)
+    a = ACTIONS.get(name)
+    if a is None:
+        raise LogError(line, f"unknown action {show(name)}")
+    args = _args(line, name, obj)
     try:
         i, arg = decode_args(name, args)
-    except ValueError as exc:
-        raise LogError(line, str(exc)) from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise LogError(line, cut(str(exc))) from None
     if a.arg in ("req", "msg") and i >= c.n_reqs:
         raise LogError(line, f"{name}: request {i} out of range 0..{c.n_reqs - 1} ({c.name})")
     if a.arg == "msg" and msg_kind(arg) not in a.msgs:
         kinds = sorted(MSG_NAMES[k] for k in a.msgs)
-        raise LogError(line, f"{name}: consumes {kinds}, not {args.get('msg')!r}")
-    t = obj.get("t")
-    if t is not None and not _num(t):
-        raise LogError(line, f"'t' must be a non-negative number of seconds, got {t!r}")
-    if t is None and need_t:
-        raise LogError(line, "the header sets timeout_s, so every event needs 't'")
+        raise LogError(line, f"{name}: consumes {kinds}, not {show(args.get('msg'))}")
     ob = obj.get("observed")
     obs = None if ob is None else _observed(line, ob, a, i, c)
-    return Event(line, a, i, arg, None if t is None else float(t), obs, raw)
+    return Event(line, a, i, arg, None, obs, obj, CLOCKS[a.actor])
 
 
-def _lines(data: bytes | str) -> Iterator[tuple[int, str]]:
-    if isinstance(data, str):
-        yield from enumerate(data.split("\n"), start=1)
-        return
-    for n, b in enumerate(data.split(b"\n"), start=1):
+class LineParser:
+    """Feed physical lines in order; ``feed`` returns the line's ``Event`` (None for a
+    header or blank line). ``finish`` refuses a log without events."""
+
+    def __init__(self, config: str | None = None) -> None:
+        self.config_name = config
+        self.c: Config | None = None
+        self.timeout: float | None = None
+        self.clocks: dict[str, tuple[float, int]] = {}  # clock -> (last t, its line)
+        self.last = 0
+        self.n_events = 0
+
+    def _header(self, n: int, obj: dict[str, Any]) -> Config:
+        name = self.config_name if self.config_name is not None else obj.get("config")
+        if name is None:
+            raise LogError(n, "no config: give --config NAME or a header with 'config'")
+        if type(name) is not str:
+            raise LogError(n, f"'config' must be a string, got {show(name)}")
         try:
-            yield n, b.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise LogError(n, f"not UTF-8 ({exc.reason})") from None
+            c = get_config(name)
+        except KeyError:
+            where = None if self.config_name else n
+            msg = f"unknown config {show(name)} (`kvown list` names them)"
+            raise LogError(where, msg) from None
+        if "version" in obj and (type(obj["version"]) is not int or obj["version"] != 1):
+            raise LogError(n, f"unsupported version {show(obj['version'])} (this checker reads 1)")
+        ts = obj.get("timeout_s")
+        if ts is not None and (not _num(ts) or ts == 0):
+            raise LogError(n, f"'timeout_s' must be a positive number <= {MAX_T:g}, got {show(ts)}")
+        self.timeout = None if ts is None else float(ts)
+        return c
+
+    def feed(self, n: int, raw: bytes | str) -> Event | None:
+        """One physical line (numbered ``n``); None for a blank or header line."""
+        if not raw.strip():
+            return None
+        return self.feed_obj(n, loads_line(n, raw))
+
+    def feed_obj(self, n: int, obj: object) -> Event | None:
+        """One line already parsed (the online monitor's entry; ``n`` numbers it)."""
+        self.last = n
+        if not isinstance(obj, dict):
+            raise LogError(n, "each line must be a JSON object")
+        if self.c is None:  # the first line: a header, or an event that names the config
+            self.c = self._header(n, obj)
+            if "action" not in obj:
+                return None
+        e = _event(n, obj, self.c)
+        t = obj.get("t")
+        if t is not None and not _num(t):
+            raise LogError(n, f"'t' must be a number of seconds in 0..{MAX_T:g}, got {show(t)}")
+        if t is None and (self.timeout is not None or e.action is None):
+            why = "a Now event" if e.action is None else "the header sets timeout_s, so every event"
+            raise LogError(n, f"{why} needs 't'")
+        if t is not None:
+            prev = self.clocks.get(e.clock)
+            if prev is not None and t < prev[0]:
+                raise LogError(
+                    n,
+                    f"the {e.clock} clock goes backwards: t={t:g} after t={prev[0]:g}"
+                    f" at line {prev[1]}",
+                )
+            self.clocks[e.clock] = (float(t), n)
+            e = e._replace(t=float(t))
+        self.n_events += 1
+        return e
+
+    def finish(self) -> None:
+        if self.c is None or not self.n_events:
+            raise LogError(self.last + 1, "empty log: no events")
+
+    def events(self, lines: Iterable[tuple[int, bytes | str]]) -> Iterator[Event]:
+        for n, raw in lines:
+            e = self.feed(n, raw)
+            if e is not None:
+                yield e
+        self.finish()
 
 
 def parse_log(data: bytes | str, config: str | None = None) -> EventLog:
-    """Parse a whole log; raise LogError at the first malformed line."""
-    events: list[Event] = []
-    c: Config | None = None
-    timeout: float | None = None
-    last = 0
-    for n, line in _lines(data):
-        if not line.strip():
-            continue
-        last = n
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LogError(n, f"bad JSON: {exc.msg} (column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise LogError(n, "each line must be a JSON object")
-        if c is None:  # the first line: a header, or an event that names the config
-            name = config if config is not None else obj.get("config")
-            if name is None:
-                raise LogError(n, "no config: give --config NAME or a header with 'config'")
-            if not isinstance(name, str):
-                raise LogError(n, f"'config' must be a string, got {name!r}")
-            try:
-                c = get_config(name)
-            except KeyError as exc:
-                raise LogError(None if config else n, str(exc.args[0])) from None
-            if "version" in obj and obj["version"] != 1:
-                raise LogError(n, f"unsupported version {obj['version']!r} (this checker reads 1)")
-            ts = obj.get("timeout_s")
-            if ts is not None and (not _num(ts) or ts == 0):
-                raise LogError(n, f"'timeout_s' must be a positive number, got {ts!r}")
-            timeout = None if ts is None else float(ts)
-            if "action" not in obj:
-                continue
-        events.append(_event(n, obj, line, c, timeout is not None))
-    if c is None or not events:
-        raise LogError(last + 1, "empty log: no events")
-    return EventLog(c, events, timeout)
+    """Parse a whole in-memory log; raise LogError at the first malformed line."""
+    p = LineParser(config)
+    events = list(p.events(text_lines(data)))
+    assert p.c is not None
+    return EventLog(p.c, events, p.timeout)

@@ -92,7 +92,7 @@ def test_assumed_steps_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_max_gap_bounds_the_search(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = cli_json(capsys, str(TRACES / "ok_handoff.jsonl"), "--max-gap", "0")
-    assert (rc, out["line"], out["violated"]) == (1, 8, None)  # the Ready was never delivered
+    assert (rc, out["line"], out["violated"]) == (1, 8, "Unmodelled")  # the Ready never came
     rc, out, _ = cli_json(capsys, str(TRACES / "ok_handoff.jsonl"), "--max-gap", "5")
     assert (rc, out["line"]) == (1, 14)  # 6 deliveries are missing before DecodeValidate
 
@@ -113,7 +113,7 @@ def test_observed_mismatch_without_a_broken_property() -> None:
     v = check_text(
         text + '{"action": "PrefillRun", "args": {"req": 0}, "observed": {"st": "finished"}}'
     )
-    assert not v.conforms and v.line == 3 and v.violated is None
+    assert not v.conforms and v.line == 3 and v.violated == "Unmodelled"
     assert "observed st=finished" in v.reason and "st=running" in v.reason
     ok = check_text(
         text + '{"action": "PrefillRun", "args": {"req": 0}, "observed": {"st": "running"}}'
@@ -242,7 +242,7 @@ def test_generated_long_log_conforms_and_a_flipped_line_is_caught() -> None:
     k = lines.index('{"action": "DecodeStep", "args": {"req": 0}}')
     lines[k] = lines[k].replace('"DecodeStep"', '"DecodeFinish"')  # r0 ends early
     bad = check_text("\n".join(lines))
-    assert (bad.conforms, bad.line, bad.violated) == (False, k + 3, None)  # its next step
+    assert (bad.conforms, bad.line, bad.violated) == (False, k + 3, "StickyEnd")  # its next step
 
 
 def _log(config: str, *events: dict[str, Any]) -> str:

@@ -1,0 +1,163 @@
+"""Which properties a refused or deviating event breaks, most specific first.
+
+The spec's guards name a property when they refuse (``Refused.prop``). A guard that
+only says "not enabled" is judged here, from the state the engine acted in:
+
+- **StickyEnd**: a step that makes progress on a request that has ended (finished,
+  cancelled or failed): a validate after an abort, a step after finish, and so on;
+- **Fencing**: a step of a crashed worker, or a message of another attempt;
+- **the engine's state**: the event's *unguarded effect* (what the engine did anyway:
+  freed the source on a release without an Ack, freed decode's blocks on aborting a
+  healthy attempt, wrote blocks it does not hold) is applied to the request and the
+  state is judged against every safety property.
+
+Nothing in this module decides what the spec allows: it runs only after the spec has
+refused, to name the law the engine broke. When no property is broken the verdict is
+``UNMODELLED``: the engine did something the spec has no word for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from spec.config import Config
+from spec.properties import violated_safety
+from spec.state import (
+    CHUNKS,
+    COMPLETE,
+    ENDED,
+    FINISHED,
+    IDLE,
+    NONE,
+    PREEMPTED,
+    WRITABLE,
+    Req,
+    World,
+    msg_epoch,
+    msg_kind,
+)
+
+UNMODELLED = "Unmodelled"
+# Most specific first: a law about one kind of I/O or message before the laws about
+# any copy or any block (NothingLost would otherwise hide NoReuseUnderIO).
+SPECIFICITY = (
+    "FrozenSnapshot",
+    "Fencing",
+    "NoReuseUnderIO",
+    "LoadXorStore",
+    "PublishAfterCommit",
+    "ManifestGate",
+    "RankAgreement",
+    "NoPartialUse",
+    "StickyEnd",
+    "SingleWriter",
+    "CapacityRefcount",
+    "NothingLost",
+    "BoundedExit",
+    "NoDeadlock",
+)
+_RANK = {p: k for k, p in enumerate(SPECIFICITY)}
+
+# Steps that make progress on a live request (after its end, StickyEnd refuses them).
+_PROGRESS = frozenset(
+    {
+        "PrefillRun",
+        "PrefillDecodeStep",
+        "PrefillFinish",
+        "PrefillOffloadBegin",
+        "PrefillOffloadCopy",
+        "PrefillOffloadCommit",
+        "PrefillReloadBegin",
+        "PrefillReloadCopy",
+        "PrefillReloadCommit",
+        "PrefillFreeze",
+        "PrefillRecvReady",
+        "PrefillSendChunk",
+        "PrefillResume",
+        "DecodeReserve",
+        "DecodeValidate",
+        "DecodeCommit",
+        "DecodeStep",
+        "DecodeFinish",
+    }
+)
+
+
+def ordered(props: Iterable[str]) -> list[str]:
+    """Distinct property IDs, most specific first (unknown IDs last, in given order)."""
+    seen: dict[str, None] = dict.fromkeys(props)
+    return sorted(seen, key=lambda p: _RANK.get(p, len(_RANK)))
+
+
+def _write(r: Req, side: str) -> Req:
+    """A token step: the replica is written, so it must be the one writable copy."""
+    return r._replace(d=WRITABLE) if side == "d" else r._replace(p=WRITABLE)
+
+
+def _chunks(r: Req) -> bool:
+    return any(msg_kind(x) in CHUNKS for x in r.net)
+
+
+# The unguarded effect of an event on its request: what the engine did, whatever the
+# guard said. Only the fields the action writes.
+_EFFECT: dict[str, Callable[[Req], Req]] = {
+    "PrefillRelease": lambda r: r._replace(p=NONE, ps=IDLE),
+    "PrefillQuiesce": lambda r: r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE),
+    "PrefillTimeout": lambda r: r._replace(p=NONE, ps=IDLE),
+    "PrefillPreempt": lambda r: r._replace(st=PREEMPTED, p=NONE),
+    "PrefillFinish": lambda r: r._replace(st=FINISHED, p=NONE),
+    "PrefillResume": lambda r: r._replace(p=WRITABLE, ps=IDLE),
+    "PrefillDecodeStep": lambda r: _write(r, "p"),
+    "PrefillOffloadCommit": lambda r: r._replace(h=COMPLETE, p=NONE),
+    "PrefillReloadCommit": lambda r: r._replace(p=WRITABLE),
+    "DecodeValidate": lambda r: r._replace(d=COMPLETE),
+    "DecodeCommit": lambda r: r._replace(d=WRITABLE),
+    "DecodeStep": lambda r: _write(r, "d"),
+    "DecodeFinish": lambda r: r._replace(st=FINISHED, d=NONE, hit=0),
+    "DecodeAbort": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
+    "DecodeTimeout": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
+}
+
+
+def _effect_props(w: World, c: Config, name: str, i: int) -> list[str]:
+    fx = _EFFECT.get(name)
+    if fx is None:
+        return []
+    r = w.reqs[i]
+    r2 = fx(r)
+    out: list[str] = []
+    if name in ("DecodeStep", "PrefillDecodeStep"):
+        side = "d" if name == "DecodeStep" else "p"
+        if getattr(r, side) == NONE:
+            out.append("NoReuseUnderIO")  # writes blocks that are free (or reused)
+        if name == "PrefillDecodeStep" and r.p == COMPLETE:
+            out.append("FrozenSnapshot")
+    if name in ("PrefillRelease", "PrefillQuiesce", "PrefillTimeout", "PrefillPreempt"):
+        if _chunks(r) and r.p != NONE:
+            out.append("NoReuseUnderIO")  # frees a source that writes still read
+    w2 = w._replace(reqs=(*w.reqs[:i], r2, *w.reqs[i + 1 :]))
+    return out + violated_safety(w2, c)
+
+
+def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: bool) -> list[str]:
+    """Properties an event the spec does not enable breaks in ``w``: the guard's (ended
+    request, crashed worker, other attempt) first, then those of the engine's state,
+    each most specific first (empty: none; the caller reports UNMODELLED)."""
+    props: list[str] = []
+    if (actor == "P" and not w.p_up) or (actor == "D" and not w.d_up):
+        props.append("Fencing")  # a crashed worker acts: nothing fenced it off
+    r = w.reqs[i] if actor != "env" or msg else None
+    if r is not None:
+        if name in _PROGRESS and r.st in ENDED:
+            props.append("StickyEnd")
+        if msg:
+            mine = r.dep if actor == "D" else r.ep
+            if msg_epoch(arg) != mine and name != "DecodeReserve":
+                props.append("Fencing")  # a message of another attempt moves the state
+        return ordered(props) + [p for p in ordered(_effect_props(w, c, name, i)) if p not in props]
+    return ordered(props)
+
+
+def blame_state(w: World, c: Config) -> list[str]:
+    """Safety properties a state breaks, most specific first."""
+    return ordered(violated_safety(w, c))

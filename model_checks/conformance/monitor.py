@@ -1,0 +1,106 @@
+"""The online monitor, and ``check-trace``'s entry points built on it.
+
+An engine feeds ``Monitor`` one event at a time (a parsed JSON object, or a raw line)
+and calls ``close`` when the run ends; ``check_file``/``check_text``/``check_log`` feed
+a log through the same class, so the monitor and ``kvown check-trace`` give the same
+verdicts by construction (and ``tests/model_checks/test_monitor.py`` checks it on every
+log in the repository). Memory is one line plus the checker's bounded frontier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from model_checks.conformance.checker import Checker
+from model_checks.conformance.events import EventLog, LineParser
+from model_checks.conformance.jsonline import LogError, read_lines, text_lines
+from model_checks.conformance.verdict import Verdict
+
+
+class Monitor:
+    """Feed events in log order; ``feed``/``feed_line`` return the verdict once the run
+    has violated the spec (and stay at it), else None. ``close`` checks the end of the run
+    (``open_end=True``: the run goes on, so no end check) and returns the verdict.
+    Malformed input raises ``LogError``. ``kw``: ``max_gap``, ``assumable``, ``mutants``."""
+
+    def __init__(
+        self,
+        config: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        open_end: bool = False,
+        **kw: Any,
+    ) -> None:
+        self.parser = LineParser(config)
+        self._timeout = timeout_s
+        self._open = open_end
+        self._kw = kw
+        self.checker: Checker | None = None
+        self.line = 0
+
+    def _ck(self) -> Checker:
+        ck = self.checker
+        if ck is None:
+            p = self.parser
+            assert p.c is not None
+            timeout = self._timeout if self._timeout is not None else p.timeout
+            ck = self.checker = Checker(p.c, timeout_s=timeout, open_end=self._open, **self._kw)
+        return ck
+
+    def feed(self, obj: dict[str, Any]) -> Verdict | None:
+        """One event (or the header first) as a parsed JSON object."""
+        self.line += 1
+        if self.checker is not None and self.checker.verdict is not None:
+            return self.checker.verdict
+        e = self.parser.feed_obj(self.line, obj)
+        return None if e is None else self._step(e)
+
+    def feed_line(self, raw: bytes | str, n: int | None = None) -> Verdict | None:
+        """One physical line of a log (``n``: its number; default the next)."""
+        self.line = self.line + 1 if n is None else n
+        if self.checker is not None and self.checker.verdict is not None:
+            return self.checker.verdict
+        e = self.parser.feed(self.line, raw)
+        return None if e is None else self._step(e)
+
+    def _step(self, e: Any) -> Verdict | None:
+        ck = self._ck()
+        return None if ck.step(e) else ck.verdict
+
+    def close(self) -> Verdict:
+        if self.checker is None or self.checker.verdict is None:
+            self.parser.finish()
+        return self._ck().finish()
+
+
+def check_log(log: EventLog, *, open_end: bool = False, **kw: Any) -> Verdict:
+    """Check a parsed log; ``kw``: ``max_gap``, ``assumable``, ``mutants`` (see Checker)."""
+    ck = Checker(log.config, timeout_s=log.timeout_s, open_end=open_end, **kw)
+    for e in log.events:
+        if not ck.step(e):
+            break
+    return ck.finish()
+
+
+def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdict:
+    """Check an in-memory log line by line; LogError on malformed input."""
+    m = Monitor(config, **kw)
+    for n, raw in text_lines(data):
+        if m.feed_line(raw, n) is not None:
+            break
+    return m.close()
+
+
+def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
+    """Check a log file streamed line by line (memory: one line); stops reading at the
+    first violation. LogError on malformed input or an unreadable file."""
+    m = Monitor(config, **kw)
+    try:
+        with open(path, "rb") as f:
+            for n, raw in read_lines(f):
+                if m.feed_line(raw, n) is not None:
+                    break
+    except OSError as exc:
+        raise LogError(None, f"cannot read {path}: {exc.strerror or exc}") from None
+    return m.close()
