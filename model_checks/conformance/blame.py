@@ -26,10 +26,13 @@ from spec.state import (
     CHUNKS,
     COMPLETE,
     ENDED,
+    FILLING,
     FINISHED,
     IDLE,
     NONE,
     PREEMPTED,
+    QUARANTINED,
+    RESERVED,
     WRITABLE,
     Req,
     World,
@@ -47,8 +50,8 @@ SPECIFICITY = (
     "LoadXorStore",
     "PublishAfterCommit",
     "ManifestGate",
-    "RankAgreement",
     "NoPartialUse",
+    "RankAgreement",
     "StickyEnd",
     "SingleWriter",
     "CapacityRefcount",
@@ -56,6 +59,7 @@ SPECIFICITY = (
     "BoundedExit",
     "NoDeadlock",
 )
+_HELD_FOR_WRITES = (RESERVED, FILLING, QUARANTINED)
 _RANK = {p: k for k, p in enumerate(SPECIFICITY)}
 
 # Steps that make progress on a live request (after its end, StickyEnd refuses them).
@@ -129,7 +133,7 @@ def _effect_props(w: World, c: Config, name: str, i: int) -> list[str]:
     if name in ("DecodeStep", "PrefillDecodeStep"):
         side = "d" if name == "DecodeStep" else "p"
         if getattr(r, side) == NONE:
-            out.append("NoReuseUnderIO")  # writes blocks that are free (or reused)
+            return ["NoReuseUnderIO"]  # writes blocks that are free (or reused)
         if name == "PrefillDecodeStep" and r.p == COMPLETE:
             out.append("FrozenSnapshot")
     if name in ("PrefillRelease", "PrefillQuiesce", "PrefillTimeout", "PrefillPreempt"):
@@ -151,9 +155,13 @@ def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: boo
         if name in _PROGRESS and r.st in ENDED:
             props.append("StickyEnd")
         if msg:
+            e = msg_epoch(arg)
             mine = r.dep if actor == "D" else r.ep
-            if msg_epoch(arg) != mine and name != "DecodeReserve":
+            if e != mine and name != "DecodeReserve":
                 props.append("Fencing")  # a message of another attempt moves the state
+            if msg_kind(arg) in CHUNKS and arg not in r.net:
+                if not (r.dep == e and r.d in _HELD_FOR_WRITES):
+                    props.append("NoReuseUnderIO")  # a write no one holds blocks for lands
         return ordered(props) + [p for p in ordered(_effect_props(w, c, name, i)) if p not in props]
     return ordered(props)
 

@@ -43,8 +43,14 @@ ASSUMABLE: frozenset[str] = frozenset(
 _D_WAIT = (S.RESERVED, S.FILLING, S.QUARANTINED)  # spec.properties.decode_waiting, per request
 _MOVES = frozenset({"local", "recv"})  # kinds that move a stalled state without a timeout
 
+def _holds(r: Req) -> tuple[int, int, int, int]:
+    """What a request holds, as the end-of-log stall check compares it."""
+    return (r.p, r.d, r.h, r.ps)
+
+
 Node = tuple[World, Chain | None]
-_Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int]  # + path, faults
+# (state, chain, assumed path, faults assumed, the frontier state the path starts from)
+_Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int, World]
 _Best = tuple[tuple[int, int, int], str, World, Chain | None]  # key, property, pre, chain
 
 
@@ -118,25 +124,24 @@ class Checker:
         best refusal seen (fewest assumed faults, then most progress)."""
         best: _Best | None = None
         seen = {w for w, _ in self.frontier}
-        level: list[_Open] = [(w, ch, (), 0) for w, ch in self.frontier]
-        roots = {id(ch): w for w, ch in self.frontier}
+        level: list[_Open] = [(w, ch, (), 0, w) for w, ch in self.frontier]
         for depth in range(1, self.k + 1):
             nxt: list[_Open] = []
-            for w, ch, path, nf in level:
+            for w, ch, path, nf, root in level:
                 for name, i, arg, s in self._moves(w):
                     if s not in seen and len(seen) < MAX_SEARCH:
                         seen.add(s)
                         fault = ACTIONS[name].kind == "fault"
-                        nxt.append((s, ch, (*path, (name, i, arg)), nf + fault))
+                        nxt.append((s, ch, (*path, (name, i, arg)), nf + fault, root))
             found: list[tuple[int, World, Node]] = []
-            for k, (s, ch, path, nf) in enumerate(nxt):
+            for k, (s, ch, path, nf, root) in enumerate(nxt):
                 r = self._apply(s, e)
                 if type(r) is World:
-                    found.append((nf, s, (r, self._link(e, path, ch, roots[id(ch)]))))
+                    found.append((nf, s, (r, self._link(e, path, ch, root))))
                 elif isinstance(r, Refused) and r.prop is not None:
                     key = (nf, -depth, k)
                     if best is None or key < best[0]:
-                        best = (key, r.prop, s, self._link(e, path, ch, roots[id(ch)]))
+                        best = (key, r.prop, s, self._link(e, path, ch, root))
             if found or not nxt:
                 found.sort(key=lambda x: x[0])  # paths with fewer assumed faults first
                 return [(s, node) for _, s, node in found], best
@@ -212,7 +217,8 @@ class Checker:
         )
         if props:
             why += f": it breaks {', '.join(props)}"
-        return self._fail(line, link.obj, props, why, link.pre, link, refuted_by=e.line)
+        self._fail(line, link.obj, props, why, link.pre, link, refuted_by=e.line)
+        return True
 
     def _refusal(self, e: Event, best: _Best | None) -> bool:
         if self._refuted(e):
@@ -334,20 +340,24 @@ class Checker:
         return True
 
     def _stuck(self, w: World) -> str | None:
-        """Blocks held and no protocol step can move them (a timeout counts only when the
-        log sets ``timeout_s``: then BoundedExit judges the wait); None if not stuck."""
-        held = [
-            f"r{i}: {describe(r)}"
-            for i, r in enumerate(w.reqs)
-            if r.p or r.d or r.h or r.ps != S.IDLE
-        ]
-        if not held:
-            return None
-        for name, _i, _arg, s in successors(w, self.c, self.m):
-            kind = ACTIONS[name].kind
-            if s != w and (kind in _MOVES or (kind == "timeout" and self.timeout is not None)):
-                return None
-        return "; ".join(held)
+        """The requests whose blocks no run of protocol steps from ``w`` can move (a
+        timeout counts as a step only when the log sets ``timeout_s``: then BoundedExit
+        judges the wait); None if there are none, or the search is cut at MAX_SEARCH."""
+        held = {i for i, r in enumerate(w.reqs) if r.p or r.d or r.h or r.ps != S.IDLE}
+        start = {i: _holds(r) for i, r in enumerate(w.reqs)}
+        seen, todo = {w}, [w]
+        while held and todo:
+            x = todo.pop()
+            for name, _i, _arg, s in successors(x, self.c, self.m):
+                kind = ACTIONS[name].kind
+                if s in seen or not (kind in _MOVES or (kind == "timeout" and self.timeout)):
+                    continue
+                held = {j for j in held if _holds(s.reqs[j]) == start[j]}
+                if len(seen) >= MAX_SEARCH:
+                    return None
+                seen.add(s)
+                todo.append(s)
+        return "; ".join(f"r{i}: {describe(w.reqs[i])}" for i in sorted(held)) or None
 
     def finish(self) -> Verdict:
         """The end of the log (unless ``open_end``): a stall is NoDeadlock, at the last line."""
@@ -355,8 +365,8 @@ class Checker:
             stuck = [self._stuck(w) for w, _ in self.frontier]
             if all(stuck):
                 why = (
-                    f"the log ends with blocks held and nothing but a timeout or a fault"
-                    f" can move them (a silent stall): {stuck[0]}"
+                    "the log ends with blocks held that no protocol step can move (only a"
+                    f" timeout or a fault could; a silent stall): {stuck[0]}"
                 )
                 w0, ch0 = self.frontier[0]
                 self._fail(self.last.line, self.last.obj, ["NoDeadlock"], why, w0, ch0)
