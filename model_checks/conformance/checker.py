@@ -43,6 +43,7 @@ ASSUMABLE: frozenset[str] = frozenset(
 _D_WAIT = (S.RESERVED, S.FILLING, S.QUARANTINED)  # spec.properties.decode_waiting, per request
 _MOVES = frozenset({"local", "recv"})  # kinds that move a stalled state without a timeout
 
+
 def _holds(r: Req) -> tuple[int, int, int, int]:
     """What a request holds, as the end-of-log stall check compares it."""
     return (r.p, r.d, r.h, r.ps)
