@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from spec.config import Config
 from spec.properties import violated_safety
 from spec.state import (
+    AWAIT_READY,
     CHUNKS,
     COMPLETE,
     ENDED,
@@ -31,6 +32,7 @@ from spec.state import (
     IDLE,
     NONE,
     PREEMPTED,
+    PREFILLING,
     QUARANTINED,
     RESERVED,
     WRITABLE,
@@ -120,7 +122,32 @@ _EFFECT: dict[str, Callable[[Req], Req]] = {
     "DecodeFinish": lambda r: r._replace(st=FINISHED, d=NONE, hit=0),
     "DecodeAbort": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
     "DecodeTimeout": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
+    "DecodeReclaim": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
 }
+
+
+def _order_props(r: Req, name: str, arg: int, msg: bool) -> list[str]:
+    """A step taken out of the protocol's order, named by the law the order protects."""
+    out: list[str] = []
+    if name in ("PrefillRun", "PrefillDecodeStep") and r.p == NONE:
+        out.append("NoReuseUnderIO")  # computes KV into blocks it never allocated
+    if name == "PrefillOffloadCopy" and r.h == NONE:
+        out.append("NoReuseUnderIO")  # copies into host blocks not allocated for it
+    if name == "PrefillReloadCopy" and r.p == NONE:
+        out.append("NoReuseUnderIO")  # copies into GPU blocks not allocated for it
+    if name == "PrefillFreeze" and r.st == PREFILLING:
+        out.append("NoPartialUse")  # hands off a snapshot whose prefill has not finished
+    if name == "PrefillSendChunk" and r.ps == AWAIT_READY:
+        out.append("NoReuseUnderIO")  # writes before decode said which blocks it holds
+    if name == "PrefillSendChunk" and r.ps == IDLE and r.p == WRITABLE:
+        out.append("FrozenSnapshot")  # sends a source that is still written
+    if name == "DecodeCommit" and r.d in (RESERVED, FILLING):
+        out.append("NoPartialUse")  # installs what was never validated
+    if name == "DecodeStep" and r.d == COMPLETE:
+        out.append("SingleWriter")  # writes before the commit point made it the writer
+    if name == "PrefillResume" and msg and arg not in r.net:
+        out.append("SingleWriter")  # thaws the source while the attempt may still commit
+    return out
 
 
 def _effect_props(w: World, c: Config, name: str, i: int) -> list[str]:
@@ -162,6 +189,7 @@ def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: boo
             if msg_kind(arg) in CHUNKS and arg not in r.net:
                 if not (r.dep == e and r.d in _HELD_FOR_WRITES):
                     props.append("NoReuseUnderIO")  # a write no one holds blocks for lands
+        props.extend(_order_props(r, name, arg, msg))
         return ordered(props) + [p for p in ordered(_effect_props(w, c, name, i)) if p not in props]
     return ordered(props)
 

@@ -49,6 +49,7 @@ def _holds(r: Req) -> tuple[int, int, int, int]:
     return (r.p, r.d, r.h, r.ps)
 
 
+_NOTHING = (S.NONE, S.NONE, S.NONE, S.IDLE)
 Node = tuple[World, Chain | None]
 # (state, chain, assumed path, faults assumed, the frontier state the path starts from)
 _Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int, World]
@@ -200,9 +201,12 @@ class Checker:
                 )
                 if used:
                     name, i, arg = link.event
-                    r = ACTIONS[name].fn(link.pre, self.c, self.m, i, arg)
+                    act = ACTIONS[name]
+                    if act.arg == "msg" and arg not in link.pre.reqs[i].net:
+                        r: World | Refused = Refused(None)
+                    else:
+                        r = act.fn(link.pre, self.c, self.m, i, arg)
                     if isinstance(r, Refused):
-                        act = ACTIONS[name]
                         props = [r.prop] if r.prop else []
                         props += blame(link.pre, self.c, name, act.actor, i, arg, act.arg == "msg")
                         hits.append((link.line, ordered(props), link))
@@ -341,11 +345,10 @@ class Checker:
         return True
 
     def _stuck(self, w: World) -> str | None:
-        """The requests whose blocks no run of protocol steps from ``w`` can move (a
+        """The requests holding blocks that no run of protocol steps from ``w`` frees (a
         timeout counts as a step only when the log sets ``timeout_s``: then BoundedExit
         judges the wait); None if there are none, or the search is cut at MAX_SEARCH."""
-        held = {i for i, r in enumerate(w.reqs) if r.p or r.d or r.h or r.ps != S.IDLE}
-        start = {i: _holds(r) for i, r in enumerate(w.reqs)}
+        held = {i for i, r in enumerate(w.reqs) if _holds(r) != _NOTHING}
         seen, todo = {w}, [w]
         while held and todo:
             x = todo.pop()
@@ -353,7 +356,7 @@ class Checker:
                 kind = ACTIONS[name].kind
                 if s in seen or not (kind in _MOVES or (kind == "timeout" and self.timeout)):
                     continue
-                held = {j for j in held if _holds(s.reqs[j]) == start[j]}
+                held = {j for j in held if _holds(s.reqs[j]) != _NOTHING}
                 if len(seen) >= MAX_SEARCH:
                     return None
                 seen.add(s)
@@ -366,8 +369,8 @@ class Checker:
             stuck = [self._stuck(w) for w, _ in self.frontier]
             if all(stuck):
                 why = (
-                    "the log ends with blocks held that no protocol step can move (only a"
-                    f" timeout or a fault could; a silent stall): {stuck[0]}"
+                    "the log ends with blocks held that no run of protocol steps can free"
+                    f" (only a timeout or a fault could; a silent stall): {stuck[0]}"
                 )
                 w0, ch0 = self.frontier[0]
                 self._fail(self.last.line, self.last.obj, ["NoDeadlock"], why, w0, ch0)

@@ -115,7 +115,7 @@ def test_assumed_steps_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_max_gap_bounds_the_search(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = cli_json(capsys, str(TRACES / "ok_handoff.jsonl"), "--max-gap", "0")
-    assert (rc, out["line"], out["violated"]) == (1, 8, "Unmodelled")  # the Ready never came
+    assert (rc, out["line"], out["violated"]) == (1, 8, "NoReuseUnderIO")  # sends before the Ready
     rc, out, _ = cli_json(capsys, str(TRACES / "ok_handoff.jsonl"), "--max-gap", "5")
     assert (rc, out["line"]) == (1, 14)  # 6 deliveries are missing before DecodeValidate
 
