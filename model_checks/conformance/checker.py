@@ -247,8 +247,16 @@ class Checker:
         """Replay one event; False (and ``verdict`` set) at a violation."""
         self.n += 1
         self.last = e
-        if e.action is None:  # Now: time passes, nothing acts
+        a = e.action
+        if a is None:  # Now: time passes, nothing acts
             return self._deadlines(e)
+        if len(self.frontier) == 1 and e.obs is None:  # the common case: one candidate
+            w, ch = self.frontier[0]
+            if a.arg != "msg" or e.arg in w.reqs[e.i].net:
+                s = a.fn(w, self.c, self.m, e.i, e.arg)
+                if type(s) is World and (s is w or not blame_state(s, self.c)):
+                    self.frontier = [(s, ch)]
+                    return self.timeout is None or self._deadlines(e)
         pairs: list[tuple[World, Node]] = []
         best: _Best | None = None
         for k, (w, ch) in enumerate(self.frontier):

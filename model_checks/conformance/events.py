@@ -101,8 +101,20 @@ def _now(line: int, obj: dict[str, Any]) -> Event:
     return Event(line, None, 0, WORKERS.index(wk), None, None, obj, wk)
 
 
+_BY_REQ = {n: a for n, a in ACTIONS.items() if a.arg == "req"}
+
+
 def _event(line: int, obj: dict[str, Any], c: Config) -> Event:
     name = obj.get("action")
+    a = _BY_REQ.get(name) if type(name) is str else None
+    if a is not None:  # the common shape, {"req": R} only: checked here in full
+        args = obj.get("args")
+        if type(args) is dict and len(args) == 1:
+            req = args.get("req")
+            if type(req) is int and 0 <= req < c.n_reqs:
+                ob = obj.get("observed")
+                obs = None if ob is None else _observed(line, ob, a, req, c)
+                return Event(line, a, req, 0, None, obs, obj, CLOCKS[a.actor])
     if type(name) is not str:
         raise LogError(line, f"an event needs 'action' (a string), got {show(name)}")
     if name == NOW:

@@ -51,10 +51,15 @@ class Monitor:
     def feed(self, obj: dict[str, Any]) -> Verdict | None:
         """One event (or the header first) as a parsed JSON object."""
         self.line += 1
-        if self.checker is not None and self.checker.verdict is not None:
-            return self.checker.verdict
+        ck = self.checker
+        if ck is not None and ck.verdict is not None:
+            return ck.verdict
         e = self.parser.feed_obj(self.line, obj)
-        return None if e is None else self._step(e)
+        if e is None:
+            return None
+        if ck is None:
+            ck = self._ck()
+        return None if ck.step(e) else ck.verdict
 
     def feed_line(self, raw: bytes | str, n: int | None = None) -> Verdict | None:
         """One physical line of a log (``n``: its number; default the next)."""
