@@ -99,10 +99,13 @@ def _lost_with_prefill(r: Req) -> Req:
 
 
 def _lost_with_decode(r: Req, d_before: int) -> Req:
-    """After a decode crash: a live request fails if decode was its owner (committed),
-    or if no complete copy is left anywhere."""
+    """After a decode crash: a live request fails when decode owned it (committed), or
+    when it is running and its only complete copy was on decode. A request that needs no
+    copy yet (queued, prefilling, preempted) keeps its status: prefill still serves it
+    (SPEC.md, "Crash fates")."""
     if r.st in LIVE and (
-        d_before == WRITABLE or (r.p not in (COMPLETE, WRITABLE) and r.h != COMPLETE)
+        d_before == WRITABLE
+        or (r.st == RUNNING and r.p not in (COMPLETE, WRITABLE) and r.h != COMPLETE)
     ):
         return r._replace(st=FAILED, g=r.g | G_END_FAILED)
     return r

@@ -343,8 +343,8 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
         return Crash(cond, {"p_up": False, "faults": x.faults + 1}, lost_p, keep)
 
     def lost_d(r: RV) -> dict[str, Z]:
-        lost = O(r.d == WRITABLE, A(N(IN(r.p, _HELD)), r.h != COMPLETE))
-        fails = A(IN(r.st, LIVE), lost)
+        lost = O(r.d == WRITABLE, A(r.st == RUNNING, N(IN(r.p, _HELD)), r.h != COMPLETE))
+        fails = A(IN(r.st, LIVE), lost)  # spec: _lost_with_decode
         out = {"d": NONE, "hit": 0, "landed": x.lempty(), "rmask": x.rzero(), "rcnt": 0}
         out["dfl"] = 0
         out["st"] = ITE(fails, FAILED, r.st)

@@ -134,11 +134,12 @@ class EnvActions(DecodeActions):
         self.D.reset()
         self.prefix_blocks, self.prefix_chain = (), []
         self.d_up = False
-        for i, r in enumerate(self.req):  # decode owned it, or no complete copy is left
+        for i, r in enumerate(self.req):  # decode owned it, or a running one lost its copy
             if r.status not in LIVE:
                 continue
             p, h = self.p_status(i), self.h_status(i)
-            if before[i] == WRITABLE or (p not in (COMPLETE, WRITABLE) and h != COMPLETE):
+            alone = r.status == RUNNING and p not in (COMPLETE, WRITABLE) and h != COMPLETE
+            if before[i] == WRITABLE or alone:
                 r.status, r.ghost = FAILED, r.ghost | G_END_FAILED
 
     def ClientCancel(self, req: int) -> None:
