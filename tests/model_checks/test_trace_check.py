@@ -330,3 +330,18 @@ def test_engine_mappings_from_eventlog_md() -> None:
     events = [*start, *sends, landed[2], _s("DecodeAbort", observed={"d": "quarantined"})]
     v = check_text(_log("handoff_tp2to1", *events))
     assert not v.conforms and v.event == events[-1]
+
+
+def test_open_turns_the_end_of_log_check_off(capsys: pytest.CaptureFixture[str]) -> None:
+    stall = str(TRACES / "bug_stall_untimed.jsonl")
+    rc, out, _ = cli_json(capsys, stall)
+    assert (rc, out["line"], out["properties"]) == (1, 12, ["NoDeadlock"])
+    rc, out, _ = cli_json(capsys, stall, "--open")
+    assert (rc, out["conforms"]) == (0, True)
+
+
+def test_human_output_prints_the_refuted_explanation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(str(TRACES / "bug_quiesce_under_write.jsonl")) == 1
+    out = capsys.readouterr().out
+    assert "line 8" in out and "refuted by line 9" in out
+    assert "assumed before line 8: DecodeReceiveChunk" in out
