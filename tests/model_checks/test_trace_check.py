@@ -53,6 +53,8 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_giveup_write_lands.jsonl": None,
     "bug_late_write_after_timeout.jsonl": (9, "NoReuseUnderIO"),
     "fixed_late_write_after_timeout.jsonl": None,
+    "bug_evict_prefix_in_use.jsonl": (10, "CapacityRefcount"),
+    "fixed_evict_prefix_in_use.jsonl": None,
 }
 
 
