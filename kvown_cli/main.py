@@ -155,7 +155,16 @@ def _fail(name: str, msg: str, as_json: bool) -> int:
     return refuse(name, msg, as_json)
 
 
+def _raise_broken_pipe(self: object) -> None:
+    raise BrokenPipeError(errno.EPIPE, "stdout closed")
+
+
 def _dispatch(name: str, argv: list[str], as_json: bool) -> int:
+    import rich.console
+
+    # rich turns a closed stdout into SystemExit(1), the code for "violation found";
+    # let it reach main's BrokenPipeError handler (quiet exit 0) instead.
+    setattr(rich.console.Console, "on_broken_pipe", _raise_broken_pipe)  # noqa: B010
     module_name, help_ = COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
@@ -171,5 +180,19 @@ def _dispatch(name: str, argv: list[str], as_json: bool) -> int:
     return result
 
 
+def entry() -> None:
+    """The ``kvown`` executable: ``main``, then exit; after Ctrl-C, at once (the workers are
+    ended, and the interpreter's teardown of torch and Hypothesis would take a second)."""
+    rc = main()
+    if rc == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    raise SystemExit(rc)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()
