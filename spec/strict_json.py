@@ -32,9 +32,15 @@ class StrictJSONError(ValueError):
 
 def short(value: object, limit: int = QUOTE_CHARS) -> str:
     """``repr(value)`` cut to ``limit`` characters, non-printable characters escaped."""
-    text = value if isinstance(value, str) else repr(value)
     if isinstance(value, str):
         text = repr(value[: limit + 1])
+    elif isinstance(value, int) and value.bit_length() > 4 * limit:  # repr may even raise
+        text = f"<int of {value.bit_length()} bits>"
+    else:
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001 - a hostile __repr__ must not escape
+            text = f"<{type(value).__name__}>"
     text = text.encode("ascii", "backslashreplace").decode("ascii")
     text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
