@@ -35,8 +35,11 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: a decimal integer in [lo, hi] (no float, no 5,000-digit literal)."""
 
     def parse(text: str) -> int:
-        digits = text.strip().lstrip("+-")
-        if not digits.isdigit() or not digits.isascii() or len(digits) > 20:
+        plain = text.strip()
+        digits = plain.lstrip("+-")
+        if not (digits.isdigit() and digits.isascii() and len(digits) <= 20) or (
+            len(plain) - len(digits) > 1
+        ):
             raise argparse.ArgumentTypeError(f"expected an integer, got {short(text)}")
         v = int(text)
         if not lo <= v <= hi:
