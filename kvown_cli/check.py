@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from rich.console import Console
@@ -37,6 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--junit", metavar="FILE", help="write JUnit XML: a testcase per property x config"
     )
+    p.add_argument(
+        "--cex-dir",
+        metavar="DIR",
+        help="on a violation, write its counterexample there as JSON and DOT (CI artifacts)",
+    )
 
 
 def _err(args: argparse.Namespace, msg: str) -> int:
@@ -47,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         output_path(args.dot, "--dot")
         output_path(args.junit, "--junit")
+        if args.cex_dir is not None:
+            output_path(os.path.join(args.cex_dir, "cex.json"), "--cex-dir")
     except UsageError as exc:
         return _err(args, str(exc))
     try:
@@ -108,6 +116,9 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
         first = next(r.violations[pid] for r in results if pid in r.violations)
     if args.junit:
         write_junit(args.junit, "kvown check", _suite_cases(results))
+    if args.cex_dir and first is not None:
+        g = next(r.graph for r in results if r.name == first.config)
+        _write_cex(args.cex_dir, first.config, first.prop, first.steps, to_dot(g, path=first.steps))
     if args.json:
         out: dict[str, Any] = {
             "configs": [r.summary() for r in results],
@@ -176,8 +187,26 @@ def _mutant_case(r: MutantResult) -> Case:
     return Case("kvown.check.mutants", r.name, r.seconds, f"NOT CAUGHT: {msg}", msg)
 
 
+def _write_cex(
+    folder: str, config: str, prop: str, steps: list[Any], dot: str, mutant: str | None = None
+) -> None:
+    """``<config>[.<mutant>].<property>.json`` (the replayable trace) and ``.dot``."""
+    stem = os.path.join(folder, ".".join(x for x in (config, mutant, prop) if x))
+    out = {"config": config, "mutants": [mutant] if mutant else [], "violated": prop}
+    with open(f"{stem}.json", "w") as f:
+        json.dump({**out, "trace": steps}, f, indent=1)
+    with open(f"{stem}.dot", "w") as f:
+        f.write(dot)
+
+
 def _mutant(args: argparse.Namespace) -> int:
     r = check_mutant(args.mutant)
+    if args.cex_dir and r.trace is not None:
+        from model_checks.explicit.explore import explore
+
+        g = explore(get_config(r.config), frozenset({r.name}), stop_on=r.expected)
+        dot = to_dot(g, path=r.trace.steps)
+        _write_cex(args.cex_dir, r.config, r.expected, r.trace.steps, dot, mutant=r.name)
     if args.junit:  # the counterexample is the finding: exit 1, a failing testcase
         c = get_config(r.config)
         text = f"violated: {', '.join(r.violated)}"

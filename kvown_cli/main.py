@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
@@ -114,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail("", f"unknown command {name!r}; valid: {', '.join(COMMANDS)}", as_json)
     if threading.current_thread() is threading.main_thread():
         _install_signal_handlers()
+    # torch warns at import when numpy is absent; kvown never needs numpy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         rc = _dispatch(name, args[1:], as_json)
         sys.stdout.flush()

@@ -142,3 +142,24 @@ def test_an_internal_error_never_exits_1(
     assert err.strip().splitlines() == [
         "error: kvown list: internal error (a bug in kvown): TypeError: unhashable type: 'list'"
     ]
+
+
+def test_check_cex_dir_keeps_a_replayable_json_and_a_dot(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from model_checks.explicit.trace import replay
+    from spec.config import get_config
+    from spec.properties import violated_safety
+
+    rc, _, _ = kvown(
+        capsys, "check", "--mutant", "failed_store_visible", "--cex-dir", str(tmp_path)
+    )
+    assert rc == 1
+    (j,) = tmp_path.glob("*.json")
+    (d,) = tmp_path.glob("*.dot")
+    cex = json.loads(j.read_text())
+    assert cex["violated"] == "PublishAfterCommit" and cex["mutants"] == ["failed_store_visible"]
+    c = get_config(cex["config"])
+    worlds = replay(c, frozenset(cex["mutants"]), cex["trace"])
+    assert "PublishAfterCommit" in violated_safety(worlds[-1], c)
+    assert d.read_text().startswith("digraph") and d.read_text().count("->") == len(cex["trace"])
