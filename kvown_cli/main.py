@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import json
 import multiprocessing
 import os
 import signal
@@ -141,8 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _end_children()
         if os.environ.get("KVOWN_DEBUG"):
             raise
-        msg = f"internal error (a bug in kvown): {type(exc).__name__}: {exc}"
-        print(f"error: kvown {name}: {one_line(msg)}", file=sys.stderr)
+        msg = one_line(f"internal error (a bug in kvown): {type(exc).__name__}: {exc}")
+        print(f"error: kvown {name}: {msg}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"error": msg, "internal": True}))
         return EXIT_INTERNAL
 
 
