@@ -26,6 +26,7 @@ from spec.config import DEFAULT_SUITE, get_config
 from spec.mutants import MUTANTS, get_mutant
 
 HELP = "explore the spec exhaustively (default suite)"
+DOT_MAX_STATES = 5000  # to_dot's limit on a whole graph
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,12 +67,23 @@ def run(args: argparse.Namespace) -> int:
         return _err(args, str(exc.args[0]))
     if args.dot and not (args.config or args.mutant):
         return _err(args, "--dot needs --config (a small config's graph) or --mutant (its cex)")
+    if args.dot and args.config and _pinned_states(args.config) > DOT_MAX_STATES:
+        n = _pinned_states(args.config)
+        return _err(args, f"--dot: {args.config} has {n} states, DOT is for <= {DOT_MAX_STATES}")
     if args.all_mutants:
         return _all_mutants(args)
     if args.mutant is not None:
         return _mutant(args)
     names = (args.config,) if args.config else DEFAULT_SUITE
     return _suite(args, names)
+
+
+def _pinned_states(name: str) -> int:
+    """The config's pinned state count (0 when not pinned: then the check decides)."""
+    from model_checks.explicit.pin import PINNED
+
+    pinned = json.loads(PINNED.read_text()).get("configs", {}).get(name, {})
+    return int(pinned.get("distinct_states", 0))
 
 
 def _progress_bar(console: Console, enabled: bool) -> Progress:

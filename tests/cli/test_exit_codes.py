@@ -91,6 +91,7 @@ BAD_USAGE = [
     ("check", "--config", "nope"),
     ("check", "--mutant", "cancel_ignored", "--dot", "/nonexistent-dir/x.dot"),
     ("check", "--junit", "/"),
+    ("check", "--config", "handoff_tp2to1", "--dot", "/tmp/kvown-never-written.dot"),
     ("check-trace", "/nonexistent-dir/log.jsonl"),
     ("check-trace", str(TRACES / "ok_handoff.jsonl"), "--max-gap", "100000"),
     ("check-trace", str(TRACES / "ok_handoff.jsonl"), "--junit", "/nonexistent-dir/j.xml"),
