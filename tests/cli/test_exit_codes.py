@@ -164,3 +164,32 @@ def test_check_cex_dir_keeps_a_replayable_json_and_a_dot(
     worlds = replay(c, frozenset(cex["mutants"]), cex["trace"])
     assert "PublishAfterCommit" in violated_safety(worlds[-1], c)
     assert d.read_text().startswith("digraph") and d.read_text().count("->") == len(cex["trace"])
+
+
+def test_fuzz_junit_one_testcase_per_config(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "fuzz.xml"
+    argv = ("fuzz", "--config", "offload_contend", "--examples", "3", "--json")
+    rc, shown, _ = kvown(capsys, *argv, "--junit", str(out))
+    (case,) = cases(out)
+    assert case.get("name") == "offload_contend"
+    assert rc == (1 if json.loads(shown)["failure"] else 0) == (case.find("failure") is not None)
+
+
+def test_fuzz_junit_marks_survivors_failed_and_na_skipped(tmp_path: Path) -> None:
+    from kvown_cli.fuzz import _kill_case
+    from kvown_cli.junit import write_junit
+    from refimpl.testing.run import Kill
+
+    kills = [
+        Kill("a", "c", True, True, steps=3, examples=2, seconds=1.0),
+        Kill("b", "c", True, False, examples=500, seconds=2.0, message="no divergence"),
+        Kill("d", "c", False, None, message="not applicable here"),
+    ]
+    write_junit(str(tmp_path / "k.xml"), "kvown fuzz --mutant", [_kill_case(k) for k in kills])
+    a, b, d = cases(tmp_path / "k.xml")
+    assert a.find("failure") is None and a.find("skipped") is None
+    failure = b.find("failure")
+    assert failure is not None and "SURVIVED" in (failure.text or "")
+    assert d.find("skipped") is not None and d.find("failure") is None
