@@ -82,7 +82,7 @@ def output_path(path: str | None, what: str) -> None:
         raise UsageError(f"{what}: {short(path)} is not writable")
 
 
-MAX_LINE: Final = 400  # longest error line printed (a 10 MB bad value never reaches stderr)
+MAX_LINE: Final = 2000  # longest error line printed (a 10 MB bad value never reaches stderr)
 
 
 def one_line(msg: str) -> str:
