@@ -1,10 +1,17 @@
-"""Explicit-state exploration: BFS from the initial state into a networkx.DiGraph.
+"""Explicit-state exploration: BFS from the initial state over interned states.
 
-States are interned into int ids once (``Graph.states[id]``); the graph holds ints.
-Edges carry the action name and its arguments (``label``) and the action kind
-(``kinds``, a set: parallel actions between the same two states are merged). Every
-safety property is evaluated on every state; the first (shallowest) state violating
-each property is remembered, so its shortest counterexample is one parent walk away.
+States are interned into int ids once (``Graph.states[id]``); edges are three parallel
+arrays (``src``, ``dst``, ``lab``: the action name and its arguments), appended state by
+state so a state's out-edges are one range (``first_edge``). Liveness runs on these
+arrays; ``Graph.to_networkx`` builds a networkx.DiGraph on demand (DOT export,
+callers). Every safety property is evaluated on every new state and every transition
+property (``edge_props``) on every edge; the first (shallowest) violation of each is
+remembered, so its shortest counterexample is one parent walk away.
+
+Speed (see benchmarks/RESULTS.md): successors are generated inline, actions that
+``enabling.Enabling`` has learned to be disabled for a state's control fields are not
+called, safety predicates whose verdict ``verdicts.Verdicts`` has learned from those
+fields are not called either, and symmetry is one sort of the request records.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from model_checks.explicit.enabling import Enabling
+from model_checks.explicit.verdicts import Verdicts, key_of
 from spec.actions import ACTIONS
 from spec.common import Mutants
 from spec.config import Config
@@ -135,9 +143,12 @@ def explore(
     multi = symmetry and n > 1
     World_ = World
 
+    plan = Verdicts(c, preds).plan
+
     def check(sid: int, w: World) -> bool:
-        for pid, pred in preds:
-            if pid not in first and not pred(w, c):
+        # the predicates whose verdict the state's control fields do not settle as "holds"
+        for pid, pred, verdict in plan(key_of(w)):
+            if pid not in first and not (pred(w, c) if verdict is None else verdict):
                 first[pid] = sid
                 if pid == stop_on:
                     return True

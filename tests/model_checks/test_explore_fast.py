@@ -14,9 +14,11 @@ from model_checks.explicit.enabling import Enabling, _disabled, _KeyWorld
 from model_checks.explicit.explore import Graph, explore
 from model_checks.explicit.liveness import sccs
 from model_checks.explicit.runner import check_config
+from model_checks.explicit.verdicts import Verdicts, key_of
 from spec.actions import ACTIONS, Action, apply, successors
 from spec.common import NOT_ENABLED, Result
 from spec.config import CONFIGS, SCALE, Config
+from spec.properties import SAFETY
 from spec.state import RUNNING, Req, World, canonical
 
 CASES = [
@@ -43,6 +45,30 @@ def test_every_state_has_exactly_the_spec_successors(name: str, mutants: frozens
         want = [(a, i, x, index[canonical(s)]) for a, i, x, s in successors(w, c, mutants)]
         got = [(*g.lab[e], g.dst[e]) for e in g.out_edges(sid)]
         assert got == want, f"{name} state {sid}"
+
+
+SAFETY_CASES = [
+    ("handoff_crash", frozenset({"free_on_cancel_in_flight", "source_writes_while_frozen"})),
+    ("offload_contend", frozenset({"preempt_during_store", "failed_store_visible"})),
+    ("offload_contend", frozenset({"reload_during_store"})),
+    ("scale_2", frozenset({"partial_as_complete", "cancel_ignored"})),
+]
+
+
+@pytest.mark.parametrize(("name", "mutants"), SAFETY_CASES)
+def test_first_violations_are_those_of_every_predicate_on_every_state(
+    name: str, mutants: frozenset[str]
+) -> None:
+    c = _cfg(name)
+    g = explore(c, mutants)
+    want: dict[str, int] = {}
+    for sid, w in enumerate(g.states):
+        for p in SAFETY:
+            assert p.pred is not None
+            if p.id not in want and not p.pred(w, c):
+                want[p.id] = sid
+    assert g.first_violation == want
+    assert want  # the mutants do break something here
 
 
 def test_a_guard_read_outside_the_key_keeps_the_action() -> None:
@@ -159,3 +185,21 @@ def test_action_registry_order_is_what_the_explorer_follows() -> None:
     en = Enabling(CONFIGS["handoff_tp2to1"], frozenset())
     names = [a.name for a in en.req_actions]
     assert names == [a.name for a in ACTIONS.values() if a.arg == "req"]
+
+
+def test_a_verdict_that_needs_more_than_the_key_is_left_to_the_predicate() -> None:
+    c = CONFIGS["handoff_tp2to1"]
+
+    def no_net(w: World, c: Config) -> bool:
+        return all(not r.net for r in w.reqs)
+
+    def not_running(w: World, c: Config) -> bool:
+        return all(r.st != RUNNING for r in w.reqs)
+
+    v = Verdicts(c, [("NoNet", no_net), ("NotRunning", not_running)])
+    idle = World(reqs=(Req(),))
+    running = World(reqs=(Req(st=RUNNING),))
+    assert [(pid, verdict) for pid, _, verdict in v.plan(key_of(idle))] == [("NoNet", None)]
+    plan = [(pid, verdict) for pid, _, verdict in v.plan(key_of(running))]
+    assert plan == [("NoNet", None), ("NotRunning", False)]
+    assert v.learned == 2
