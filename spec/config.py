@@ -129,7 +129,8 @@ CONFIGS: dict[str, Config] = {
 
 DEFAULT_SUITE: tuple[str, ...] = tuple(CONFIGS)
 
-# Bigger instances, for the scale curve only (not in the default suite).
+# Bigger instances, not in the default suite: the scale curve (``scale_k``) and a
+# larger world users can check on its own (``kvown check --config NAME``).
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
         name=f"scale_{k}",
@@ -143,6 +144,19 @@ SCALE: dict[str, Config] = {
     )
     for k in (1, 2, 3, 4)
 }
+SCALE["handoff_three_tp2to1"] = Config(
+    name="handoff_three_tp2to1",
+    doc="three requests, 1 block each, prefill TP=2 -> decode TP=1; prefill fits two,"
+    " decode one at a time; no cancel, no faults",
+    n_reqs=3,
+    blocks=1,
+    src_tp=2,
+    dst_tp=1,
+    cap_p=2,
+    cap_d=1,
+    cancel=False,
+    max_attempts=1,
+)
 
 
 def get_config(name: str) -> Config:
