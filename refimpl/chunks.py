@@ -82,8 +82,13 @@ def freeze(
     *,
     first_block: int = 0,
     checksums: Sequence[str] | None = None,
+    blocks: Sequence[int] | None = None,
 ) -> Snapshot:
     """Pin ``request_id``'s blocks from ``first_block`` on, and checksum their bytes.
+
+    ``blocks``: the source block ids to send (logical blocks ``first_block`` on), when the
+    request holds more than it sends (room reserved for decoding); default: every block
+    it holds from ``first_block`` on. Each must be held by ``request_id``.
 
     ``checksums``: the writer's own per-block checksums, computed when it wrote the
     blocks (a real engine does it in the kernel that fills a block), so that freezing
@@ -91,7 +96,12 @@ def freeze(
     receiver hashes every chunk before installing it, so a stale one fails the transfer
     (``ChecksumError``), it never installs wrong bytes.
     """
-    blocks = pool.allocator.blocks_of(request_id)[first_block:]
+    held = pool.allocator.blocks_of(request_id)
+    if blocks is None:
+        blocks = held[first_block:]
+    elif not_held := sorted(set(blocks) - set(held)):
+        raise ChunkError(f"blocks {not_held} to freeze are not held by {request_id!r}")
+    blocks = tuple(blocks)
     if checksums is not None and len(checksums) != len(blocks):
         raise ChunkError(f"{len(checksums)} checksums for {len(blocks)} blocks to freeze")
     pool.allocator.incref(pin_name(request_id, epoch), blocks)  # refuses partial replicas
