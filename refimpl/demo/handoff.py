@@ -57,15 +57,14 @@ from refimpl.transport import InProcessTransport, Payload, Transport
 from spec import shardmap as sm
 from spec.manifest import DTYPE_BYTES, LocalConfig, Manifest, Verdict, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
-from spec.manifest import RopeConfig as ManifestRope
 from spec.manifest import from_json_dict as manifest_from_json
 
 MODEL_ID = "kvown-tiny"
 PREFIX_CACHE = "prefix-cache"
 
 
-def manifest_rope(rope: RopeConfig) -> ManifestRope:
-    return ManifestRope(theta=rope.theta, rotary_dim=rope.rotary_dim)  # NeoX, no scaling
+def manifest_rope(rope: RopeConfig) -> RopeConfig:
+    return rope  # the model's RoPE type is the manifest's
 
 
 def pool_geometry(
