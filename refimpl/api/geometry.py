@@ -199,8 +199,8 @@ class KVGeometry:
             )
         kv_heads = getattr(config, "num_key_value_heads", None) or q_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // q_heads
-        if dtype is None:
-            dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if dtype is None:  # read the attributes set, not the deprecated alias property
+            dtype = vars(config).get("dtype") or vars(config).get("torch_dtype")
         if isinstance(dtype, torch.dtype):
             if dtype not in _HF_DTYPES:
                 raise ValueError(f"dtype {dtype} has no manifest name; known {sorted(DTYPE_BYTES)}")
