@@ -176,6 +176,8 @@ class Receiver:
 
     # ------------------------------------------------------------ the manifest
     def _on_manifest(self, rid: str, header: Mapping[str, Any]) -> None:
+        if not self.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
+            self._att.pop(rid, None)  # this one replaces its record (else it is refused)
         try:
             a = self._accept(rid, header)
         except OwnershipError as e:
