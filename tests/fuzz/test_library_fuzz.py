@@ -10,5 +10,5 @@ from refimpl.testing.library import LibraryMachine
 from refimpl.testing.run import machine_settings
 
 test_the_library_paths_drain_with_nothing_held = get_state_machine_test(
-    LibraryMachine, settings=machine_settings(stateful_step_count=30)
+    LibraryMachine, settings=machine_settings(max_examples=50, stateful_step_count=25)
 )
