@@ -57,7 +57,7 @@ def geometries(draw: Any) -> tuple[KVGeometry, KVGeometry]:
 
     def side() -> KVGeometry:
         return KVGeometry(
-            **common,  # type: ignore[arg-type]
+            **common,
             block_size=draw(st.integers(1, 4)),
             layout=draw(st.sampled_from(sm.LAYOUTS)),
             tp=draw(st.sampled_from(tps)),
