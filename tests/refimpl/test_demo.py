@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvown_cli.main import main
+from refimpl.api import channels
 from refimpl.demo import (
     DEMO_CONFIG,
     PATHS,
@@ -94,7 +95,7 @@ def test_a_bad_chunk_is_never_installed(how: str) -> None:
     logits, _ = src.prefill("req", prompt)
     if how == "corrupt":
         t = InProcessTransport(copy_payload=True)
-        t.inject("req>d", Fault.CORRUPT, skip=2)  # the hello, the manifest, then a chunk
+        t.inject(channels("req").to_receiver, Fault.CORRUPT, skip=1)  # the manifest, a chunk
         match = "do not hash to the header"
     else:
         t, match = _Tamper(rehash=True), "manifest's checksum"
