@@ -162,7 +162,8 @@ def test_offload_reload_moves_the_bytes_to_new_blocks_unchanged() -> None:
     before, old = unshard(store.kv), w.rp.alloc.blocks_of("req")
     table, checks, moved = offload_reload(w, "req", PROMPT_LEN, STEPS)
     assert set(table).isdisjoint(old) and len(table) == len(old)
-    assert checks == 2 * 2 * PROMPT_BLOCKS and moved == PROMPT_BLOCKS * BLOCK_BYTES
+    # each way: both ranks' chunks, then every canonical block end to end (the API's checks)
+    assert checks == 2 * (2 + 1) * PROMPT_BLOCKS and moved == PROMPT_BLOCKS * BLOCK_BYTES
     assert torch.equal(unshard(w.store(table, PROMPT_LEN).kv), before)
     w.finish("req")
     assert w.rp.alloc.num_free == w.rp.alloc.capacity
