@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from spec.shardmap import LAYOUTS, tp_check
+from spec.strict_json import short
 
 MANIFEST_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({MANIFEST_VERSION})
@@ -60,6 +61,8 @@ MAX_ROPE_THETA: Final = 1e12
 MAX_ROPE_FACTOR: Final = 1e6
 MAX_PAYLOAD_BYTES: Final = 1 << 40
 MAX_JSON_CHARS: Final = 1 << 26
+MAX_JSON_DEPTH: Final = 2  # the manifest object, then rope or an array: nothing deeper
+MAX_INT_DIGITS: Final = 19  # MAX_EPOCH has 19 digits; no field needs more
 
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _XXH3_HEX = re.compile(r"[0-9a-f]{16}")
@@ -80,7 +83,7 @@ def _int_reason(v: object, lo: int, hi: int) -> str | None:
     if type(v) is not int:  # bool is an int subclass; refuse it too
         return f"expected int, got {type(v).__name__}"
     if not lo <= v <= hi:
-        return f"{v} outside [{lo}, {hi}]"
+        return f"{short(v)} outside [{lo}, {hi}]"
     return None
 
 
@@ -98,7 +101,7 @@ def _choice_reason(
     if not isinstance(v, str):
         return f"expected string, got {type(v).__name__}"
     if v not in allowed:
-        return f"unknown {what} {v!r}; known: {sorted(allowed)}"
+        return f"unknown {what} {short(v)}; known: {sorted(allowed)}"
     return None
 
 
@@ -110,7 +113,7 @@ def _token_ids_reason(v: object) -> str | None:
     if set(map(type, v)) <= {int} and (not v or 0 <= min(v) and max(v) <= MAX_TOKEN_ID):
         return None  # the common case, checked at C speed
     i, t = next((i, t) for i, t in enumerate(v) if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID)
-    return f"entry {i} ({t!r}) is not an int in [0, {MAX_TOKEN_ID}]"
+    return f"entry {i} ({short(t)}) is not an int in [0, {MAX_TOKEN_ID}]"
 
 
 def _cache_fields_reason(v: object) -> str | None:
@@ -119,9 +122,9 @@ def _cache_fields_reason(v: object) -> str | None:
     if not 1 <= len(v) <= MAX_CACHE_FIELDS:
         return f"expected 1..{MAX_CACHE_FIELDS} names, got {len(v)}"
     if not all(isinstance(f, str) and _FIELD_NAME.fullmatch(f) for f in v):
-        return f"names must match {_FIELD_NAME.pattern}: {v!r}"
+        return f"names must match {_FIELD_NAME.pattern}: {short(v)}"
     if len(set(v)) != len(v):
-        return f"duplicate names in {v!r}"
+        return f"duplicate names in {short(v)}"
     return None
 
 
@@ -132,7 +135,7 @@ def _checksums_reason(v: object) -> str | None:
         return f"{len(v)} entries exceed the cap {MAX_TOKENS}"
     for i, c in enumerate(v):
         if not isinstance(c, str) or not _XXH3_HEX.fullmatch(c):
-            return f"entry {i} ({c!r}) is not 16 lowercase hex digits (xxh3-64)"
+            return f"entry {i} ({short(c)}) is not 16 lowercase hex digits (xxh3-64)"
     return None
 
 
@@ -172,7 +175,7 @@ _MANIFEST_CHECKS: Final[Mapping[str, Check]] = {
     "version": lambda v: (
         None
         if type(v) is int and v in SUPPORTED_VERSIONS
-        else f"unknown version {v!r}; supported: {sorted(SUPPORTED_VERSIONS)}"
+        else f"unknown version {short(v)}; supported: {sorted(SUPPORTED_VERSIONS)}"
     ),
     "epoch": _count(0, MAX_EPOCH),
 }
@@ -281,11 +284,14 @@ class RopeConfig:
 
 
 def _float_reason(v: object, lo: float, hi: float) -> str | None:
-    if type(v) not in (int, float):
+    """Range-checked before any float conversion: ``float()`` of a 309-digit int raises."""
+    if type(v) not in (int, float):  # bool is refused too
         return f"expected number, got {type(v).__name__}"
-    f = float(cast(float, v))
-    if not math.isfinite(f) or not lo < f <= hi:
-        return f"{v!r} outside ({lo}, {hi}]"
+    n = cast(int | float, v)
+    if isinstance(n, float) and not math.isfinite(n):
+        return f"{short(n)} is not finite"
+    if not lo < n <= hi:  # int vs float compares exactly, without converting
+        return f"{short(n)} outside ({lo}, {hi}]"
     return None
 
 
@@ -313,7 +319,7 @@ def rope_reasons(d: object) -> list[str]:
         "scaling": lambda v: _choice_reason(v, ROPE_SCALINGS, "scaling"),
         "scaling_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
     }
-    r = [f"rope.{k}: unknown field" for k in d if k not in checks and k not in optional]
+    r = [f"rope.{short(k)}: unknown field" for k in d if k not in checks and k not in optional]
     for name, check in checks.items():
         if name not in d:
             r.append(f"rope.{name}: missing")

@@ -81,6 +81,13 @@ class Worker:
             rope=manifest_rope(cfg.rope),
             tp=tp,
             cp=1,
+            pool_bytes=capacity
+            * cfg.layers
+            * 2  # cache fields k, v
+            * cfg.kv_heads
+            * block_size
+            * cfg.head_dim
+            * DTYPE_BYTES[cfg.dtype],
         )
         geo = pool_geometry(
             cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.torch_dtype, tp, block_size, layout
