@@ -12,7 +12,8 @@ Each message carries the sender's Lamport clock (``lc``); ``Channel.poll`` advan
 receiver's clock past it, which is how the merged event log is ordered by causality.
 
 Faults (``ControlFaults``): a message may be held back for ``delay_s`` (sent later, by
-``flush``, from the same loop) or dropped. Only the kinds named in ``droppable`` can be
+``flush``, from the same loop; later messages to the same peer wait behind it, as on a
+slow TCP link, so each pair stays FIFO) or dropped. Only the kinds named in ``droppable`` can be
 dropped: the router picks them so that a drop stays inside what the protocol recovers
 from by a timeout (see ``refimpl/cluster/faults.py``).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -81,7 +83,7 @@ class Channel:
     faults: ControlFaults = field(default_factory=ControlFaults)
     sent: dict[str, int] = field(default_factory=dict)
     cursor: dict[str, int] = field(default_factory=dict)
-    held: list[tuple[float, str, str]] = field(default_factory=list)  # (due, dst, json)
+    held: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # dst -> (due, json)
     dropped: int = 0
     delayed: int = 0
 
@@ -95,11 +97,15 @@ class Channel:
         if kind in f.droppable and f.drop_p and self.rng.random() < f.drop_p:
             self.dropped += 1
             return
+        due = time.monotonic()
         if f.delay_p and self.rng.random() < f.delay_p:
             self.delayed += 1
-            self.held.append((time.monotonic() + f.delay_s, dst, text))
-            return
-        self._put(dst, text)
+            due += f.delay_s
+        queue = self.held.setdefault(dst, [])
+        if queue:  # a slow link stays FIFO: nothing overtakes a held message
+            due = max(due, queue[-1][0])
+        queue.append((due, text))
+        self.flush()
 
     def _put(self, dst: str, text: str) -> None:
         seq = self.sent.get(dst, 0) + 1
@@ -107,16 +113,18 @@ class Channel:
         self.sent[dst] = seq
 
     def flush(self) -> None:
-        """Send the held messages that are due (in the order they were held)."""
-        if not self.held:
-            return
-        now, keep = time.monotonic(), []
-        for due, dst, text in self.held:
-            if due <= now:
-                self._put(dst, text)
-            else:
-                keep.append((due, dst, text))
-        self.held = keep
+        """Send every held message that is due, in order, per destination."""
+        now = time.monotonic()
+        for dst, queue in self.held.items():
+            while queue and queue[0][0] <= now:
+                self._put(dst, queue.pop(0)[1])
+
+    def drain(self, timeout_s: float) -> None:
+        """Send everything still held (at its due time), for at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while any(self.held.values()) and time.monotonic() < deadline:
+            self.flush()
+            time.sleep(0.001)
 
     def poll(self, peers: Iterable[str] | None = None, limit: int = 64) -> list[Message]:
         """Every message that has arrived, in per-sender order (non-blocking)."""
@@ -139,6 +147,22 @@ class Channel:
 def beat(store: dist.TCPStore, name: str) -> None:
     """A liveness heartbeat: one counter per process, read by the router."""
     store.add(f"hb/{name}", 1)
+
+
+def start_heartbeat(host: str, port: int, name: str, every_s: float, timeout_s: float) -> None:
+    """Beat from a daemon thread on its own store connection, so that a long (bounded)
+    wait on the data plane never looks like death. It stops when the process does."""
+
+    def run() -> None:
+        store = connect_store(host, port, timeout_s)
+        while True:
+            try:
+                beat(store, name)
+            except RuntimeError:
+                return  # the router's store is gone: the run is over
+            time.sleep(every_s)
+
+    threading.Thread(target=run, name=f"heartbeat-{name}", daemon=True).start()
 
 
 def heartbeats(store: dist.TCPStore, names: Iterable[str]) -> dict[str, int]:

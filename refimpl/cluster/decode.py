@@ -2,9 +2,10 @@
 committed request a token per loop turn, so that a cancel can land mid-decode.
 
 One handoff (``receive``), after the manifest is accepted and the blocks reserved
-(DecodeReserve): post one ``irecv`` per prefill rank into a private buffer (never a
-pool block: a late or fenced write lands nowhere that matters), send Ready, then wait,
-within the timeout, for every rank's bytes and its RankDone. Then each rank's bytes are
+(DecodeReserve): send Ready, then wait, within the timeout, for every rank's RankDone;
+each one posts that rank's ``irecv`` (its send is already posted) into a private
+buffer, never a pool block. A timed-out gloo wait closes its pair for good, so no
+receive is posted before its sender has committed to send. Then each rank's bytes are
 checked block by block against its RankDone, the ranks' checksums against the manifest
 (DecodeReceiveChunk/Done, DecodeValidate), staged, resharded into the target blocks and
 committed (DecodeCommit), and the Ack goes back. A timeout or a dead peer on the way:
@@ -27,6 +28,7 @@ from refimpl.cluster.kvpath import RAW_TAG, DecodeKV, Incoming, data_tag
 from refimpl.cluster.worker import Base, Message, WorkerArgs
 from refimpl.errors import OwnershipError
 from refimpl.model import PagedKV
+
 
 @dataclass
 class Running:
@@ -51,7 +53,6 @@ class DecodeWorker(Base):
 
     def loop(self) -> None:
         while not self.stop:
-            self.tick()
             msgs, self.backlog = self.backlog + self.ch.poll(), []
             for m in msgs:
                 self.handle(m)
@@ -79,14 +80,9 @@ class DecodeWorker(Base):
             return
         inc = self.kv.reserve(man, room)
         self.event("DecodeReserve", rid, msg="Handoff", epoch=epoch, idx=0)
-        size = self.kv.rank_bytes(inc)
-        bufs = [torch.empty(size, dtype=torch.uint8) for _ in range(man.src_tp)]
-        works = [
-            dist.irecv(bufs[r], r, tag=data_tag(rid, epoch)) for r in range(man.src_tp)
-        ]
         t_ready = time.perf_counter()
         self.ch.send("p0", "ready", rid=rid, epoch=epoch)
-        stats, why = self.receive(inc, works, bufs, t_ready)
+        stats, why = self.receive(inc, t_ready)
         if why is not None:
             self.event("DecodeTimeout", rid)
             self.kv.abort(rid)
@@ -96,35 +92,39 @@ class DecodeWorker(Base):
         self.ch.send("p0", "ack", rid=rid, epoch=epoch)
         stats["commit"] = time.perf_counter()
         stats = {k: v - t_ready for k, v in stats.items()}
-        stats["bytes"] = float(size * man.src_tp)
+        stats["bytes"] = float(self.kv.rank_bytes(inc) * man.src_tp)
         self.report("committed", rid=rid, stats=stats)
         first = int(m["first"])
         self.running[rid] = Running(
             rid, self._store, [first], man.num_tokens, int(m["steps"]), stats=stats
         )
 
-    def receive(
-        self, inc: Incoming, works: list[Any], bufs: list[torch.Tensor], t_ready: float
-    ) -> tuple[dict[str, float], str | None]:
-        """Wait for every rank's bytes and RankDone, verify, stage, commit."""
+    def receive(self, inc: Incoming, t_ready: float) -> tuple[dict[str, float], str | None]:
+        """Every rank's RankDone (each posts that rank's receive), its bytes, verified,
+        staged and committed; or why not, within the timeout."""
         m, tp = inc.m, inc.m.src_tp
+        rid, size = m.request_id, self.kv.rank_bytes(inc)
         sums: dict[int, list[str]] = {}
+        bufs: dict[int, torch.Tensor] = {}
+        works: dict[int, Any] = {}
         deadline = time.monotonic() + self.a.timeout_s
         stats: dict[str, float] = {}
-        for r, w in enumerate(works):
-            if not self.wait(w):
-                return stats, f"rank {r}'s bytes did not arrive (peer dead or timeout)"
-        stats["data"] = time.perf_counter()
         while len(sums) < tp:
             if time.monotonic() > deadline:
                 return stats, f"RankDone missing from ranks {sorted(set(range(tp)) - set(sums))}"
-            self.tick()
             got = self.ch.poll()
             for msg in got:
-                if msg["kind"] == "rankdone" and msg["rid"] == m.request_id:
-                    if msg["epoch"] == m.epoch:
-                        sums[int(msg["rank"])] = list(msg["sums"])
-                elif msg["kind"] == "dead" and msg["who"].startswith("p"):
+                kind = msg["kind"]
+                if kind == "rankdone" and msg["rid"] == rid and msg["epoch"] == m.epoch:
+                    r = int(msg["rank"])
+                    if int(msg["nbytes"]) != size:
+                        return stats, f"rank {r} sends {msg['nbytes']} bytes, expected {size}"
+                    sums[r] = list(msg["sums"])
+                    bufs[r] = torch.empty(size, dtype=torch.uint8)
+                    works[r] = dist.irecv(bufs[r], r, tag=data_tag(rid, m.epoch))
+                elif kind == "rankdone":
+                    self.on_rankdone(msg)
+                elif kind == "dead" and msg["who"].startswith("p"):
                     self.backlog.append(msg)
                     return stats, f"prefill rank {msg['who']} died"
                 else:
@@ -132,6 +132,10 @@ class DecodeWorker(Base):
             if not got:
                 time.sleep(0.0005)
         stats["rankdone"] = time.perf_counter()
+        for r in range(tp):
+            if not self.wait(works[r]):
+                return stats, f"rank {r}'s bytes did not arrive (peer dead or timeout)"
+        stats["data"] = time.perf_counter()
         try:
             for r in range(tp):
                 self.kv.land(inc, r, bufs[r], sums[r])
@@ -142,7 +146,9 @@ class DecodeWorker(Base):
         n = len(inc.stage_ids)
         for r in range(tp):
             for j in range(n):
-                self.event("DecodeReceiveChunk", m.request_id, msg="Chunk", epoch=m.epoch, idx=r * n + j)
+                self.event(
+                    "DecodeReceiveChunk", m.request_id, msg="Chunk", epoch=m.epoch, idx=r * n + j
+                )
             self.event("DecodeReceiveDone", m.request_id, msg="RankDone", epoch=m.epoch, idx=r)
         self.event("DecodeValidate", m.request_id)
         self._store = self.kv.commit(inc)
@@ -177,7 +183,13 @@ class DecodeWorker(Base):
             r.cancelled = True
 
     def on_rankdone(self, m: Message) -> None:
-        pass  # of an attempt that already ended here (fenced): dropped
+        """The RankDone of an attempt that ended here (fenced): its bytes are received
+        into scratch and dropped, so that the sender's posted send completes."""
+        src = int(m["rank"])
+        if f"p{src}" in self.dead:
+            return
+        scratch = torch.empty(int(m["nbytes"]), dtype=torch.uint8)
+        self.wait(dist.irecv(scratch, src, tag=data_tag(m["rid"], int(m["epoch"]))))
 
     # ------------------------------------------------------------------ the router
     def on_dead(self, m: Message) -> None:

@@ -7,11 +7,13 @@
 - ``prefill:RANK@P%``: prefill rank RANK when P % of the requests have ended;
 - ``decode@P%``: the decode worker likewise (the decode worker is rank 0).
 
-Control drops are restricted to the kinds that come before the commit point
-(``handoff``, ``ready``): a lost one is recovered by a timeout on both sides (the
-spec's EnvLose, then PrefillTimeout / DecodeTimeout and a Nack). Acks are never
-dropped: a lost Ack would let prefill fail a request that decode has committed, which
-this cluster does not reconcile (the spec's single status register has no such race).
+Control drops hit decode's ``ready`` only (the spec's EnvLose of a Ready): decode's
+bounded wait for the bytes ends in DecodeTimeout and a Nack, and prefill resumes and
+retries with the next epoch (or, on the second loss, fails the request). Other kinds
+are only delayed. A lost Ack would let prefill fail a request that decode has already
+committed; this cluster does not reconcile that (the spec's one status register has no
+such race), so Acks are never dropped, and prefill's own timeouts are longer than
+decode's longest bounded wait (see ``prefill.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import random
 import re
 from dataclasses import dataclass
 
-DROPPABLE = frozenset({"handoff", "ready"})
+DROPPABLE = frozenset({"ready"})
 _KILL = re.compile(r"^(?:(prefill):(\d+)|(decode))@(\d+(?:\.\d+)?)%$")
 
 

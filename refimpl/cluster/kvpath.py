@@ -88,7 +88,9 @@ class PrefillKV:
         idx = torch.as_tensor(list(snap.block_ids), dtype=torch.long)
         return pool.kv[idx].contiguous().view(torch.uint8).reshape(-1)
 
-    def manifest(self, rid: str, epoch: int, tokens: Sequence[int], sums: list[list[str]]) -> Manifest:
+    def manifest(
+        self, rid: str, epoch: int, tokens: Sequence[int], sums: list[list[str]]
+    ) -> Manifest:
         """The leader's manifest; ``sums[r][j]``: rank r's checksum of block j."""
         snap = self.snaps[(rid, epoch)]
         combined = tuple(combine([s[j] for s in sums]) for j in range(len(snap.block_ids)))

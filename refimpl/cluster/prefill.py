@@ -11,7 +11,8 @@ Per request, on the leader (``phase``):
     (gone)       Ack: PrefillRelease, every rank drops the request's blocks
 
 A Nack (decode had no room, or timed out) resumes the source (PrefillResume) and, once,
-retries with the next epoch. No word from decode within the timeout: PrefillTimeout,
+retries with the next epoch. No word from decode in time (``ready_wait_s`` for Ready,
+``ACK_WAIT`` timeouts for the Ack), or the router says decode died: PrefillTimeout,
 the request fails (fail closed). A cancel before the freeze ends the request here
 (ClientCancel, PrefillQuiesce); after it, the cancel waits for decode's word: on the
 Ack it goes on to decode, on a Nack it is applied here.
@@ -28,10 +29,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from refimpl.cluster.kvpath import RAW_TAG, PrefillKV, data_tag
 from refimpl.cluster.worker import Base, Message, WorkerArgs
 
 MAX_ATTEMPTS = 2
+# Decode decides an attempt within two of its own timeouts (bytes, then RankDones), so
+# prefill waits three for the Ack: its timeout never races a commit on a live decode.
+ACK_WAIT = 3
 
 
 @dataclass
@@ -51,13 +56,16 @@ class PrefillWorker(Base):
     def __init__(self, a: WorkerArgs) -> None:
         super().__init__(a)
         self.leader = a.rank == 0
-        self.kv = PrefillKV(self.spec.model(), a.prefill_tp, a.rank, self.spec.block_size, a.capacity)
+        self.kv = PrefillKV(
+            self.spec.model(), a.prefill_tp, a.rank, self.spec.block_size, a.capacity
+        )
         self.reqs: dict[str, PReq] = {}
         self.decode_rank = a.prefill_tp  # world rank of d0
         self.others = [f"p{r}" for r in range(1, a.prefill_tp)]
         self.down = False  # the prefill worker crashed (one of its ranks): stop for good
         self.decode_dead = False
         self.bytes_sent = 0
+        self.pending: list[tuple[Any, torch.Tensor, float]] = []  # posted sends
 
     # ------------------------------------------------------------------ messages
     def handle(self, m: Message) -> None:
@@ -104,7 +112,7 @@ class PrefillWorker(Base):
             "d0", "handoff", rid=r.rid, epoch=r.epoch, manifest=man.to_json_dict(),
             first=r.first, steps=r.steps,
         )  # fmt: skip
-        r.phase, r.deadline = "await_ready", self.now() + self.a.timeout_s
+        r.phase, r.deadline = "await_ready", self.now() + self.a.ready_wait_s
         if self.decode_dead:
             r.deadline = 0.0
 
@@ -115,7 +123,7 @@ class PrefillWorker(Base):
         self.event("PrefillRecvReady", r.rid, msg="Ready", epoch=r.epoch, idx=0)
         for p in self.others:
             self.ch.send(p, "go", rid=r.rid, epoch=r.epoch)
-        r.phase, r.deadline = "await_ack", self.now() + self.a.timeout_s
+        r.phase, r.deadline = "await_ack", self.now() + ACK_WAIT * self.a.timeout_s
         self.send_shard(r.rid, r.epoch, r.sums[0])
 
     def on_go(self, m: Message) -> None:
@@ -123,14 +131,19 @@ class PrefillWorker(Base):
         self.send_shard(rid, epoch, None)
 
     def send_shard(self, rid: str, epoch: int, sums: list[str] | None) -> None:
-        """This rank's chunks (one point-to-point send), then its RankDone."""
+        """This rank's chunks (one point-to-point send, posted), then its RankDone.
+
+        The send is posted before the RankDone goes out, and decode posts its receive
+        only when the RankDone arrives, so no receive ever waits on a send that will not
+        come (a timed-out gloo wait closes the pair for good)."""
         if (rid, epoch) not in self.kv.snaps:
             return
         data = self.kv.payload(rid, epoch)
-        ok = self.wait(dist.isend(data, self.decode_rank, tag=data_tag(rid, epoch)))
-        if not ok:
-            return  # decode is gone: the leader times out, the router says so
-        self.bytes_sent += data.numel()
+        try:
+            work = dist.isend(data, self.decode_rank, tag=data_tag(rid, epoch))
+        except RuntimeError:
+            return  # decode's end of the pair is gone: the router says so, we time out
+        self.pending.append((work, data, self.now() + ACK_WAIT * self.a.timeout_s))
         sums = sums if sums is not None else list(self.kv.snaps[(rid, epoch)].checksums)
         for _ in sums:
             self.event("PrefillSendChunk", rid)
@@ -140,7 +153,26 @@ class PrefillWorker(Base):
         if self.leader:
             obs = {"p": "complete" if self.kv.alloc.blocks_of(rid) else "none"}
         self.event("PrefillSendChunk", rid, observed=obs)
-        self.ch.send("d0", "rankdone", rid=rid, epoch=epoch, rank=self.a.rank, sums=sums)
+        self.ch.send(
+            "d0", "rankdone", rid=rid, epoch=epoch, rank=self.a.rank, sums=sums,
+            nbytes=data.numel(),
+        )  # fmt: skip
+
+    def sends_done(self) -> bool:
+        """Retire completed sends (their bytes count); give up on those past deadline."""
+        keep, now = [], self.now()
+        for work, data, deadline in self.pending:
+            try:
+                done = work.is_completed()
+            except RuntimeError:
+                continue  # decode is gone
+            if done:
+                self.bytes_sent += data.numel()
+            elif now < deadline:
+                keep.append((work, data, deadline))
+        busy = bool(self.pending)
+        self.pending = keep
+        return busy
 
     def on_ack(self, m: Message) -> None:
         r = self.reqs.get(m["rid"])
@@ -224,13 +256,18 @@ class PrefillWorker(Base):
             self.ch.send(p, "drop", rid=rid)
 
     def step(self) -> bool:
+        busy = self.sends_done()
         if not self.leader or self.down:
-            return False
-        now, busy = self.now(), False
+            return busy
+        now = self.now()
         for r in list(self.reqs.values()):
             if r.phase in ("await_ready", "await_ack") and now >= r.deadline:
                 self.event("PrefillTimeout", r.rid)
-                why = "decode worker died" if self.decode_dead else f"no word from decode in {self.a.timeout_s}s"
+                why = (
+                    "decode worker died"
+                    if self.decode_dead
+                    else f"no word from decode in {self.a.timeout_s}s"
+                )
                 self.fail(r, f"prefill timeout: {why}")
                 busy = True
         return busy

@@ -53,13 +53,17 @@ class Procs:
     def exited(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
-    def kill(self, name: str) -> None:
-        """SIGKILL one worker by its pid (fault injection)."""
+    def kill(self, name: str, *, injected: bool = True) -> None:
+        """SIGKILL one worker by its pid (``injected``: a fault, listed in ``killed``)."""
         p = self.procs[name]
         if p.poll() is None:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
-        self.killed.append(name)
+        if injected:
+            self.killed.append(name)
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {n: p.poll() for n, p in self.procs.items()}
 
     def close(self, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for the workers to exit, then SIGKILL each by pid."""
@@ -69,5 +73,7 @@ class Procs:
             try:
                 p.wait(timeout=left)
             except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGUSR1)  # its stacks go to its .out file
+                time.sleep(0.3)
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)

@@ -25,7 +25,10 @@ class ClusterReport:
     leaked_blocks: int = 0  # blocks still held by live workers at exit
     integrity_errors: list[str] = field(default_factory=list)
     unreported: list[str] = field(default_factory=list)  # live workers that never said bye
-    killed: list[str] = field(default_factory=list)
+    killed: list[str] = field(default_factory=list)  # SIGKILLed by the fault injection
+    declared_dead: list[str] = field(default_factory=list)  # exited or silent, all causes
+    crashed: list[str] = field(default_factory=list)  # exited non-zero, not by a kill
+    held_by: dict[str, int] = field(default_factory=dict)  # blocks held at exit, per worker
     mismatched: list[str] = field(default_factory=list)  # finished, tokens != reference
     conforms: bool | None = None
     violations: list[dict[str, Any]] = field(default_factory=list)
@@ -73,6 +76,7 @@ class ClusterReport:
             and self.leaked_blocks == 0
             and not self.integrity_errors
             and not self.unreported
+            and not self.crashed
             and self.tokens_match_reference
             and self.conforms is True
         )
@@ -83,6 +87,9 @@ class ClusterReport:
             "requests": self.counts(),
             "leaked_blocks": self.leaked_blocks,
             "killed": list(self.killed),
+            "declared_dead": list(self.declared_dead),
+            "held_by": dict(self.held_by),
+            "crashed": list(self.crashed),
             "tokens_match_reference": self.tokens_match_reference,
             "conforms": self.conforms,
             "handoff_over_raw": self.handoff_over_raw,

@@ -137,6 +137,10 @@ class Router:
             self.log.close()
         self.rep.wall_s = time.monotonic() - t_start
         self.rep.killed = list(self.procs.killed)
+        self.rep.declared_dead = sorted(self.dead)
+        self.rep.crashed = sorted(
+            n for n, rc in self.procs.exit_codes().items() if rc != 0 and n not in self.procs.killed
+        )
         self.finalize()
         return self.rep
 
@@ -150,7 +154,7 @@ class Router:
                 a = WorkerArgs(
                     role, r, c.prefill_tp, c.decode_tp, HOST, self.store.port, init,
                     c.backend, str(self.dir), self.t0, c.timeout_s, asdict(c.model),
-                    c.capacity, c.mutant, faults,
+                    c.capacity, c.timeout_s * (2 * c.max_inflight + 1), c.mutant, faults,
                 )  # fmt: skip
                 self.procs.start(a)
         hello = self.await_kind("hello", set(self.workers), 60.0 + 10 * len(self.workers))
@@ -162,9 +166,9 @@ class Router:
         """Wait (bounded) for ``kind`` from each of ``who``; other messages are kept."""
         got: set[str] = set()
         deadline = time.monotonic() + timeout_s
-        while got < who and time.monotonic() < deadline:
-            if any(not self.procs.alive(w) for w in who - got):
-                break
+        last = False
+        while got < who and time.monotonic() < deadline and not last:
+            last = all(not self.procs.alive(w) for w in who - got)  # one more poll, then stop
             for m in self.ch.poll():
                 if m["kind"] == kind and m["src"] in who:
                     got.add(m["src"])
@@ -183,7 +187,9 @@ class Router:
         while len(self.rep.outcomes) < c.requests and time.monotonic() < deadline:
             now = time.monotonic()
             inflight = len(self.admitted) - sum(1 for r in self.admitted if r in self.rep.outcomes)
-            while queue and inflight < c.max_inflight and not (self.prefill_down or self.decode_down):
+            while (
+                queue and inflight < c.max_inflight and not (self.prefill_down or self.decode_down)
+            ):
                 self.admit(queue.pop(0), now)
                 inflight += 1
             if self.prefill_down or self.decode_down:
@@ -257,7 +263,7 @@ class Router:
         """Log EnvCrash after everything the crashed worker logged, then fail its work."""
         self.dead.add(w)
         if self.procs.alive(w):
-            self.procs.kill(w)  # silent but running: make it dead for sure
+            self.procs.kill(w, injected=False)  # silent but running: make sure
         lcs = [eventlog.last_clock(self.dir / f"{w}.jsonl")]
         if w.startswith("p"):
             if self.prefill_down:
@@ -316,6 +322,9 @@ class Router:
         rep = self.rep
         for w, m in self.byes.items():
             rep.leaked_blocks += int(m["held"])
+            rep.held_by[w] = int(m["held"])
+            for k in ("delayed", "dropped"):
+                rep.faults[f"control_{k}"] = rep.faults.get(f"control_{k}", 0) + int(m[k])
             if m.get("integrity"):
                 rep.integrity_errors.append(f"{w}: {m['integrity']}")
         ok_handoffs = [s for s in self.stats.values() if "commit" in s]

@@ -12,7 +12,9 @@ channel, the heartbeat, the data-plane wait with a timeout, and the exit report
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from refimpl.cluster.control import Channel, ControlFaults, Message, beat, connect_store
+from refimpl.cluster.control import Channel, ControlFaults, Message, connect_store, start_heartbeat
 from refimpl.cluster.eventlog import ProcLog
 from refimpl.cluster.workload import ModelSpec
 
@@ -46,6 +48,7 @@ class WorkerArgs:
     timeout_s: float  # a peer silent this long is dead; a transfer this long failed
     model: dict[str, Any]
     capacity: int  # blocks per pool
+    ready_wait_s: float  # prefill's wait for Ready: decode may have handoffs queued first
     mutant: str | None = None
     faults: dict[str, Any] = field(default_factory=dict)
 
@@ -74,7 +77,9 @@ def proc_name(role: str, rank: int) -> str:
 
 
 def peers_of(a: WorkerArgs) -> tuple[str, ...]:
-    names = [ROUTER] + [f"p{r}" for r in range(a.prefill_tp)] + [f"d{r}" for r in range(a.decode_tp)]
+    names = (
+        [ROUTER] + [f"p{r}" for r in range(a.prefill_tp)] + [f"d{r}" for r in range(a.decode_tp)]
+    )
     return tuple(n for n in names if n != a.name)
 
 
@@ -92,7 +97,7 @@ class Base:
         self.ch = Channel(self.store, a.name, peers_of(a), self.log.clock, faults)
         self.timeout = timedelta(seconds=a.timeout_s)
         self.stop = False
-        self.last_beat = 0.0
+        start_heartbeat(a.store_host, a.store_port, a.name, BEAT_EVERY_S, a.timeout_s)
         self.dead: set[str] = set()  # peers the router declared dead
 
     def now(self) -> float:
@@ -100,12 +105,6 @@ class Base:
 
     def event(self, action: str, rid: str | None, **kw: Any) -> None:
         self.log.event(action, rid, self.now(), **kw)
-
-    def tick(self) -> None:
-        t = time.monotonic()
-        if t - self.last_beat >= BEAT_EVERY_S:
-            beat(self.store, self.a.name)
-            self.last_beat = t
 
     def wait(self, work: Any) -> bool:
         """Wait for a point-to-point op; False if it failed or timed out (a dead peer)."""
@@ -120,7 +119,6 @@ class Base:
 
     def loop(self) -> None:
         while not self.stop:
-            self.tick()
             msgs = self.ch.poll()
             for m in msgs:
                 self.handle(m)
@@ -136,12 +134,17 @@ class Base:
         return False
 
     def bye(self, held: int, integrity: str | None) -> None:
-        self.report("bye", held=held, integrity=integrity, lc=self.log.lc)
+        self.report(
+            "bye", held=held, integrity=integrity, lc=self.log.lc,
+            delayed=self.ch.delayed, dropped=self.ch.dropped,
+        )  # fmt: skip
+        self.ch.drain(self.a.timeout_s)  # a delayed bye must still go out
         self.stop = True
 
 
 def main(argv: list[str]) -> int:
     a = WorkerArgs.from_json(argv[1])
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     torch.set_num_threads(1)
     dist.init_process_group(
         a.backend,
