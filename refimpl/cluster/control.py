@@ -31,6 +31,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+Store = Any  # torch.distributed.TCPStore (torch's stubs do not export it)
+
 Message = dict[str, Any]
 
 
@@ -53,16 +55,16 @@ class ControlFaults:
             raise ValueError(f"delay_s={self.delay_s} < 0")
 
 
-def connect_store(host: str, port: int, timeout_s: float) -> dist.TCPStore:
+def connect_store(host: str, port: int, timeout_s: float) -> Store:
     """A client of the router's store; every call on it gives up after ``timeout_s``."""
-    return dist.TCPStore(
+    return dist.TCPStore(  # type: ignore[attr-defined]
         host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=False
     )
 
 
-def serve_store(host: str, timeout_s: float) -> dist.TCPStore:
+def serve_store(host: str, timeout_s: float) -> Store:
     """The router's store (port chosen by the OS: read ``.port``)."""
-    return dist.TCPStore(
+    return dist.TCPStore(  # type: ignore[attr-defined]
         host,
         0,
         is_master=True,
@@ -76,7 +78,7 @@ def serve_store(host: str, timeout_s: float) -> dist.TCPStore:
 class Channel:
     """One process's end: send to any peer, poll every peer's mailbox to it."""
 
-    store: dist.TCPStore
+    store: Store
     name: str
     peers: tuple[str, ...]
     clock: Callable[[int], int]  # merges a received lc, returns the local lc to stamp
@@ -144,7 +146,7 @@ class Channel:
         return out
 
 
-def beat(store: dist.TCPStore, name: str) -> None:
+def beat(store: Store, name: str) -> None:
     """A liveness heartbeat: one counter per process, read by the router."""
     store.add(f"hb/{name}", 1)
 
@@ -165,5 +167,5 @@ def start_heartbeat(host: str, port: int, name: str, every_s: float, timeout_s: 
     threading.Thread(target=run, name=f"heartbeat-{name}", daemon=True).start()
 
 
-def heartbeats(store: dist.TCPStore, names: Iterable[str]) -> dict[str, int]:
+def heartbeats(store: Store, names: Iterable[str]) -> dict[str, int]:
     return {n: store.add(f"hb/{n}", 0) for n in names}

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from refimpl.cluster.control import Message
 from refimpl.cluster.kvpath import RAW_TAG, DecodeKV, Incoming, data_tag
-from refimpl.cluster.worker import Base, Message, WorkerArgs
+from refimpl.cluster.worker import Base, WorkerArgs
 from refimpl.errors import OwnershipError
 from refimpl.model import PagedKV
 

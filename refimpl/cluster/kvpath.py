@@ -68,7 +68,7 @@ class PrefillKV:
         return self.w.rp.alloc
 
     def can_admit(self, n_tokens: int) -> bool:
-        return self.alloc.can_allocate(sm.blocks_needed(n_tokens, self.w.block_size))
+        return bool(self.alloc.can_allocate(sm.blocks_needed(n_tokens, self.w.block_size)))
 
     def prefill(self, rid: str, prompt: Sequence[int]) -> int:
         """Allocate, run the prompt; returns the first (greedy) token."""
@@ -149,7 +149,9 @@ class DecodeKV:
         return m
 
     def can_reserve(self, m: Manifest, room: int) -> bool:
-        return self.alloc.can_allocate(sm.blocks_needed(m.num_tokens + room, self.w.block_size))
+        return bool(
+            self.alloc.can_allocate(sm.blocks_needed(m.num_tokens + room, self.w.block_size))
+        )
 
     def reserve(self, m: Manifest, room: int) -> Incoming:
         rid, bs = m.request_id, self.w.block_size

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from refimpl.cluster.control import Message
 from refimpl.cluster.kvpath import RAW_TAG, PrefillKV, data_tag
-from refimpl.cluster.worker import Base, Message, WorkerArgs
+from refimpl.cluster.worker import Base, WorkerArgs
 
 MAX_ATTEMPTS = 2
 # Decode decides an attempt within two of its own timeouts (bytes, then RankDones), so
