@@ -17,8 +17,9 @@ model_id, adapter_id   must match     other weights give other keys/values
 dtype, quantization    must match     bytes would be read as another number type
 num_layers, kv_heads,  must match     the block shape differs; no mapping exists
 head_dim, cache_fields
-rope                   must match     keys are stored rotated; another RoPE is
-                                      silently wrong at every position
+rope                   must match     keys are stored rotated; another RoPE (base,
+                                      style neox/gptj, scaling and its parameters)
+                                      is silently wrong at every position
 dst_tp, dst_cp         must equal     the sender sharded for another target mesh
                        local tp, cp
 block_size             convertible    re-page tokens into the local block size
@@ -92,6 +93,9 @@ from spec.manifest_fields import (
     ROPE_SCALINGS as ROPE_SCALINGS,
 )
 from spec.manifest_fields import (
+    ROPE_STYLES as ROPE_STYLES,
+)
+from spec.manifest_fields import (
     SUPPORTED_VERSIONS as SUPPORTED_VERSIONS,
 )
 from spec.manifest_fields import (
@@ -114,7 +118,17 @@ def _rope_from_json(d: object) -> RopeConfig | list[str]:
     if r:
         return r
     m = cast(dict[str, Any], d)
-    return RopeConfig(float(m["theta"]), m["rotary_dim"], m["scaling"], float(m["scaling_factor"]))
+    low, high = m.get("low_freq_factor"), m.get("high_freq_factor")
+    return RopeConfig(
+        float(m["theta"]),
+        m["rotary_dim"],
+        m["scaling"],
+        float(m["scaling_factor"]),
+        m.get("style") or "neox",
+        None if low is None else float(low),
+        None if high is None else float(high),
+        m.get("original_max_position"),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,15 @@ QUANTIZATION_DTYPES: Final[Mapping[str, frozenset[str]]] = {
 # heads_major [layers, fields, kv_heads, block_size, head_dim], tokens_major swaps the
 # kv_heads and block_size axes.
 ROPE_SCALINGS: Final = frozenset({"none", "linear", "dynamic", "yarn", "llama3", "longrope"})
+# Which dims rotate together: neox rotates halves (x[i], x[i + rd/2]), as Llama does
+# ("rotate_half"); gptj rotates interleaved pairs (x[2i], x[2i + 1]).
+ROPE_STYLES: Final = frozenset({"neox", "gptj"})
+# Scaling parameters beyond the factor, and the schemes that read them.
+ROPE_PARAM_SCALINGS: Final[Mapping[str, frozenset[str]]] = {
+    "low_freq_factor": frozenset({"llama3"}),
+    "high_freq_factor": frozenset({"llama3"}),
+    "original_max_position": frozenset({"llama3", "yarn", "dynamic", "longrope"}),
+}
 
 # Caps on untrusted sizes: a receiver reserves memory from these numbers.
 MAX_ID_CHARS: Final = 256
@@ -238,12 +247,20 @@ def _manifest_reasons(values: Mapping[str, object]) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
-    """Rotary embedding applied to the stored keys."""
+    """Rotary embedding applied to the stored keys (the one RoPE type of the project).
+
+    Every field must match between sender and receiver: keys are stored rotated, so
+    another base, style or scaling is silently wrong at every position.
+    """
 
     theta: float  # base frequency, e.g. 10000.0
     rotary_dim: int  # leading dims of each head that are rotated
     scaling: str = "none"  # scaling scheme, one of ROPE_SCALINGS
     scaling_factor: float = 1.0  # context extension factor for the scheme
+    style: str = "neox"  # which dims pair up, one of ROPE_STYLES
+    low_freq_factor: float | None = None  # llama3
+    high_freq_factor: float | None = None  # llama3
+    original_max_position: int | None = None  # llama3, yarn, dynamic, longrope
 
     def __post_init__(self) -> None:
         r = rope_reasons(self.to_json_dict())
@@ -256,6 +273,10 @@ class RopeConfig:
             "rotary_dim": self.rotary_dim,
             "scaling": self.scaling,
             "scaling_factor": self.scaling_factor,
+            "style": self.style,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+            "original_max_position": self.original_max_position,
         }
 
 
@@ -268,10 +289,21 @@ def _float_reason(v: object, lo: float, hi: float) -> str | None:
     return None
 
 
+# Optional JSON fields of a rope object (absent or null: the default), so that a manifest
+# written before they existed still parses.
+ROPE_OPTIONAL: Final = ("style", "low_freq_factor", "high_freq_factor", "original_max_position")
+
+
 def rope_reasons(d: object) -> list[str]:
     """Every problem with a JSON rope object, each prefixed ``rope.<field>``."""
     if not isinstance(d, dict):
         return [f"rope: expected object, got {type(d).__name__}"]
+    optional: dict[str, Check] = {
+        "style": lambda v: _choice_reason(v, ROPE_STYLES, "style"),
+        "low_freq_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
+        "high_freq_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
+        "original_max_position": lambda v: _int_reason(v, 1, MAX_POSITION),
+    }
     checks: dict[str, Check] = {
         "theta": lambda v: _float_reason(v, 0.0, MAX_ROPE_THETA),
         "rotary_dim": lambda v: (
@@ -281,10 +313,30 @@ def rope_reasons(d: object) -> list[str]:
         "scaling": lambda v: _choice_reason(v, ROPE_SCALINGS, "scaling"),
         "scaling_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
     }
-    r = [f"rope.{k}: unknown field" for k in d if k not in checks]
+    r = [f"rope.{k}: unknown field" for k in d if k not in checks and k not in optional]
     for name, check in checks.items():
         if name not in d:
             r.append(f"rope.{name}: missing")
         elif (reason := check(d[name])) is not None:
             r.append(f"rope.{name}: {reason}")
+    for name, check in optional.items():
+        if d.get(name) is not None and (reason := check(d[name])) is not None:
+            r.append(f"rope.{name}: {reason}")
+    return r or _rope_scaling_reasons(d)
+
+
+def _rope_scaling_reasons(d: Mapping[str, Any]) -> list[str]:
+    """Parameters that the scheme would ignore, or that it needs and lacks."""
+    scaling, r = d["scaling"], []
+    if scaling == "none" and d["scaling_factor"] != 1.0:
+        r.append(f"rope.scaling_factor: {d['scaling_factor']!r} with scaling 'none' is ignored")
+    for name, users in ROPE_PARAM_SCALINGS.items():
+        given = d.get(name) is not None
+        if given and scaling not in users:
+            r.append(f"rope.{name}: not read by scaling {scaling!r} (only {sorted(users)})")
+        if not given and scaling == "llama3":
+            r.append(f"rope.{name}: missing; scaling 'llama3' needs it")
+    low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
+    if low is not None and high is not None and not low < high:
+        r.append(f"rope.low_freq_factor: {low!r} must be below high_freq_factor {high!r}")
     return r

@@ -31,9 +31,8 @@ the same geometry (only the axis order may differ) and checks it against the man
 checksum of a whole TP=1 block; a TP-rank shard matches neither.  So the receiver here
 lands the shards in the sender's own geometry first, verifies, then reshards.
 
-Canonical block: heads_major [layers, 2, kv_heads, block_size, head_dim] in the sender's
-block size with every head, as `RankPools.gather` builds it (the engine's convention), so
-the manifest's checksums do not depend on either side's TP or layout.
+Canonical block: heads_major [layers, 2, kv_heads, block_size, head_dim], every head, in
+the sender's block size (`RankPools.gather`): checksums independent of TP and layout.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from refimpl.blocks import BlockStatus
 from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.chunks import MANIFEST, Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.engine.data import RankPools, token_chain
+from refimpl.errors import CapacityError as Full
 from refimpl.errors import ChecksumError, ChunkError, IncompleteError, ManifestError, StaleError
 from refimpl.model import PagedKV, RopeConfig, TinyDecoder
 from refimpl.pool import TORCH_DTYPES, PoolGeometry
@@ -57,16 +57,14 @@ from refimpl.transport import InProcessTransport, Payload, Transport
 from spec import shardmap as sm
 from spec.manifest import DTYPE_BYTES, LocalConfig, Manifest, Verdict, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
-from spec.manifest import RopeConfig as ManifestRope
 from spec.manifest import from_json_dict as manifest_from_json
 
 MODEL_ID = "kvown-tiny"
 PREFIX_CACHE = "prefix-cache"
 
 
-def manifest_rope(rope: RopeConfig) -> ManifestRope:
-    """The model's RoPE settings as the manifest states them (NeoX style, no scaling)."""
-    return ManifestRope(theta=rope.theta, rotary_dim=rope.rotary_dim)
+def manifest_rope(rope: RopeConfig) -> RopeConfig:
+    return rope  # the model's RoPE type is the manifest's
 
 
 def pool_geometry(
@@ -267,15 +265,19 @@ class Receiver:
             self.t.send(self.out, {"type": "nack", "reasons": e.reasons})
             raise ManifestError.from_spec(e) from None
         self.m = m
-        self._reserve(m)
+        try:
+            self._reserve(m)
+        except Full as e:  # no room here: nothing kept, the sender is told
+            self.t.send(self.out, {"type": "nack", "reasons": [str(e)]})
+            raise
         self.t.send(self.out, {"type": "ready"})
         return m, verdict, int(hdr["first_token"])
 
     def _reserve(self, m: Manifest) -> None:
         alloc, bs = self.w.rp.alloc, self.w.block_size
-        alloc.incref(f"{self.rid}#pfx", self.prefix)
         own = sm.blocks_needed(m.num_tokens + self.room, bs) - len(self.prefix)
-        self.own = alloc.reserve(self.rid, own, epoch=m.epoch)
+        self.own = alloc.reserve(self.rid, own, epoch=m.epoch)  # CapacityError: nothing taken
+        alloc.incref(f"{self.rid}#pfx", self.prefix)
         geo = pool_geometry(
             m.num_layers, m.kv_heads, m.head_dim, TORCH_DTYPES[m.dtype], m.src_tp,
             m.block_size, m.layout,
@@ -360,8 +362,8 @@ def handoff(
 ) -> Handoff:
     """Move `rid`'s prefilled KV from `src` to `dst` (see the module docstring).
 
-    Raises ManifestError (refused: nothing reserved or installed on `dst`, the pins on
-    `src` released) or a ChunkError/ChecksumError (aborted: nothing installed).
+    Raises ManifestError or CapacityError (refused with a nack: nothing kept on `dst`, the
+    pins on `src` released) or a ChunkError/ChecksumError (aborted: nothing installed).
     """
     t = transport or InProcessTransport(copy_payload=True)
     tx = Sender(src, t, rid, epoch)
@@ -371,7 +373,7 @@ def handoff(
     tx.handoff(token_ids, first_token)
     try:
         m, verdict, first = rx.on_manifest()
-    except ManifestError:
+    except (ManifestError, Full):
         tx.on_reply()  # the nack: release the snapshot
         raise
     tx.on_reply()
