@@ -42,7 +42,7 @@ class ModelSpec:
             kv_heads=self.kv_heads,
             head_dim=self.head_dim,
             dtype=self.dtype,
-            rope=RopeConfig(rotary_dim=min(8, self.head_dim)),
+            rope=RopeConfig(theta=10000.0, rotary_dim=min(8, self.head_dim)),
         )
 
     def model(self) -> TinyDecoder:
