@@ -67,6 +67,7 @@ class PrefillWorker(Base):
         self.decode_dead = False
         self.bytes_sent = 0
         self.pending: list[tuple[Any, torch.Tensor, float]] = []  # posted sends
+        self.admits: list[Message] = []  # admitted, not yet prefilled (one per loop turn)
 
     # ------------------------------------------------------------------ messages
     def handle(self, m: Message) -> None:
@@ -78,6 +79,9 @@ class PrefillWorker(Base):
             self.on_dead(m["who"])
             return
         if self.down:
+            return
+        if kind == "admit":  # compute waits; control goes first (see step)
+            self.admits.append(m)
             return
         getattr(self, f"on_{kind}")(m)
 
@@ -214,11 +218,19 @@ class PrefillWorker(Base):
         self.ch.send("p0", "frozen", rid=rid, epoch=epoch, rank=self.a.rank, sums=sums)
 
     def on_drop(self, m: Message) -> None:
+        self.admits = [a for a in self.admits if a["rid"] != m["rid"]]
         self.kv.drop(m["rid"])
 
     def on_cancel(self, m: Message) -> None:
         r = self.reqs.get(m["rid"])
-        if r is None:
+        queued = [a for a in self.admits if a["rid"] == m["rid"]]
+        if queued:  # not prefilled yet: the request ends before it holds anything
+            self.admits.remove(queued[0])
+            self.event("ClientCancel", m["rid"])
+            for p in self.others:
+                self.ch.send(p, "drop", rid=m["rid"])
+            self.report("outcome", rid=m["rid"], outcome="cancelled", reason="cancelled queued")
+        elif r is None:
             self.ch.send("d0", "cancel", rid=m["rid"])  # handed off: decode owns it
         elif r.phase == "admitted":
             self.cancel_here(r)
@@ -258,6 +270,9 @@ class PrefillWorker(Base):
 
     def step(self) -> bool:
         busy = self.sends_done()
+        if self.admits and not self.down:
+            self.on_admit(self.admits.pop(0))  # one prefill, then the control again
+            busy = True
         if not self.leader or self.down:
             return busy
         now = self.now()
@@ -283,6 +298,7 @@ class PrefillWorker(Base):
                 self.kv.alloc.free(rid)
             self.kv.snaps.clear()
             self.reqs.clear()
+            self.admits.clear()
             self.report("stopped", lc=self.log.lc)
         else:
             self.decode_dead = True
