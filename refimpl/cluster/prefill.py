@@ -68,6 +68,8 @@ class PrefillWorker(Base):
         self.bytes_sent = 0
         self.pending: list[tuple[Any, torch.Tensor, float]] = []  # posted sends
         self.admits: list[Message] = []  # admitted, not yet prefilled (one per loop turn)
+        self.early: dict[str, list[Message]] = {}  # other ranks' "frozen" before our admit
+        self.ended: set[str] = set()  # requests this leader is done with
 
     # ------------------------------------------------------------------ messages
     def handle(self, m: Message) -> None:
@@ -96,16 +98,21 @@ class PrefillWorker(Base):
         self.event("PrefillRun", rid)
         r = PReq(rid, prompt, int(m["steps"]), first, sums={0: sums})
         self.reqs[rid] = r
+        for early in self.early.pop(rid, []):
+            self.on_frozen(early)
         self.maybe_handoff(r)
 
     def on_frozen(self, m: Message) -> None:
         r = self.reqs.get(m["rid"])
+        if r is None and m["rid"] not in self.ended:
+            self.early.setdefault(m["rid"], []).append(m)  # that rank prefilled first
+            return
         if r is not None and r.phase == "admitted" and m["epoch"] == r.epoch:
             r.sums[int(m["rank"])] = list(m["sums"])
             self.maybe_handoff(r)
 
     def maybe_handoff(self, r: PReq) -> None:
-        if len(r.sums) < self.a.prefill_tp:
+        if r.phase != "admitted" or len(r.sums) < self.a.prefill_tp:
             return
         if r.cancel_pending:
             self.cancel_here(r)
@@ -186,6 +193,8 @@ class PrefillWorker(Base):
         self.event("PrefillRelease", r.rid, msg="Ack", epoch=r.epoch, idx=0)
         self.drop_everywhere(r.rid)
         del self.reqs[r.rid]
+        self.ended.add(r.rid)
+        self.early.pop(r.rid, None)
         if r.cancel_pending:
             self.ch.send("d0", "cancel", rid=r.rid)
 
@@ -226,6 +235,8 @@ class PrefillWorker(Base):
         queued = [a for a in self.admits if a["rid"] == m["rid"]]
         if queued:  # not prefilled yet: the request ends before it holds anything
             self.admits.remove(queued[0])
+            self.early.pop(m["rid"], None)
+            self.ended.add(m["rid"])
             self.event("ClientCancel", m["rid"])
             for p in self.others:
                 self.ch.send(p, "drop", rid=m["rid"])
@@ -244,11 +255,11 @@ class PrefillWorker(Base):
         """The benchmark's baseline: this rank's share of the same bytes, raw sends."""
         sizes = [int(s[self.a.rank]) for s in m["sizes"]]
         bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
-        works = [dist.isend(b, self.decode_rank, tag=RAW_TAG + i) for i, b in enumerate(bufs)]
+        deadline = self.now() + ACK_WAIT * self.a.timeout_s + 10.0
+        for i, b in enumerate(bufs):  # posted, then retired by sends_done (never timed out:
+            work = dist.isend(b, self.decode_rank, tag=RAW_TAG + i)  # that closes the pair)
+            self.pending.append((work, b, deadline))
         self.ch.send("d0", "raw_posted", rank=self.a.rank)
-        for w in works:
-            if not self.wait(w):
-                return
 
     # ------------------------------------------------------------------ endings
     def cancel_here(self, r: PReq) -> None:
@@ -256,11 +267,15 @@ class PrefillWorker(Base):
         self.event("PrefillQuiesce", r.rid)
         self.drop_everywhere(r.rid)
         del self.reqs[r.rid]
+        self.ended.add(r.rid)
+        self.early.pop(r.rid, None)
         self.report("outcome", rid=r.rid, outcome="cancelled", reason="cancelled on prefill")
 
     def fail(self, r: PReq, reason: str) -> None:
         self.drop_everywhere(r.rid)
         del self.reqs[r.rid]
+        self.ended.add(r.rid)
+        self.early.pop(r.rid, None)
         self.report("outcome", rid=r.rid, outcome="failed", reason=reason)
 
     def drop_everywhere(self, rid: str) -> None:
@@ -299,6 +314,7 @@ class PrefillWorker(Base):
             self.kv.snaps.clear()
             self.reqs.clear()
             self.admits.clear()
+            self.early.clear()
             self.report("stopped", lc=self.log.lc)
         else:
             self.decode_dead = True
@@ -313,4 +329,3 @@ class PrefillWorker(Base):
         except Exception as e:  # noqa: BLE001 (reported to the router as text)
             integrity = str(e)
         self.bye(self.kv.held(), integrity)
-        self.extra_stats: dict[str, Any] = {"bytes_sent": self.bytes_sent}

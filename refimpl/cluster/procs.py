@@ -62,6 +62,13 @@ class Procs:
         if injected:
             self.killed.append(name)
 
+    def dump_stacks(self) -> None:
+        """Every live worker writes its threads' stacks to its .out file (SIGUSR1)."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGUSR1)
+        time.sleep(0.5)
+
     def exit_codes(self) -> dict[str, int | None]:
         return {n: p.poll() for n, p in self.procs.items()}
 

@@ -211,6 +211,8 @@ class Router:
                 self.progress(len(self.rep.outcomes), c.requests, self.rep.counts())
             if not msgs:
                 time.sleep(0.002)
+        if len(self.rep.outcomes) < c.requests:  # the deadline: leave evidence behind
+            self.procs.dump_stacks()
 
     def admit(self, r: Request, now: float) -> None:
         for p in range(self.cfg.prefill_tp):
