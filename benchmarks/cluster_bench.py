@@ -58,6 +58,7 @@ def main() -> int:
             steps=1,
             max_inflight=a.max_inflight,
             timeout_s=10.0,
+            deadline_s=600.0,
             capacity=32,
             log_dir=tmp,
         )
