@@ -80,8 +80,11 @@ class ClusterConfig:
                 f"mutant {self.mutant!r} ({known}) has no switch in the cluster workers; "
                 f"valid: {', '.join(CLUSTER_MUTANTS)}"
             )
-        if self.backend not in ("gloo", "nccl"):
-            problems.append(f"backend {self.backend!r}: gloo or nccl")
+        if self.backend != "gloo":
+            problems.append(
+                f"backend {self.backend!r}: only gloo (the workers send CPU tensors; an NCCL "
+                "path would stage them on the GPU and needs one GPU per rank)"
+            )
         if self.max_inflight < 1 or self.capacity < 4:
             problems.append("max_inflight >= 1 and capacity >= 4")
         if problems:

@@ -35,6 +35,8 @@ def test_config_names_what_is_wrong() -> None:
         ClusterConfig(decode_tp=2)
     with pytest.raises(ValueError, match="drop_p=2"):
         ClusterConfig(drop_p=2.0)
+    with pytest.raises(ValueError, match="backend 'nccl': only gloo"):
+        ClusterConfig(backend="nccl")
 
 
 def test_channel_is_fifo_under_delays_and_merges_clocks() -> None:
