@@ -96,7 +96,7 @@ def run(name: str, cfg: Any, model: Any, *, src: dict[str, Any], dst: dict[str, 
         host = g_host.make_pools(64)
         offload(p_dst, g_dst, host, g_host, rid, prompt[0].tolist(), free_device=True)
         dst_blocks = reload(host, g_host, p_dst, g_dst, rid, prompt[0].tolist(),
-                            decode_room=STEPS).blocks  # fmt: skip
+                            decode_room=STEPS).received.blocks  # fmt: skip
     cache = blocks_to_cache(p_dst, dst_blocks, n)  # kvown -> HF cache
     first = out.logits[0, -1]
     ref_tokens, ref_logits = greedy(model, first, out.cache)

@@ -75,6 +75,8 @@ def blocks_to_vllm(
         for f in range(2):
             tok = kv[layer, f].permute(1, 0, 2)  # [T, H, D]
             if full:
-                cache[f].index_copy_(0, idx, tok[: full * bs].unflatten(0, (full, bs)).to(device))
+                cache[f].index_copy_(
+                    0, idx, tok[: full * bs].reshape(full, bs, *tok.shape[1:]).to(device)
+                )
             if tail:
                 cache[f, block_table[full], :tail].copy_(tok[full * bs :])

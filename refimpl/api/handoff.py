@@ -26,6 +26,7 @@ class HandoffResult:
     chunks: int  # chunk messages sent
     bytes_sent: int  # chunk payload bytes
     rounds: int  # poll rounds the conversation took
+    checks: int  # checksum comparisons that passed at the receiver
 
 
 def handoff(
@@ -77,7 +78,8 @@ def handoff(
         if sender.state(request_id) is not State.DONE and free_source:
             sender.pools.alloc.free(request_id)  # the ack was lost; the receiver committed
         chunks, nbytes = sender.stats(request_id)
-        return HandoffResult(receiver.result(request_id), chunks, nbytes, rounds)
+        got = receiver.result(request_id)
+        return HandoffResult(got, chunks, nbytes, rounds, receiver.checks(request_id))
     err = receiver.error(request_id)
     if err is not None:
         raise err

@@ -4,9 +4,9 @@ Both are a ``handoff()`` over a private in-process transport, so the copy is che
 end to end and the pins and reservations follow the same rules as between workers. The
 request keeps its own name on both tiers (no pin-name or channel convention to learn):
 
-    host_copy = offload(device, device_geo, host, host_geo, "req-1", token_ids)
-    ...   # the device blocks may now be freed: pools.alloc.free("req-1")
+    off = offload(device, device_geo, host, host_geo, "req-1", token_ids, free_device=True)
     back = reload(host, host_geo, device, device_geo, "req-1", token_ids, decode_room=64)
+    back.received.blocks    # the request's new device blocks; the host copy is freed
 
 The two geometries may differ (block size, layout, TP), as in any handoff.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.handoff import handoff
-from refimpl.api.receiver import Received, Receiver
+from refimpl.api.handoff import HandoffResult, handoff
+from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.engine.data import RankPools
 from refimpl.transport import InProcessTransport
@@ -40,12 +40,12 @@ def _move(
     free_source: bool,
     decode_room: int = 0,
     epoch: int = 1,
-) -> Received:
+) -> HandoffResult:
     t = InProcessTransport()
     model = _tier_identity(src_geometry)
     tx = Sender(src, src_geometry, t, model)
     rx = Receiver(dst, dst_geometry, t, model)
-    res = handoff(
+    return handoff(
         tx,
         rx,
         request_id,
@@ -54,7 +54,6 @@ def _move(
         decode_room=decode_room,
         free_source=free_source,
     )
-    return res.received
 
 
 def offload(
@@ -67,7 +66,7 @@ def offload(
     *,
     free_device: bool = False,
     epoch: int = 1,
-) -> Received:
+) -> HandoffResult:
     """Copy the request's KV to ``host`` (verified); the host copy is owned by the request."""
     return _move(
         device,
@@ -92,7 +91,7 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
-) -> Received:
+) -> HandoffResult:
     """Copy the request's KV back to ``device`` (verified), with ``decode_room`` tokens."""
     return _move(
         host,

@@ -25,7 +25,7 @@ flight are dropped, and the sender gets a ``nack`` naming the error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,18 +80,33 @@ class _Attempt:
     error: OwnershipError | None = None
     stale: int = 0
     duplicates: int = 0
+    checks: int = 0  # checksum comparisons that passed (per chunk, per block end to end)
 
 
 class Receiver:
     """The destination side: validates, reserves, installs, verifies, commits or aborts."""
 
     def __init__(
-        self, pools: RankPools, geometry: KVGeometry, transport: Transport, model: ModelIdentity
+        self,
+        pools: RankPools,
+        geometry: KVGeometry,
+        transport: Transport,
+        model: ModelIdentity,
+        *,
+        stage: bool = False,
+        disabled_guards: Iterable[str] = (),
     ) -> None:
+        """``stage``: land every chunk in staging, so that the target blocks are written
+        only after every block verified (else only a block-size change stages).
+        ``disabled_guards=("ManifestGate",)`` installs despite an incompatible manifest:
+        the ``mismatch_installed`` bug, for demonstrations only."""
         geometry.check_pools(pools, "receiver pools")
         if geometry.cp != 1:
             raise ValueError(f"Receiver: cp={geometry.cp}; a receiver worker holds cp=1")
+        if unknown := set(disabled_guards) - {"ManifestGate"}:
+            raise ValueError(f"Receiver: unknown guards {sorted(unknown)}; known: ManifestGate")
         self.pools, self.geometry, self.transport, self.model = pools, geometry, transport, model
+        self.stage, self.manifest_gate = stage, "ManifestGate" not in set(disabled_guards)
         self.local = geometry.to_local_config(model)
         self._expect: dict[str, _Expect] = {}
         self._att: dict[str, _Attempt] = {}
@@ -118,6 +133,11 @@ class Receiver:
         if err is not None:
             raise err
         raise InUseError(f"{request_id!r}: handoff not finished (state {self.state(request_id)})")
+
+    def checks(self, request_id: str) -> int:
+        """Checksum comparisons that passed in the request's attempt."""
+        a = self._att.get(request_id)
+        return a.checks if a is not None else 0
 
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks reserved by attempts that have not ended."""
@@ -176,6 +196,8 @@ class Receiver:
 
     # ------------------------------------------------------------ the manifest
     def _on_manifest(self, rid: str, header: Mapping[str, Any]) -> None:
+        if not self.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
+            self._att.pop(rid, None)  # this one replaces its record (else it is refused)
         try:
             a = self._accept(rid, header)
         except OwnershipError as e:
@@ -195,7 +217,7 @@ class Receiver:
         except SpecManifestError as e:
             raise ManifestError.from_spec(e) from None
         verdict = check_compatible(m, self.local)
-        reasons = list(verdict.reasons)
+        reasons = list(verdict.reasons) if self.manifest_gate else []
         if m.request_id != rid:
             reasons.append(f"request_id: {m.request_id!r} on the channel of {rid!r}")
         if m.src_cp != 1:
@@ -215,7 +237,7 @@ class Receiver:
         src = KVGeometry.from_manifest_source(m)
         need = sm.blocks_needed(m.num_tokens + ex.decode_room, g.block_size) - len(ex.prefix)
         staging = None
-        if m.block_size != g.block_size:
+        if m.block_size != g.block_size or self.stage:
             staging = src.make_pools(max(1, len(m.sent_blocks)))
             staging.alloc.reserve(rid, len(m.sent_blocks), epoch=m.epoch)
         alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
@@ -250,18 +272,21 @@ class Receiver:
             actual = bytes_checksum(payload)
             if actual != header.get("checksum"):
                 raise ChecksumError(
-                    f"block {idx} (rank {rank}): bytes hash to {actual}, "
-                    f"the chunk header says {header.get('checksum')!r}"
+                    f"block {idx} (rank {rank}): bytes do not hash to the header's checksum "
+                    f"({actual} != {header.get('checksum')!r})"
                 )
             canonical = m.src_tp == 1 and m.layout == sm.LAYOUTS[0]
             expected = m.block_checksums[idx - m.prefix_blocks]
             if canonical and actual != expected:
-                raise ChecksumError(f"block {idx}: bytes hash to {actual}, manifest {expected}")
+                raise ChecksumError(
+                    f"block {idx}: bytes hash to {actual}, not the manifest's checksum {expected}"
+                )
             self._install(a, rank, idx, payload)
         except OwnershipError as e:
             self._fail(a, e)
             return
         a.landed.add((rank, idx))  # counted only once the install returned
+        a.checks += 1
         if canonical and a.staging is None and len(a.pieces[rank]) == 1:
             a.verified.add(idx)  # verified bytes, copied whole: no need to hash again
 
@@ -292,8 +317,9 @@ class Receiver:
                 got, want = block_checksum(blk), m.block_checksums[i - m.prefix_blocks]
                 if got != want:
                     raise ChecksumError(
-                        f"block {i}: installed bytes hash to {got}, manifest {want}"
+                        f"block {i}: bytes hash to {got}, not the manifest's checksum {want}"
                     )
+                a.checks += 1
             if a.staging is not None and m.sent_blocks:
                 self._reshard(a)
             alloc.commit(rid, m.epoch)

@@ -72,7 +72,7 @@ def write_kv(
             for li, layer in enumerate(fields):
                 for fi, t in enumerate(layer):
                     src = t[h.start : h.stop, j0 * bs : (j0 + n) * bs]  # [h, n*bs, D]
-                    dst[:, li, fi].copy_(src.unflatten(1, (n, bs)).transpose(0, 1))
+                    dst[:, li, fi].copy_(src.reshape(len(h), n, bs, -1).transpose(0, 1))
     tail = n_tok - full * bs
     if tail:
         for r in range(pools.tp):
@@ -98,7 +98,7 @@ def read_kv(pools: RankPools, blocks: Sequence[int], num_tokens: int) -> torch.T
         for j0, b0, n in _runs(blocks[:full]):
             src = _hm(pools, r, b0, n).permute(1, 2, 3, 0, 4, 5)  # [L, F, h, n, bs, D]
             dst = out[:, :, h.start : h.stop, j0 * bs : (j0 + n) * bs]
-            dst.unflatten(3, (n, bs)).copy_(src)
+            dst.view(*dst.shape[:3], n, bs, g.head_dim).copy_(src)  # a view: splits T
         tail = num_tokens - full * bs
         if tail:
             src = _hm(pools, r, blocks[full], 1)[0]  # [L, F, h, bs, D]
