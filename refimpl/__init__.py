@@ -18,7 +18,8 @@ GQA+RoPE decoder).
 
 Built on it: ``engine`` (one method per spec action, ``abstract()`` to a spec state),
 ``testing`` (the Hypothesis machines, parametrised by your implementation), ``demo``
-(handoff paths on the tiny model), ``replay`` (counterexamples on real tensors).
+(handoff paths on the tiny model), ``replay`` (counterexamples on real tensors),
+``cluster`` (prefill and decode as separate processes on torch.distributed).
 
 The API names load on first use, so ``import refimpl.blocks`` stays torch-light.
 """
@@ -52,6 +53,7 @@ __all__ = [
     "blocks",
     "checksum",
     "chunks",
+    "cluster",
     "costmodel",
     "demo",
     "engine",

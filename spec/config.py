@@ -158,11 +158,32 @@ SCALE["handoff_three_tp2to1"] = Config(
     max_attempts=1,
 )
 
+# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks a run's merged
+# log request by request): T prefill ranks -> one decode rank, B blocks, cancels, a crash
+# and a lost control message. For trace checking only (not in the default suite).
+CLUSTER: dict[str, Config] = {
+    f"cluster_tp{t}_b{b}": Config(
+        name=f"cluster_tp{t}_b{b}",
+        doc=f"one request of a cluster run: {b} blocks, prefill TP={t} -> decode TP=1",
+        blocks=b,
+        src_tp=t,
+        dst_tp=1,
+        cap_p=b,
+        cap_d=b,
+        faults=2,
+        fault_kinds=frozenset({"crash", "lose"}),
+    )
+    for t in (1, 2, 3, 4)
+    for b in (1, 2, 3)
+}
+
 
 def get_config(name: str) -> Config:
     if name in CONFIGS:
         return CONFIGS[name]
     if name in SCALE:
         return SCALE[name]
-    valid = ", ".join([*CONFIGS, *SCALE])
+    if name in CLUSTER:
+        return CLUSTER[name]
+    valid = ", ".join([*CONFIGS, *SCALE, "cluster_tp{1..4}_b{1..3}"])
     raise KeyError(f"unknown config {name!r}; valid configs: {valid}")
