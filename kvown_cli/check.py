@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import os
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvown_cli.junit import Case, write_junit
+from kvown_cli.usage import UsageError, output_path, refuse
 from model_checks.explicit.explore import Progress as ProgressFn
 from model_checks.explicit.runner import (
     ConfigResult,
@@ -24,6 +26,7 @@ from spec.config import DEFAULT_SUITE, get_config
 from spec.mutants import MUTANTS, get_mutant
 
 HELP = "explore the spec exhaustively (default suite)"
+DOT_MAX_STATES = 5000  # to_dot's limit on a whole graph
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,29 +36,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--all-mutants", action="store_true", help="the mutant matrix")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dot", metavar="FILE", help="write the state graph (or cex) as DOT")
+    p.add_argument(
+        "--junit", metavar="FILE", help="write JUnit XML: a testcase per property x config"
+    )
+    p.add_argument(
+        "--cex-dir",
+        metavar="DIR",
+        help="on a violation, write its counterexample there as JSON and DOT (CI artifacts)",
+    )
 
 
-def _err(msg: str) -> int:
-    print(f"kvown check: {msg}", file=sys.stderr)
-    return 2
+def _err(args: argparse.Namespace, msg: str) -> int:
+    return refuse("check", msg, args.json)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        output_path(args.dot, "--dot")
+        output_path(args.junit, "--junit")
+        if args.cex_dir is not None:
+            output_path(os.path.join(args.cex_dir, "cex.json"), "--cex-dir")
+    except UsageError as exc:
+        return _err(args, str(exc))
     try:
         if args.config is not None:
             get_config(args.config)
         if args.mutant is not None:
             get_mutant(args.mutant)
     except KeyError as exc:
-        return _err(str(exc.args[0]))
+        return _err(args, str(exc.args[0]))
     if args.dot and not (args.config or args.mutant):
-        return _err("--dot needs --config (a small config's graph) or --mutant (its cex)")
+        return _err(args, "--dot needs --config (a small config's graph) or --mutant (its cex)")
+    if args.dot and args.config and _pinned_states(args.config) > DOT_MAX_STATES:
+        n = _pinned_states(args.config)
+        return _err(args, f"--dot: {args.config} has {n} states, DOT is for <= {DOT_MAX_STATES}")
     if args.all_mutants:
         return _all_mutants(args)
     if args.mutant is not None:
         return _mutant(args)
     names = (args.config,) if args.config else DEFAULT_SUITE
     return _suite(args, names)
+
+
+def _pinned_states(name: str) -> int:
+    """The config's pinned state count (0 when not pinned: then the check decides)."""
+    from model_checks.explicit.pin import PINNED
+
+    pinned = json.loads(PINNED.read_text()).get("configs", {}).get(name, {})
+    return int(pinned.get("distinct_states", 0))
 
 
 def _progress_bar(console: Console, enabled: bool) -> Progress:
@@ -91,13 +119,18 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
         try:
             text = to_dot(g)
         except ValueError as exc:
-            return _err(str(exc))
+            return _err(args, str(exc))
         with open(args.dot, "w") as f:
             f.write(text)
     first = None
     if violated is not None:
         pid = str(violated["id"])
         first = next(r.violations[pid] for r in results if pid in r.violations)
+    if args.junit:
+        write_junit(args.junit, "kvown check", _suite_cases(results))
+    if args.cex_dir and first is not None:
+        g = next(r.graph for r in results if r.name == first.config)
+        _write_cex(args.cex_dir, first.config, first.prop, first.steps, to_dot(g, path=first.steps))
     if args.json:
         out: dict[str, Any] = {
             "configs": [r.summary() for r in results],
@@ -143,8 +176,57 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
     return 0
 
 
+def _suite_cases(results: list[ConfigResult]) -> list[Case]:
+    """One testcase per property x config; a failure carries the pretty counterexample."""
+    from spec.properties import LIVENESS, SAFETY
+
+    cases = []
+    for r in results:
+        c = get_config(r.name)
+        for p in (*SAFETY, *LIVENESS):
+            v = r.violations.get(p.id)
+            text = None if v is None else pretty(c, frozenset(), v.steps, p.id)
+            msg = f"{p.id} violated on {r.name}" if v is not None else ""
+            cases.append(Case(f"kvown.check.{r.name}", p.id, r.seconds, text, msg))
+    return cases
+
+
+def _mutant_case(r: MutantResult) -> Case:
+    """A mutant's testcase passes when the model check catches it (the matrix's sense)."""
+    if r.caught:
+        return Case("kvown.check.mutants", r.name, r.seconds)
+    msg = f"{r.name}: {r.expected} holds on {r.config}"
+    return Case("kvown.check.mutants", r.name, r.seconds, f"NOT CAUGHT: {msg}", msg)
+
+
+def _write_cex(
+    folder: str, config: str, prop: str, steps: list[Any], dot: str, mutant: str | None = None
+) -> None:
+    """``<config>[.<mutant>].<property>.json`` (the replayable trace) and ``.dot``."""
+    stem = os.path.join(folder, ".".join(x for x in (config, mutant, prop) if x))
+    out = {"config": config, "mutants": [mutant] if mutant else [], "violated": prop}
+    with open(f"{stem}.json", "w") as f:
+        json.dump({**out, "trace": steps}, f, indent=1)
+    with open(f"{stem}.dot", "w") as f:
+        f.write(dot)
+
+
 def _mutant(args: argparse.Namespace) -> int:
     r = check_mutant(args.mutant)
+    if args.cex_dir and r.trace is not None:
+        from model_checks.explicit.explore import explore
+
+        g = explore(get_config(r.config), frozenset({r.name}), stop_on=r.expected)
+        dot = to_dot(g, path=r.trace.steps)
+        _write_cex(args.cex_dir, r.config, r.expected, r.trace.steps, dot, mutant=r.name)
+    if args.junit:  # the counterexample is the finding: exit 1, a failing testcase
+        c = get_config(r.config)
+        text = f"violated: {', '.join(r.violated)}"
+        if r.trace is not None:
+            text = pretty(c, frozenset({r.name}), r.trace.steps, r.expected)
+        msg = f"{', '.join(r.violated)} violated on {r.config} by {r.name}"
+        case = Case("kvown.check.mutant", r.name, r.seconds, text if r.violated else None, msg)
+        write_junit(args.junit, "kvown check", [case])
     if args.dot and r.trace is not None:
         from model_checks.explicit.explore import explore
 
@@ -183,6 +265,8 @@ def _all_mutants(args: argparse.Namespace) -> int:
             results.append(check_mutant(name))
             bar.advance(task)
     ok = all(r.caught for r in results)
+    if args.junit:
+        write_junit(args.junit, "kvown check --all-mutants", [_mutant_case(r) for r in results])
     if args.json:
         print(
             json.dumps(

@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from kvown_cli.junit import Case, write_junit
+from kvown_cli.usage import MAX_GAP, UsageError, one_line, output_path
 from model_checks.conformance import ASSUMABLE, DEFAULT_MAX_GAP, LogError, Verdict, check_file
 from spec.actions import ACTIONS
 
@@ -41,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the log was cut from a running engine: skip the end-of-log stall checks",
     )
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase for the log")
 
 
 def format_verdict(v: Verdict) -> str:
@@ -62,7 +65,8 @@ def format_verdict(v: Verdict) -> str:
 
 def _malformed(args: argparse.Namespace, msg: str, line: int | None) -> int:
     where = f"{args.file}:{line}: " if line is not None else f"{args.file}: "
-    print(f"error: {where}{msg}", file=sys.stderr)
+    msg = one_line(msg)
+    print(one_line(f"error: {where}{msg}"), file=sys.stderr)
     if args.json:
         out = {"conforms": False, "violated": None, "line": line, "event": None}
         print(json.dumps({**out, "assumed_steps": [], "error": msg}))
@@ -70,8 +74,12 @@ def _malformed(args: argparse.Namespace, msg: str, line: int | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_gap < 0:
-        return _malformed(args, f"--max-gap must be >= 0, got {args.max_gap}", None)
+    if not 0 <= args.max_gap <= MAX_GAP:
+        return _malformed(args, f"--max-gap must be in [0, {MAX_GAP}], got {args.max_gap}", None)
+    try:
+        output_path(args.junit, "--junit")
+    except UsageError as exc:
+        return _malformed(args, str(exc), None)
     unknown = [a for a in args.assume if a not in ACTIONS]
     if unknown:
         return _malformed(args, f"--assume: unknown action(s) {unknown}", None)
@@ -85,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         )
     except LogError as exc:
         return _malformed(args, exc.msg, exc.line)
+    if args.junit:
+        text = None if verdict.conforms else format_verdict(verdict)
+        msg = f"line {verdict.line}: {verdict.violated}"
+        case = Case("kvown.check-trace", args.file, 0.0, text, msg)
+        write_junit(args.junit, "kvown check-trace", [case])
     if args.json:
         print(json.dumps(verdict.to_json()))
     else:

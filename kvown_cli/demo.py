@@ -16,6 +16,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from kvown_cli.usage import MAX_SEED, MAX_STEPS, int_in, refuse
+
 HELP = "the data path on a real attention model: handoff paths and their logits"
 JSON_KEYS = ("name", "blocks_moved", "bytes_moved", "logits_equal", "max_abs_diff")
 VISIBLE = 1e-3  # a mismatch must move some logit by more than this
@@ -24,14 +26,20 @@ VISIBLE = 1e-3  # a mismatch must move some logit by more than this
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--mismatch", action="store_true", help="run the manifest-mismatch scenario")
-    p.add_argument("--seed", type=int, default=0, help="weights and prompt seed")
-    p.add_argument("--steps", type=int, default=6, help="tokens decoded after the handoff")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0, help="weights and prompt seed")
+    p.add_argument(
+        "--steps",
+        type=int_in(1, MAX_STEPS),
+        default=6,
+        help=f"tokens decoded after the handoff (1..{MAX_STEPS})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        print("kvown demo: --steps must be >= 1")
-        return 2
+    if not 1 <= args.steps <= MAX_STEPS:
+        return refuse("demo", f"--steps must be in [1, {MAX_STEPS}], got {args.steps}", args.json)
+    if not 0 <= args.seed <= MAX_SEED:
+        return refuse("demo", f"--seed must be in [0, {MAX_SEED}], got {args.seed}", args.json)
     if args.mismatch:
         return _mismatch(args)
     from refimpl.demo import run_all

@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import math
 from collections import Counter
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from kvown_cli.junit import Case, write_junit
+from kvown_cli.usage import (
+    MAX_EXAMPLES,
+    MAX_SECONDS,
+    UsageError,
+    int_in,
+    output_path,
+    positive_seconds,
+    refuse,
+)
 from refimpl.testing import EngineAdapter
 from refimpl.testing.harness import NONTRIVIAL, Coverage
 from refimpl.testing.run import PROFILES, Kill, RunResult, hunt, kill, shrunk, state_share
@@ -36,19 +46,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--all-mutants", action="store_true", help="the kill matrix of every switch")
     g.add_argument("--mutant", metavar="NAME", action="append", help="hunt one switch")
     p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
-    p.add_argument("--examples", type=int, metavar="N", help="examples per config or switch")
-    p.add_argument("--seconds", type=float, metavar="S", help="time budget (total; per switch)")
+    p.add_argument(
+        "--examples",
+        type=int_in(1, MAX_EXAMPLES),
+        metavar="N",
+        help="examples per config or switch",
+    )
+    p.add_argument(
+        "--seconds",
+        type=positive_seconds,
+        metavar="S",
+        help="time budget, finite and > 0 (total; per switch)",
+    )
     p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
     p.add_argument("--coverage", action="store_true", help="state share on every config")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _err(msg: str) -> int:
-    print(f"kvown fuzz: {msg}", file=sys.stderr)
-    return 2
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: a testcase per config/mutant")
 
 
 def run(args: argparse.Namespace) -> int:
+    def _err(msg: str) -> int:
+        return refuse("fuzz", msg, args.json)
+
+    try:
+        output_path(args.junit, "--junit")
+    except UsageError as exc:
+        return _err(str(exc))
+    sec = args.seconds
+    if sec is not None and not (math.isfinite(sec) and 0 < sec <= MAX_SECONDS):
+        return _err(f"--seconds must be finite, in (0, {MAX_SECONDS}], got {sec}")
     adapter = EngineAdapter()
     switches = adapter.switches()
     if args.profile not in PROFILES:
@@ -65,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
             get_config(args.config)
         except KeyError as exc:
             return _err(str(exc.args[0]))
-    if args.examples is not None and args.examples < 1:
-        return _err("--examples must be at least 1")
+    if args.examples is not None and not 1 <= args.examples <= MAX_EXAMPLES:
+        return _err(f"--examples must be in [1, {MAX_EXAMPLES}]")
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
     return _fuzz(args, adapter)
@@ -101,6 +127,18 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
             shares[name] = state_share(cov.states, get_config(name))
     failed = next((r for r in results if r.failed), None)
     detail = _failure_text(adapter, failed) if failed is not None else None
+    if args.junit:
+        cases = [
+            Case(
+                "kvown.fuzz.configs",
+                r.config,
+                r.seconds,
+                detail if r is failed else None,
+                f"the engine diverges from the spec on {r.config}",
+            )
+            for r in results
+        ]
+        write_junit(args.junit, "kvown fuzz", cases)
     if args.json:
         print(json.dumps(_fuzz_json(results, total, shares, detail)))
     else:
@@ -206,6 +244,8 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
             kill(adapter, name, profile=args.profile, examples=args.examples, seconds=args.seconds)
         )
     ok = all(k.killed for k in kills if k.applicable)
+    if args.junit:
+        write_junit(args.junit, "kvown fuzz --mutant", [_kill_case(k) for k in kills])
     if args.json:
         print(json.dumps({"mutants": [k.to_json() for k in kills]}))
         return 0 if ok else 1
@@ -232,3 +272,13 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
         highlight=False,
     )
     return 0 if ok else 1
+
+
+def _kill_case(k: Kill) -> Case:
+    """A switch's testcase passes when the machine kills it; n/a switches are skipped."""
+    if k.killed is None:
+        return Case("kvown.fuzz.mutants", k.name, k.seconds, skipped=k.message or "n/a")
+    if k.killed:
+        return Case("kvown.fuzz.mutants", k.name, k.seconds)
+    msg = f"switch {k.name} survived {k.examples or 0} examples on {k.config}"
+    return Case("kvown.fuzz.mutants", k.name, k.seconds, f"SURVIVED: {msg}\n{k.message}", msg)

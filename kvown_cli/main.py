@@ -2,15 +2,36 @@
 ``add_arguments(parser)`` and ``run(args) -> int``; only the chosen one is imported
 (the refimpl ones import torch, which the model checks do not need).
 
-Exit codes: 0 success, 1 a violation or a failed claim, 2 misuse.
+One exit-code contract for every command (the README's table):
+
+- 0: everything holds / conforms / behaves as documented;
+- 1: a property is violated, a log deviates, a claim or a reproduction fails;
+- 2: bad input or usage: one line on stderr starting ``error:`` (with ``--json`` also an
+  ``{"error": ...}`` object on stdout); also an output that cannot be written;
+- 3: an internal error (a bug in kvown): one ``error: internal error`` line, never 1
+  (``KVOWN_DEBUG=1`` shows the traceback instead);
+- 130: interrupted (Ctrl-C): one line, every child process ended.
+
+A closed stdout (``kvown list | head -1``) ends quietly with 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import json
+import multiprocessing
+import os
+import signal
 import sys
+import threading
+import warnings
 from collections.abc import Sequence
+from types import FrameType
+from typing import NoReturn
+
+from kvown_cli.usage import UsageError, one_line, refuse
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("kvown_cli.check", "explore the spec exhaustively (default suite)"),
@@ -20,47 +41,165 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("kvown_cli.demo", "the data path on a real attention model"),
     "fuzz": ("kvown_cli.fuzz", "fuzz the reference implementation against the spec"),
     "repro": ("kvown_cli.repro", "run the failure-case reproduction scripts"),
+    "cluster": ("kvown_cli.cluster", "a prefill/decode cluster of processes, checked"),
 }
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but misuse raises UsageError (one line) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
 
 
 def _usage() -> str:
     lines = ["usage: kvown COMMAND [options]", "", "commands:"]
     lines += [f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines.append("\n`kvown COMMAND --help` for a command's options.")
+    lines.append("exit codes: 0 holds, 1 violation, 2 bad input, 3 internal error, 130 Ctrl-C")
     return "\n".join(lines)
+
+
+def _end_children() -> None:
+    """Terminate every worker process (z3 claims, repro prefetch), then reap them."""
+    children = multiprocessing.active_children()
+    for p in children:
+        p.terminate()
+    for p in children:
+        p.join(timeout=0.5)
+        if p.is_alive():
+            p.kill()
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    # End the workers first: a process pool's shutdown would otherwise wait for them.
+    _end_children()
+    raise KeyboardInterrupt
+
+
+def _ignore_sigint_in_child() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its workers itself
+
+
+_FORK_HOOK = False
+
+
+def _install_signal_handlers() -> None:
+    global _FORK_HOOK
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_ignore_sigint_in_child)
+        _FORK_HOOK = True
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if args and args[0] in ("-h", "--help"):
         print(_usage())
-        return 0 if args else 2
+        return EXIT_OK
+    if not args:
+        return _fail("", f"no command; valid commands: {', '.join(COMMANDS)}", False)
     name = args[0]
+    as_json = "--json" in args[1:]
     if name not in COMMANDS:
-        print(
-            f"kvown: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}",
-            file=sys.stderr,
-        )
-        return 2
+        return _fail("", f"unknown command {name!r}; valid: {', '.join(COMMANDS)}", as_json)
+    if threading.current_thread() is threading.main_thread():
+        _install_signal_handlers()
+    # torch warns at import when numpy is absent; kvown never needs numpy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    try:
+        rc = _dispatch(name, args[1:], as_json)
+        sys.stdout.flush()
+        return rc
+    except KeyboardInterrupt:
+        _end_children()
+        print(f"kvown {name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
+    except UsageError as exc:
+        return _fail(name, str(exc), as_json)
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            _silence_stdout()
+            return EXIT_OK
+        _silence_stdout()
+        print(f"error: kvown {name}: {one_line(_os_message(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # a bug in kvown: never exit 1 ("violation found")
+        _end_children()
+        if os.environ.get("KVOWN_DEBUG"):
+            raise
+        msg = one_line(f"internal error (a bug in kvown): {type(exc).__name__}: {exc}")
+        print(f"error: kvown {name}: {msg}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"error": msg, "internal": True}))
+        return EXIT_INTERNAL
+
+
+def _os_message(exc: OSError) -> str:
+    where = f" {exc.filename}" if exc.filename else " output"
+    return f"cannot use{where}: {exc.strerror or exc}"
+
+
+def _fail(name: str, msg: str, as_json: bool) -> int:
+    if not name:
+        print(f"error: kvown: {one_line(msg)}", file=sys.stderr)
+        return EXIT_USAGE
+    return refuse(name, msg, as_json)
+
+
+def _raise_broken_pipe(self: object) -> None:
+    raise BrokenPipeError(errno.EPIPE, "stdout closed")
+
+
+def _dispatch(name: str, argv: list[str], as_json: bool) -> int:
+    import rich.console
+
+    # rich turns a closed stdout into SystemExit(1), the code for "violation found";
+    # let it reach main's BrokenPipeError handler (quiet exit 0) instead.
+    setattr(rich.console.Console, "on_broken_pipe", _raise_broken_pipe)  # noqa: B010
     module_name, help_ = COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        print(f"kvown {name}: not available ({exc})", file=sys.stderr)
-        return 2
-    parser = argparse.ArgumentParser(prog=f"kvown {name}", description=help_)
+        raise UsageError(f"not available ({exc})") from None
+    parser = _Parser(prog=f"kvown {name}", description=help_)
     module.add_arguments(parser)
     try:
-        ns = parser.parse_args(args[1:])
-    except SystemExit as exc:  # argparse: misuse exits 2, --help exits 0
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:  # --help: argparse printed it and exits 0
         return int(exc.code or 0)
-    try:
-        result: int = module.run(ns)
-    except BrokenPipeError:  # e.g. piped into `head`
-        sys.stderr.close()
-        return 0
+    result: int = module.run(ns)
     return result
 
 
+def entry() -> None:
+    """The ``kvown`` executable: ``main``, then exit; after Ctrl-C, at once (the workers are
+    ended, and the interpreter's teardown of torch and Hypothesis would take a second)."""
+    rc = main()
+    if rc == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    raise SystemExit(rc)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

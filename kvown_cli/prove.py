@@ -11,14 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from kvown_cli.junit import Case, write_junit
+from kvown_cli.usage import MAX_JOBS, UsageError, int_in, output_path, refuse
 
 HELP = "z3: BMC of mutants, inductive invariants, layouts"
 
@@ -44,10 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="list every layout claim (not grouped)")
     p.add_argument(
         "--jobs",
-        type=int,
+        type=int_in(1, MAX_JOBS),
         default=min(2, os.cpu_count() or 1),
-        help="worker processes (default: 2 or the CPU count)",
+        help=f"worker processes, 1..{MAX_JOBS} (default: 2 or the CPU count)",
     )
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per claim")
 
 
 def _console() -> Console:
@@ -58,16 +62,22 @@ def _console() -> Console:
     return con
 
 
-def _err(msg: str) -> int:
-    print(f"kvown prove: {msg}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
+    def _err(msg: str) -> int:
+        return refuse("prove", msg, args.json)
+
+    try:
+        output_path(args.junit, "--junit")
+    except UsageError as exc:
+        return _err(str(exc))
+    if not 1 <= args.jobs <= MAX_JOBS:
+        return _err(f"--jobs must be in [1, {MAX_JOBS}], got {args.jobs}")
+    if args.junit and (args.mutant is not None or args.property is not None):
+        return _err("--junit goes with the claims run (no --mutant, no --property)")
     if args.mutant is not None:
-        return _mutant(args)
+        return _mutant(args, _err)
     if args.property is not None:
-        return _property(args)
+        return _property(args, _err)
     if args.drop:
         return _err("--drop needs --property")
     return _claims(args)
@@ -89,6 +99,8 @@ def _claims(args: argparse.Namespace) -> int:
     claims = run_all(tuple(args.only or GROUPS), args.quick, max(1, args.jobs), tick)
     wall = time.perf_counter() - t0
     ok = all(c.ok for c in claims)
+    if args.junit:
+        write_junit(args.junit, "kvown prove", [_claim_case(c) for c in claims])
     if args.json:
         keys = ("id", "method", "result", "seconds", "expected", "ok", "detail")
         out = [{k: c.public()[k] for k in keys} for c in claims]
@@ -150,7 +162,7 @@ def _rows(claims: list[Any], every: bool) -> list[tuple[str, str, str, str, str]
     return rows
 
 
-def _mutant(args: argparse.Namespace) -> int:
+def _mutant(args: argparse.Namespace, _err: Callable[[str], int]) -> int:
     from model_checks.explicit.trace import pretty
     from model_checks.symbolic.bmc import SAFETY_MUTANTS, bfs_depth, mutant_bmc
     from spec.config import get_config
@@ -188,7 +200,7 @@ def _mutant(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _property(args: argparse.Namespace) -> int:
+def _property(args: argparse.Namespace, _err: Callable[[str], int]) -> int:
     from model_checks.symbolic.claims import TPS, induction_claims, merge_tps
     from model_checks.symbolic.invariants import STRENGTHENING, SUPPORT
 
@@ -214,3 +226,11 @@ def _property(args: argparse.Namespace) -> int:
         print("counterexample to induction:")
         print("\n".join(c.cti))
     return 0 if c.ok else 1
+
+
+def _claim_case(c: Any) -> Case:
+    """One testcase per claim; a failure carries the verdict, detail and any CTI."""
+    if c.ok:
+        return Case(f"kvown.prove.{c.method}", c.id, c.seconds)
+    text = "\n".join([f"{c.id}: {_verdict(c)}", c.detail, *c.cti])
+    return Case(f"kvown.prove.{c.method}", c.id, c.seconds, text, f"{c.id}: {_verdict(c)}")

@@ -20,6 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kvown_cli.usage import refuse
+from spec.strict_json import short
+
 HELP = "run the failure-case reproduction scripts"
 REPRO_DIR = Path(__file__).resolve().parents[1] / "repro"
 
@@ -91,16 +94,12 @@ def run(args: argparse.Namespace) -> int:
     valid = script_names()
     unknown = [n for n in args.names if n not in valid]
     if unknown:
-        print(
-            f"kvown repro: unknown script {unknown[0]!r}; valid names: {', '.join(valid)}",
-            file=sys.stderr,
-        )
-        return 2
+        msg = f"unknown script {short(unknown[0])}; valid names: {', '.join(valid)}"
+        return refuse("repro", msg, args.json)
     if args.list:
         return _list(args.json)
     if args.all == bool(args.names):
-        print("kvown repro: give NAME(s) or --all (or --list)", file=sys.stderr)
-        return 2
+        return refuse("repro", "give NAME(s) or --all (or --list)", args.json)
     names = valid if args.all else list(args.names)
     narrate = not args.json and not args.all
     t0 = time.perf_counter()

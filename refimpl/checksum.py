@@ -2,7 +2,8 @@
 
 A block is one contiguous slab of the pool (``kv[b]``), so its bytes can be hashed where
 they lie: ``t.view(uint8)`` reinterprets any dtype (float16, bfloat16, float8, ...)
-without a copy, and ``.numpy()`` exposes the CPU memory through the buffer protocol. The
+without a copy, and a ctypes array over ``data_ptr()`` exposes the CPU memory through the
+buffer protocol (no numpy: torch and xxhash are the data path's only dependencies). The
 digest is lowercase hex, 16 digits, as in ``Manifest.block_checksums``.
 
 xxh3 runs near memcpy speed on one core; zlib's crc32 runs near 2 GiB/s. Note that the
@@ -11,23 +12,45 @@ Python binding holds the GIL, so hashing does not overlap with other Python thre
 
 from __future__ import annotations
 
+import ctypes
 import warnings
 
-import numpy as np
 import torch
 import xxhash
 
 Buffer = bytes | bytearray | memoryview
 
 
+def _raw_view(t: torch.Tensor, what: str) -> memoryview:
+    """A writable memoryview of a contiguous CPU tensor's bytes (no copy).
+
+    The ctypes array keeps a reference to the tensor, and the memoryview keeps the array,
+    so the memory stays valid for as long as the view is alive.
+    """
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} needs CPU memory, got {t.device}; stage it to host first")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} needs a contiguous tensor (a pool block is one)")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(bytearray())
+    arr = (ctypes.c_ubyte * n).from_address(t.data_ptr())
+    arr._kvown_owner = t  # type: ignore[attr-defined]  # keep the memory alive
+    return memoryview(arr).cast("B")
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, read-only, without copying them."""
-    if t.device.type != "cpu":
-        raise ValueError(f"byte_view needs CPU memory, got {t.device}; stage it to host first")
-    if not t.is_contiguous():
-        raise ValueError("byte_view needs a contiguous tensor (a pool block is one)")
-    arr: np.ndarray = t.reshape(-1).view(torch.uint8).numpy()
-    return arr.data.toreadonly()
+    return _raw_view(t, "byte_view").toreadonly()
+
+
+def copy_bytes_into(t: torch.Tensor, data: Buffer) -> None:
+    """Copy ``data`` into a contiguous CPU tensor's bytes: one memcpy, no torch dispatch."""
+    dst = _raw_view(t, "copy_bytes_into")
+    src = memoryview(data).cast("B")
+    if src.nbytes != dst.nbytes:
+        raise ValueError(f"copy_bytes_into: {src.nbytes} bytes into a {dst.nbytes}-byte tensor")
+    dst[:] = src
 
 
 def bytes_checksum(data: Buffer) -> str:

@@ -27,25 +27,14 @@ import torch.nn.functional as F
 
 from refimpl.reshard import KVLayout, ShardedKV, allocate, read_tokens, write_tokens
 from spec import shardmap as sm
+from spec.manifest import RopeConfig as RopeConfig  # the one RoPE type, re-exported
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-@dataclass(frozen=True, slots=True)
-class RopeConfig:
-    """Rotary embedding settings; part of the handoff manifest (a mismatch corrupts KV)."""
-
-    theta: float = 10000.0  # base of the inverse frequencies theta ** (-2i / rotary_dim)
-    rotary_dim: int = 8  # leading elements of each head that rotate (even, <= head_dim)
-
-    def to_manifest(self) -> dict[str, float | int | str]:
-        return {"theta": self.theta, "rotary_dim": self.rotary_dim, "style": "neox"}
-
-    @classmethod
-    def from_manifest(cls, d: dict[str, float | int | str]) -> RopeConfig:
-        if d.get("style", "neox") != "neox":
-            raise ValueError(f"unsupported rope style {d['style']!r}")
-        return cls(theta=float(d["theta"]), rotary_dim=int(d["rotary_dim"]))
+# The one RoPE type is the manifest's (spec.manifest.RopeConfig); this model implements
+# both styles and the scalings "none" and "linear".
+ROPE_SCALINGS_IMPLEMENTED = ("none", "linear")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +45,7 @@ class TinyConfig:
     kv_heads: int = 2  # KV heads; q_heads // kv_heads queries share one (GQA)
     head_dim: int = 8  # hs
     ffn: int = 128  # MLP hidden width
-    rope: RopeConfig = field(default_factory=RopeConfig)
+    rope: RopeConfig = field(default_factory=lambda: RopeConfig(10000.0, 8))
     dtype: str = "float64"  # "float32" or "float64", on CPU
 
     def __post_init__(self) -> None:
@@ -69,6 +58,9 @@ class TinyConfig:
         rd = self.rope.rotary_dim
         if rd % 2 or not 0 < rd <= self.head_dim:
             raise ValueError(f"rotary_dim={rd} must be even and in (0, head_dim={self.head_dim}]")
+        if self.rope.scaling not in ROPE_SCALINGS_IMPLEMENTED:
+            raise ValueError(f"rope scaling {self.rope.scaling!r}: implemented only for "
+                             f"{ROPE_SCALINGS_IMPLEMENTED}")  # fmt: skip
 
     @property
     def d_model(self) -> int:
@@ -146,15 +138,25 @@ def rope_angles(rope: RopeConfig, start: int, n: int, dtype: torch.dtype) -> tor
     half = torch.arange(0, rope.rotary_dim, 2, dtype=dtype) / rope.rotary_dim  # (rd/2,)
     inv_freq = 1.0 / (rope.theta**half)  # (rd/2,)
     pos = torch.arange(start, start + n, dtype=dtype)  # (n,)
+    if rope.scaling == "linear":
+        pos = pos / rope.scaling_factor  # positions interpolated into the trained range
     return torch.outer(pos, inv_freq)  # (n, rd/2)
 
 
-def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """NeoX-style rotation of the first rotary_dim elements.  x: (nh, T, hs)."""
+def apply_rope(x: torch.Tensor, angles: torch.Tensor, style: str = "neox") -> torch.Tensor:
+    """Rotate the first rotary_dim elements.  x: (nh, T, hs).
+
+    neox pairs x[i] with x[i + rd/2] (rotate-half); gptj pairs x[2i] with x[2i + 1].
+    """
     rd = 2 * angles.shape[1]
     cos, sin = angles.cos(), angles.sin()  # (T, rd/2) each
-    x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]  # (nh, T, rd/2) each
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (nh, T, rd)
+    if style == "gptj":
+        x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]  # (nh, T, rd/2) each
+        pairs = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        rotated = pairs.flatten(-2)  # (nh, T, rd), interleaved back
+    else:
+        x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]  # (nh, T, rd/2) each
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (nh, T, rd)
     return torch.cat((rotated, x[..., rd:]), dim=-1)  # (nh, T, hs)
 
 
@@ -239,8 +241,8 @@ class TinyDecoder:
             q = (h @ w.wq).view(n, cfg.q_heads, hs).transpose(0, 1)  # (nq, T, hs)
             k = (h @ w.wk).view(n, cfg.kv_heads, hs).transpose(0, 1)  # (nkv, T, hs)
             v = (h @ w.wv).view(n, cfg.kv_heads, hs).transpose(0, 1)  # (nkv, T, hs)
-            q = apply_rope(q, angles).contiguous()  # (nq, T, hs)
-            k = apply_rope(k, angles).contiguous()  # (nkv, T, hs)
+            q = apply_rope(q, angles, cfg.rope.style).contiguous()  # (nq, T, hs)
+            k = apply_rope(k, angles, cfg.rope.style).contiguous()  # (nkv, T, hs)
             store.write(layer, start, k, v.contiguous())
             y = self._attend(q, layer, start, store)  # (nq, T, hs)
             x = x + y.transpose(0, 1).reshape(n, cfg.d_model) @ w.wo  # (T, C)

@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from refimpl.blocks import BlockAllocator
-from refimpl.checksum import Buffer, byte_view, tensor_from_bytes
+from refimpl.checksum import Buffer, byte_view, copy_bytes_into, tensor_from_bytes
 from refimpl.errors import ChunkError
 from spec.manifest import LocalConfig, Manifest
 from spec.shardmap import LAYOUTS
@@ -207,8 +206,7 @@ class KVPool:
         if self.device.type == "cpu" and src_g.layout == g.layout:
             # One single-threaded memcpy: a per-block torch copy_ forks and joins its
             # thread pool each time, which costs milliseconds when cores are contended.
-            dst = self.kv[b].reshape(-1).view(torch.uint8).numpy()
-            np.copyto(dst, np.frombuffer(data, dtype=np.uint8))
+            copy_bytes_into(self.kv[b], data)
             return
         src = tensor_from_bytes(data, g.dtype, src_g.block_shape)
         if src_g.layout != g.layout:

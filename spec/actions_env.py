@@ -124,6 +124,8 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
                     hl=0,
                     gl=0,
                     ps=IDLE,
+                    sent=0,
+                    phit=0,
                     net=tuple(
                         x for x in r.net if msg_kind(x) not in CHUNKS and msg_kind(x) in TO_DECODE
                     ),

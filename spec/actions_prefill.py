@@ -208,7 +208,7 @@ def PrefillSendChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resul
     if sent < total:
         return put(w, i, r._replace(sent=sent, net=net))
     if "release_before_install" in m:  # frees the source as soon as its sends complete
-        return put(w, i, r._replace(sent=sent, net=net, ps=IDLE, p=NONE))
+        return put(w, i, r._replace(net=net, ps=IDLE, sent=0, phit=0, p=NONE))
     return put(w, i, r._replace(sent=sent, net=net, ps=AWAIT_ACK))
 
 
@@ -219,7 +219,7 @@ def PrefillRelease(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if msg_epoch(arg) != r.ep:
         return refuse("Fencing")
-    return put(w, i, r._replace(p=NONE, ps=IDLE, net=take(r.net, arg)))
+    return put(w, i, r._replace(p=NONE, ps=IDLE, sent=0, phit=0, net=take(r.net, arg)))
 
 
 def PrefillResume(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -231,7 +231,7 @@ def PrefillResume(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return refuse("Fencing")
     if chunks_in_flight(r, r.ep):  # its own writes still read the snapshot
         return refuse("FrozenSnapshot")
-    return put(w, i, r._replace(p=WRITABLE, ps=IDLE, net=take(r.net, arg)))
+    return put(w, i, r._replace(p=WRITABLE, ps=IDLE, sent=0, phit=0, net=take(r.net, arg)))
 
 
 def PrefillTimeout(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -242,10 +242,14 @@ def PrefillTimeout(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     net = send(w, drop_chunks(r.net, r.ep), msg(M_QUIESCED, r.ep))
     if r.st != RUNNING:
-        return put(w, i, r._replace(p=NONE, h=NONE, ps=IDLE, net=net))
+        return put(w, i, r._replace(p=NONE, h=NONE, ps=IDLE, sent=0, phit=0, net=net))
     if "source_resumes_on_timeout" in m:
-        return put(w, i, r._replace(p=WRITABLE, ps=IDLE, net=drop_chunks(r.net, r.ep)))
-    return put(w, i, r._replace(st=FAILED, g=r.g | G_END_FAILED, p=NONE, ps=IDLE, net=net))
+        return put(
+            w, i, r._replace(p=WRITABLE, ps=IDLE, sent=0, phit=0, net=drop_chunks(r.net, r.ep))
+        )
+    return put(
+        w, i, r._replace(st=FAILED, g=r.g | G_END_FAILED, p=NONE, ps=IDLE, sent=0, phit=0, net=net)
+    )
 
 
 def PrefillQuiesce(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -258,7 +262,7 @@ def PrefillQuiesce(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if r.ps != IDLE and chunks_in_flight(r, r.ep):
         return refuse("NoReuseUnderIO")
     net = send(w, r.net, msg(M_QUIESCED, r.ep)) if r.ps != IDLE else r.net
-    return put(w, i, r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, net=net))
+    return put(w, i, r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0, net=net))
 
 
 def prefill_msg_stale(r_st: int, ps: int, ep: int, code: int) -> bool:

@@ -129,7 +129,8 @@ CONFIGS: dict[str, Config] = {
 
 DEFAULT_SUITE: tuple[str, ...] = tuple(CONFIGS)
 
-# Bigger instances, for the scale curve only (not in the default suite).
+# Bigger instances, not in the default suite: the scale curve (``scale_k``) and a
+# larger world users can check on its own (``kvown check --config NAME``).
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
         name=f"scale_{k}",
@@ -143,6 +144,38 @@ SCALE: dict[str, Config] = {
     )
     for k in (1, 2, 3, 4)
 }
+SCALE["handoff_three_tp2to1"] = Config(
+    name="handoff_three_tp2to1",
+    doc="three requests, 1 block each, prefill TP=2 -> decode TP=1; prefill fits two,"
+    " decode one at a time; no cancel, no faults",
+    n_reqs=3,
+    blocks=1,
+    src_tp=2,
+    dst_tp=1,
+    cap_p=2,
+    cap_d=1,
+    cancel=False,
+    max_attempts=1,
+)
+
+# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks a run's merged
+# log request by request): T prefill ranks -> one decode rank, B blocks, cancels, a crash
+# and a lost control message. For trace checking only (not in the default suite).
+CLUSTER: dict[str, Config] = {
+    f"cluster_tp{t}_b{b}": Config(
+        name=f"cluster_tp{t}_b{b}",
+        doc=f"one request of a cluster run: {b} blocks, prefill TP={t} -> decode TP=1",
+        blocks=b,
+        src_tp=t,
+        dst_tp=1,
+        cap_p=b,
+        cap_d=b,
+        faults=2,
+        fault_kinds=frozenset({"crash", "lose"}),
+    )
+    for t in (1, 2, 3, 4)
+    for b in (1, 2, 3)
+}
 
 
 def get_config(name: str) -> Config:
@@ -150,5 +183,7 @@ def get_config(name: str) -> Config:
         return CONFIGS[name]
     if name in SCALE:
         return SCALE[name]
-    valid = ", ".join([*CONFIGS, *SCALE])
+    if name in CLUSTER:
+        return CLUSTER[name]
+    valid = ", ".join([*CONFIGS, *SCALE, "cluster_tp{1..4}_b{1..3}"])
     raise KeyError(f"unknown config {name!r}; valid configs: {valid}")

@@ -17,8 +17,9 @@ model_id, adapter_id   must match     other weights give other keys/values
 dtype, quantization    must match     bytes would be read as another number type
 num_layers, kv_heads,  must match     the block shape differs; no mapping exists
 head_dim, cache_fields
-rope                   must match     keys are stored rotated; another RoPE is
-                                      silently wrong at every position
+rope                   must match     keys are stored rotated; another RoPE (base,
+                                      style neox/gptj, scaling and its parameters)
+                                      is silently wrong at every position
 dst_tp, dst_cp         must equal     the sender sharded for another target mesh
                        local tp, cp
 block_size             convertible    re-page tokens into the local block size
@@ -56,7 +57,13 @@ from spec.manifest_fields import (
     MAX_ID_CHARS as MAX_ID_CHARS,
 )
 from spec.manifest_fields import (
+    MAX_INT_DIGITS as MAX_INT_DIGITS,
+)
+from spec.manifest_fields import (
     MAX_JSON_CHARS as MAX_JSON_CHARS,
+)
+from spec.manifest_fields import (
+    MAX_JSON_DEPTH as MAX_JSON_DEPTH,
 )
 from spec.manifest_fields import (
     MAX_KV_HEADS as MAX_KV_HEADS,
@@ -92,6 +99,9 @@ from spec.manifest_fields import (
     ROPE_SCALINGS as ROPE_SCALINGS,
 )
 from spec.manifest_fields import (
+    ROPE_STYLES as ROPE_STYLES,
+)
+from spec.manifest_fields import (
     SUPPORTED_VERSIONS as SUPPORTED_VERSIONS,
 )
 from spec.manifest_fields import (
@@ -106,6 +116,7 @@ from spec.manifest_fields import (
 from spec.manifest_fields import (
     rope_reasons as rope_reasons,
 )
+from spec.strict_json import StrictJSONError, loads_strict, short
 
 
 # ---------------------------------------------------------------- records
@@ -114,7 +125,17 @@ def _rope_from_json(d: object) -> RopeConfig | list[str]:
     if r:
         return r
     m = cast(dict[str, Any], d)
-    return RopeConfig(float(m["theta"]), m["rotary_dim"], m["scaling"], float(m["scaling_factor"]))
+    low, high = m.get("low_freq_factor"), m.get("high_freq_factor")
+    return RopeConfig(
+        float(m["theta"]),
+        m["rotary_dim"],
+        m["scaling"],
+        float(m["scaling_factor"]),
+        m.get("style") or "neox",
+        None if low is None else float(low),
+        None if high is None else float(high),
+        m.get("original_max_position"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +198,11 @@ class Manifest:
         )
 
     @property
+    def payload_bytes(self) -> int:
+        """Bytes the receiver must hold for the whole request (every block, padded)."""
+        return self.block_bytes * self.num_blocks
+
+    @property
     def sent_bytes(self) -> int:
         return self.block_bytes * len(self.sent_blocks)
 
@@ -203,7 +229,7 @@ def from_json_dict(d: object) -> Manifest:
     """Validate an untrusted JSON object; raise ManifestError listing every problem."""
     if not isinstance(d, dict):
         raise ManifestError([f"manifest: expected object, got {type(d).__name__}"])
-    reasons = [f"{k!r}: unknown field" for k in d if k not in MANIFEST_FIELDS]
+    reasons = [f"{short(k)}: unknown field" for k in d if k not in MANIFEST_FIELDS]
     values: dict[str, object] = {}
     for name in MANIFEST_FIELDS:
         if name not in d:
@@ -225,18 +251,18 @@ def from_json_dict(d: object) -> Manifest:
     return Manifest(**cast(dict[str, Any], values))
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"non-finite number {name}")
-
-
 def from_json(text: str | bytes) -> Manifest:
-    """Parse and validate a JSON document (NaN/Infinity refused, size capped)."""
+    """Parse and validate a JSON document: size capped, then strict JSON (duplicate keys,
+    NaN/Infinity, nesting past ``MAX_JSON_DEPTH`` and integers past ``MAX_INT_DIGITS``
+    digits refused), then every field checked."""
+    if not isinstance(text, str | bytes | bytearray):
+        raise ManifestError([f"manifest: expected str or bytes, got {type(text).__name__}"])
     if len(text) > MAX_JSON_CHARS:
         raise ManifestError([f"manifest: {len(text)} characters exceed the cap {MAX_JSON_CHARS}"])
     try:
-        d = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as e:
-        raise ManifestError([f"manifest: not valid JSON ({e})"]) from None
+        d = loads_strict(text, max_depth=MAX_JSON_DEPTH, max_int_digits=MAX_INT_DIGITS)
+    except StrictJSONError as e:
+        raise ManifestError([f"manifest: {e}"]) from None
     return from_json_dict(d)
 
 
@@ -258,12 +284,18 @@ class LocalConfig:
     tp: int
     cp: int
     cache_fields: tuple[str, ...] = ("k", "v")
+    # Bytes of the receiver's KV pool (all ranks); None: only the static MAX_PAYLOAD_BYTES.
+    pool_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool_bytes"}
         renamed = {"tp": "dst_tp", "cp": "dst_cp"}
         r = _manifest_reasons({renamed.get(k, k): v for k, v in values.items()})
         r = [x.removeprefix("dst_") for x in r]  # report the local names tp and cp
+        if self.pool_bytes is not None and (
+            type(self.pool_bytes) is not int or not 0 < self.pool_bytes <= MAX_PAYLOAD_BYTES
+        ):
+            r.append(f"pool_bytes: expected an int in [1, {MAX_PAYLOAD_BYTES}]")
         if r:
             raise ValueError("; ".join(r))
 
@@ -304,6 +336,11 @@ def check_compatible(m: Manifest, local: LocalConfig) -> Verdict:
         reasons.append(f"dst_tp: manifest sharded for tp={m.dst_tp}, local runs tp={local.tp}")
     if m.dst_cp != local.cp:
         reasons.append(f"dst_cp: manifest sharded for cp={m.dst_cp}, local runs cp={local.cp}")
+    if local.pool_bytes is not None and m.payload_bytes > local.pool_bytes:
+        reasons.append(
+            f"num_tokens: a payload of {m.payload_bytes} bytes cannot fit the local pool of"
+            f" {local.pool_bytes} bytes"
+        )
     conversions: list[str] = []
     if m.block_size != local.block_size:
         conversions.append(f"block_size: {m.block_size} -> {local.block_size}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from spec.shardmap import LAYOUTS, tp_check
+from spec.strict_json import short
 
 MANIFEST_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = frozenset({MANIFEST_VERSION})
@@ -34,6 +35,15 @@ QUANTIZATION_DTYPES: Final[Mapping[str, frozenset[str]]] = {
 # heads_major [layers, fields, kv_heads, block_size, head_dim], tokens_major swaps the
 # kv_heads and block_size axes.
 ROPE_SCALINGS: Final = frozenset({"none", "linear", "dynamic", "yarn", "llama3", "longrope"})
+# Which dims rotate together: neox rotates halves (x[i], x[i + rd/2]), as Llama does
+# ("rotate_half"); gptj rotates interleaved pairs (x[2i], x[2i + 1]).
+ROPE_STYLES: Final = frozenset({"neox", "gptj"})
+# Scaling parameters beyond the factor, and the schemes that read them.
+ROPE_PARAM_SCALINGS: Final[Mapping[str, frozenset[str]]] = {
+    "low_freq_factor": frozenset({"llama3"}),
+    "high_freq_factor": frozenset({"llama3"}),
+    "original_max_position": frozenset({"llama3", "yarn", "dynamic", "longrope"}),
+}
 
 # Caps on untrusted sizes: a receiver reserves memory from these numbers.
 MAX_ID_CHARS: Final = 256
@@ -51,6 +61,8 @@ MAX_ROPE_THETA: Final = 1e12
 MAX_ROPE_FACTOR: Final = 1e6
 MAX_PAYLOAD_BYTES: Final = 1 << 40
 MAX_JSON_CHARS: Final = 1 << 26
+MAX_JSON_DEPTH: Final = 2  # the manifest object, then rope or an array: nothing deeper
+MAX_INT_DIGITS: Final = 19  # MAX_EPOCH has 19 digits; no field needs more
 
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _XXH3_HEX = re.compile(r"[0-9a-f]{16}")
@@ -71,7 +83,7 @@ def _int_reason(v: object, lo: int, hi: int) -> str | None:
     if type(v) is not int:  # bool is an int subclass; refuse it too
         return f"expected int, got {type(v).__name__}"
     if not lo <= v <= hi:
-        return f"{v} outside [{lo}, {hi}]"
+        return f"{short(v)} outside [{lo}, {hi}]"
     return None
 
 
@@ -89,7 +101,7 @@ def _choice_reason(
     if not isinstance(v, str):
         return f"expected string, got {type(v).__name__}"
     if v not in allowed:
-        return f"unknown {what} {v!r}; known: {sorted(allowed)}"
+        return f"unknown {what} {short(v)}; known: {sorted(allowed)}"
     return None
 
 
@@ -101,7 +113,7 @@ def _token_ids_reason(v: object) -> str | None:
     if set(map(type, v)) <= {int} and (not v or 0 <= min(v) and max(v) <= MAX_TOKEN_ID):
         return None  # the common case, checked at C speed
     i, t = next((i, t) for i, t in enumerate(v) if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID)
-    return f"entry {i} ({t!r}) is not an int in [0, {MAX_TOKEN_ID}]"
+    return f"entry {i} ({short(t)}) is not an int in [0, {MAX_TOKEN_ID}]"
 
 
 def _cache_fields_reason(v: object) -> str | None:
@@ -110,9 +122,9 @@ def _cache_fields_reason(v: object) -> str | None:
     if not 1 <= len(v) <= MAX_CACHE_FIELDS:
         return f"expected 1..{MAX_CACHE_FIELDS} names, got {len(v)}"
     if not all(isinstance(f, str) and _FIELD_NAME.fullmatch(f) for f in v):
-        return f"names must match {_FIELD_NAME.pattern}: {v!r}"
+        return f"names must match {_FIELD_NAME.pattern}: {short(v)}"
     if len(set(v)) != len(v):
-        return f"duplicate names in {v!r}"
+        return f"duplicate names in {short(v)}"
     return None
 
 
@@ -123,7 +135,7 @@ def _checksums_reason(v: object) -> str | None:
         return f"{len(v)} entries exceed the cap {MAX_TOKENS}"
     for i, c in enumerate(v):
         if not isinstance(c, str) or not _XXH3_HEX.fullmatch(c):
-            return f"entry {i} ({c!r}) is not 16 lowercase hex digits (xxh3-64)"
+            return f"entry {i} ({short(c)}) is not 16 lowercase hex digits (xxh3-64)"
     return None
 
 
@@ -163,7 +175,7 @@ _MANIFEST_CHECKS: Final[Mapping[str, Check]] = {
     "version": lambda v: (
         None
         if type(v) is int and v in SUPPORTED_VERSIONS
-        else f"unknown version {v!r}; supported: {sorted(SUPPORTED_VERSIONS)}"
+        else f"unknown version {short(v)}; supported: {sorted(SUPPORTED_VERSIONS)}"
     ),
     "epoch": _count(0, MAX_EPOCH),
 }
@@ -238,12 +250,20 @@ def _manifest_reasons(values: Mapping[str, object]) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
-    """Rotary embedding applied to the stored keys."""
+    """Rotary embedding applied to the stored keys (the one RoPE type of the project).
+
+    Every field must match between sender and receiver: keys are stored rotated, so
+    another base, style or scaling is silently wrong at every position.
+    """
 
     theta: float  # base frequency, e.g. 10000.0
     rotary_dim: int  # leading dims of each head that are rotated
     scaling: str = "none"  # scaling scheme, one of ROPE_SCALINGS
     scaling_factor: float = 1.0  # context extension factor for the scheme
+    style: str = "neox"  # which dims pair up, one of ROPE_STYLES
+    low_freq_factor: float | None = None  # llama3
+    high_freq_factor: float | None = None  # llama3
+    original_max_position: int | None = None  # llama3, yarn, dynamic, longrope
 
     def __post_init__(self) -> None:
         r = rope_reasons(self.to_json_dict())
@@ -256,22 +276,40 @@ class RopeConfig:
             "rotary_dim": self.rotary_dim,
             "scaling": self.scaling,
             "scaling_factor": self.scaling_factor,
+            "style": self.style,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+            "original_max_position": self.original_max_position,
         }
 
 
 def _float_reason(v: object, lo: float, hi: float) -> str | None:
-    if type(v) not in (int, float):
+    """Range-checked before any float conversion: ``float()`` of a 309-digit int raises."""
+    if type(v) not in (int, float):  # bool is refused too
         return f"expected number, got {type(v).__name__}"
-    f = float(cast(float, v))
-    if not math.isfinite(f) or not lo < f <= hi:
-        return f"{v!r} outside ({lo}, {hi}]"
+    n = cast(int | float, v)
+    if isinstance(n, float) and not math.isfinite(n):
+        return f"{short(n)} is not finite"
+    if not lo < n <= hi:  # int vs float compares exactly, without converting
+        return f"{short(n)} outside ({lo}, {hi}]"
     return None
+
+
+# Optional JSON fields of a rope object (absent or null: the default), so that a manifest
+# written before they existed still parses.
+ROPE_OPTIONAL: Final = ("style", "low_freq_factor", "high_freq_factor", "original_max_position")
 
 
 def rope_reasons(d: object) -> list[str]:
     """Every problem with a JSON rope object, each prefixed ``rope.<field>``."""
     if not isinstance(d, dict):
         return [f"rope: expected object, got {type(d).__name__}"]
+    optional: dict[str, Check] = {
+        "style": lambda v: _choice_reason(v, ROPE_STYLES, "style"),
+        "low_freq_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
+        "high_freq_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
+        "original_max_position": lambda v: _int_reason(v, 1, MAX_POSITION),
+    }
     checks: dict[str, Check] = {
         "theta": lambda v: _float_reason(v, 0.0, MAX_ROPE_THETA),
         "rotary_dim": lambda v: (
@@ -281,10 +319,30 @@ def rope_reasons(d: object) -> list[str]:
         "scaling": lambda v: _choice_reason(v, ROPE_SCALINGS, "scaling"),
         "scaling_factor": lambda v: _float_reason(v, 0.0, MAX_ROPE_FACTOR),
     }
-    r = [f"rope.{k}: unknown field" for k in d if k not in checks]
+    r = [f"rope.{short(k)}: unknown field" for k in d if k not in checks and k not in optional]
     for name, check in checks.items():
         if name not in d:
             r.append(f"rope.{name}: missing")
         elif (reason := check(d[name])) is not None:
             r.append(f"rope.{name}: {reason}")
+    for name, check in optional.items():
+        if d.get(name) is not None and (reason := check(d[name])) is not None:
+            r.append(f"rope.{name}: {reason}")
+    return r or _rope_scaling_reasons(d)
+
+
+def _rope_scaling_reasons(d: Mapping[str, Any]) -> list[str]:
+    """Parameters that the scheme would ignore, or that it needs and lacks."""
+    scaling, r = d["scaling"], []
+    if scaling == "none" and d["scaling_factor"] != 1.0:
+        r.append(f"rope.scaling_factor: {d['scaling_factor']!r} with scaling 'none' is ignored")
+    for name, users in ROPE_PARAM_SCALINGS.items():
+        given = d.get(name) is not None
+        if given and scaling not in users:
+            r.append(f"rope.{name}: not read by scaling {scaling!r} (only {sorted(users)})")
+        if not given and scaling == "llama3":
+            r.append(f"rope.{name}: missing; scaling 'llama3' needs it")
+    low, high = d.get("low_freq_factor"), d.get("high_freq_factor")
+    if low is not None and high is not None and not low < high:
+        r.append(f"rope.low_freq_factor: {low!r} must be below high_freq_factor {high!r}")
     return r

@@ -17,7 +17,7 @@ so delivery order is free and reordering is unbounded).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # -- request status (the router's view of the request; one logical register) --------
 QUEUED = 0  # not admitted, holds nothing
@@ -140,6 +140,32 @@ class World(NamedTuple):
     d_up: bool = True  # decode worker alive
     pfx: bool = False  # the shared prefix blocks are resident on decode
     pfx_ref: int = 0  # references to the shared prefix (requests holding it)
+
+
+_KEEP = object()  # "field not given" in the fast ``_replace`` below
+
+
+def _fast_replace(cls: type[Any]) -> None:
+    """Give a NamedTuple a faster ``_replace`` with the same meaning.
+
+    The standard one goes through ``**kwargs``, ``map`` and ``_make``; every successor
+    of every explored state is built by it, so it dominated the explorer's profile.
+    This one is generated from ``cls._fields`` (as ``collections.namedtuple`` generates
+    its own code), takes each field as a keyword-only argument and builds the tuple in
+    one call: about three times faster. An unknown field is still a TypeError.
+    """
+    fields = cls._fields
+    args = ", ".join(f"{f}=_KEEP" for f in fields)
+    vals = ", ".join(f"self[{k}] if {f} is _KEEP else {f}" for k, f in enumerate(fields))
+    ns: dict[str, Any] = {"_KEEP": _KEEP, "_new": tuple.__new__, "_cls": cls}
+    exec(f"def _replace(self, /, *, {args}):\n    return _new(_cls, ({vals},))\n", ns)
+    fn = ns["_replace"]
+    fn.__doc__ = f"Return a new {cls.__name__} with the given fields replaced."
+    cls._replace = fn
+
+
+_fast_replace(Req)
+_fast_replace(World)
 
 
 def canonical(w: World) -> World:

@@ -82,8 +82,8 @@ class Checker:
         self._by_kind = {k: [a for a in acts if a.arg == "msg" and k in a.msgs] for k in MSG_NAMES}
         self.frontier: list[Node] = [(c.initial(), None)]
         # (side, request) -> (epoch, start t or None: no reading of side's clock yet,
-        # the line of that reading, the line the wait began)
-        self.waits: dict[tuple[str, int], tuple[int, float | None, int, int]] = {}
+        # the line of that reading, the line the wait began, the clock of the reading)
+        self.waits: dict[tuple[str, int], tuple[int, float | None, int, int, str]] = {}
         self.verdict: Verdict | None = None
         self.n = 0
         self.last: Event | None = None
@@ -324,6 +324,7 @@ class Checker:
         if self.timeout is None or e.t is None:
             return True
         late: list[str] = []
+        mine = e.clock.split("/", 1)[0]  # the worker whose clock stamped e
         for i in range(self.c.n_reqs):
             for side in ("decode", "prefill"):
                 rs = [w.reqs[i] for w, _ in self.frontier]
@@ -336,12 +337,12 @@ class Checker:
                 if ep < 0:
                     continue
                 if old is None or old[0] != ep:
-                    old = (ep, None, e.line, e.line)
-                if old[1] is None and e.clock == side:
-                    old = (ep, e.t, e.line, old[3])
+                    old = (ep, None, e.line, e.line, "")
+                if old[1] is None and mine == side:
+                    old = (ep, e.t, e.line, old[3], e.clock)
                 self.waits[(side, i)] = old
                 t0 = old[1]
-                if e.clock == side and t0 is not None and e.t - t0 > self.timeout:
+                if e.clock == old[4] and t0 is not None and e.t - t0 > self.timeout:
                     late.append(
                         f"{side} has waited on r{i} (epoch {ep}) since line {old[3]}"
                         f" ({side} clock t={t0:g} at line {old[2]}), {e.t - t0:g}s"

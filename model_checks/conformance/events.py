@@ -7,7 +7,8 @@ Malformed input raises ``LogError`` naming the line, never anything else.
 
 Clocks are per worker: an event is stamped by its actor's clock (``prefill``,
 ``decode``, or ``env``/``client`` for the orchestrator's and the router's events;
-``Now`` names its worker). A clock that goes backwards is an input error.
+``Now`` names its worker), or by the process the line names (``clock``, or a cluster
+log's ``proc``: one clock per process). A clock that goes backwards is an input error.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Event(NamedTuple):
     t: float | None  # timestamp in seconds, on ``clock``
     obs: Observed | None  # the engine's view of one request after the event
     obj: dict[str, Any]  # the line as parsed (what a verdict quotes)
-    clock: str  # prefill, decode, env or client
+    clock: str  # prefill, decode, env or client; "/<name>" added when the line names its clock
 
     @property
     def name(self) -> str:
@@ -185,6 +186,11 @@ class LineParser:
             if "action" not in obj:
                 return None
         e = _event(n, obj, self.c)
+        sub = obj.get("clock", obj.get("proc"))
+        if sub is not None:
+            if type(sub) is not str or not 0 < len(sub) <= 64:
+                raise LogError(n, f"'clock' must be a short string, got {show(sub)}")
+            e = e._replace(clock=f"{e.clock}/{sub}")
         t = obj.get("t")
         if t is not None and not _num(t):
             raise LogError(n, f"'t' must be a number of seconds in 0..{MAX_T:g}, got {show(t)}")

@@ -1,21 +1,30 @@
-"""Explicit-state exploration: BFS from the initial state into a networkx.DiGraph.
+"""Explicit-state exploration: BFS from the initial state over interned states.
 
-States are interned into int ids once (``Graph.states[id]``); the graph holds ints.
-Edges carry the action name and its arguments (``label``) and the action kind
-(``kinds``, a set: parallel actions between the same two states are merged). Every
-safety property is evaluated on every state; the first (shallowest) state violating
-each property is remembered, so its shortest counterexample is one parent walk away.
+States are interned into int ids once (``Graph.states[id]``); edges are three parallel
+arrays (``src``, ``dst``, ``lab``: the action name and its arguments), appended state by
+state so a state's out-edges are one range (``first_edge``). Liveness runs on these
+arrays; ``Graph.to_networkx`` builds a networkx.DiGraph on demand (DOT export,
+callers). Every safety property is evaluated on every new state and every transition
+property (``edge_props``) on every edge; the first (shallowest) violation of each is
+remembered, so its shortest counterexample is one parent walk away.
+
+Speed (see benchmarks/RESULTS.md): successors are generated inline, actions that
+``enabling.Enabling`` has learned to be disabled for a state's control fields are not
+called, safety predicates whose verdict ``verdicts.Verdicts`` has learned from those
+fields are not called either, and symmetry is one sort of the request records.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
 
-from spec.actions import successors
+from model_checks.explicit.enabling import Enabling
+from model_checks.explicit.verdicts import Verdicts, key_of
+from spec.actions import ACTIONS
 from spec.common import Mutants
 from spec.config import Config
 from spec.properties import SAFETY
@@ -37,6 +46,8 @@ class Graph:
     dst: list[int] = field(default_factory=list)
     lab: list[Label] = field(default_factory=list)
     first_violation: dict[str, int] = field(default_factory=dict)
+    # per edge property: (pre-state id, label, edge index) of its first violating edge
+    first_edge_violation: dict[str, tuple[int, Label, int]] = field(default_factory=dict)
     first_edge: list[int] = field(default_factory=list)
     seconds: float = 0.0
     _nx: nx.DiGraph | None = None
@@ -84,6 +95,11 @@ class Graph:
 
 Progress = Callable[[int, int], None]  # (states so far, frontier size)
 
+# A transition property: (pre-state, action, request slot, argument, post-state, config)
+# -> holds. ``post`` is the successor before symmetry reduction, so slot ``i`` names the
+# same request in both states. Evaluated on every edge (new state or not).
+EdgePred = Callable[[World, str, int, int, World, Config], bool]
+
 
 def explore(
     c: Config,
@@ -93,16 +109,21 @@ def explore(
     stop_on: str | None = None,
     max_states: int = 2_000_000,
     progress: Progress | None = None,
+    edge_props: Sequence[tuple[str, EdgePred]] = (),
 ) -> Graph:
     """Breadth-first exploration of every reachable state of ``c`` under ``mutants``.
 
-    ``stop_on``: a property ID; exploration stops once a state violating it is found
-    (the shortest counterexample is already known then).
+    ``stop_on``: a property ID; exploration stops once a state (or, for an edge
+    property, an edge) violating it is found (its shortest counterexample is known then).
+    ``edge_props``: transition properties checked on every edge; the first (shallowest)
+    violating edge of each is kept in ``Graph.first_edge_violation``.
+
+    Successors are exactly ``spec.actions.successors``, in its order; actions that
+    ``Enabling`` has learned to be disabled for a state's control fields are not called.
     """
     t0 = time.perf_counter()
     g = Graph(config=c, mutants=mutants, symmetry=symmetry)
-    norm = canonical if symmetry else (lambda w: w)
-    init = norm(c.initial())
+    init = canonical(c.initial()) if symmetry else c.initial()
     index: dict[World, int] = {init: 0}
     g.states.append(init)
     g.depth.append(0)
@@ -110,14 +131,33 @@ def explore(
     g.parent_label.append(("", 0, 0))
     preds = [(p.id, p.pred) for p in SAFETY if p.pred is not None]
     first = g.first_violation
+    edge_first = g.first_edge_violation
     states, depth, parent, plabel = g.states, g.depth, g.parent, g.parent_label
     src, dst, lab = g.src, g.dst, g.lab
     first_edge = g.first_edge
+    en = Enabling(c, mutants)
+    req_cands, msg_cands = en.req, en.msg
+    glob = tuple(a for a in ACTIONS.values() if a.arg == "global")
+    crash = ACTIONS["EnvCrash"].fn if "crash" in c.fault_kinds else None
+    n = c.n_reqs
+    multi = symmetry and n > 1
+    World_ = World
+
+    plan = Verdicts(c, preds).plan
 
     def check(sid: int, w: World) -> bool:
-        for pid, pred in preds:
-            if pid not in first and not pred(w, c):
+        # the predicates whose verdict the state's control fields do not settle as "holds"
+        for pid, pred, verdict in plan(key_of(w)):
+            if pid not in first and not (pred(w, c) if verdict is None else verdict):
                 first[pid] = sid
+                if pid == stop_on:
+                    return True
+        return False
+
+    def check_edge(sid: int, w: World, lb: Label, s: World, eidx: int) -> bool:
+        for pid, epred in edge_props:
+            if pid not in edge_first and not epred(w, lb[0], lb[1], lb[2], s, c):
+                edge_first[pid] = (sid, lb, eidx)
                 if pid == stop_on:
                     return True
         return False
@@ -132,8 +172,41 @@ def explore(
         head += 1
         d1 = depth[sid] + 1
         first_edge.append(len(src))
-        for name, i, arg, s in successors(w, c, mutants):
-            s = norm(s)
+        out: list[tuple[str, int, int, World]] = []
+        gk = (w.p_up, w.d_up, w.faults)
+        for i in range(n):
+            r = w.reqs[i]
+            key = (i, *gk, *r[:7])
+            for a in req_cands(key):
+                s = a.fn(w, c, mutants, i, 0)
+                if type(s) is World_:
+                    out.append((a.name, i, 0, s))
+            seen = -1
+            for code in r.net:
+                if code == seen:
+                    continue
+                seen = code
+                for a in msg_cands(key, code):
+                    s = a.fn(w, c, mutants, i, code)
+                    if type(s) is World_:
+                        out.append((a.name, i, code, s))
+        for a in glob:
+            s = a.fn(w, c, mutants, 0, 0)
+            if type(s) is World_:
+                out.append((a.name, 0, 0, s))
+        if crash is not None:
+            for wk in (0, 1):
+                s = crash(w, c, mutants, 0, wk)
+                if type(s) is World_:
+                    out.append(("EnvCrash", 0, wk, s))
+        for name, i, arg, s0 in out:
+            lb = (name, i, arg)
+            s = s0
+            if multi:
+                reqs = s.reqs
+                srt = tuple(sorted(reqs))
+                if srt != reqs:
+                    s = s._replace(reqs=srt)
             tid = index.get(s)
             if tid is None:
                 tid = len(states)
@@ -141,18 +214,24 @@ def explore(
                 states.append(s)
                 depth.append(d1)
                 parent.append(sid)
-                plabel.append((name, i, arg))
+                plabel.append(lb)
                 if check(tid, s):
                     src.append(sid)
                     dst.append(tid)
-                    lab.append((name, i, arg))
+                    lab.append(lb)
                     g.seconds = time.perf_counter() - t0
                     return g
                 if tid >= max_states:
                     raise RuntimeError(f"config {c.name}: more than {max_states} states")
+            if edge_props and check_edge(sid, w, lb, s0, len(src)):
+                src.append(sid)
+                dst.append(tid)
+                lab.append(lb)
+                g.seconds = time.perf_counter() - t0
+                return g
             src.append(sid)
             dst.append(tid)
-            lab.append((name, i, arg))
+            lab.append(lb)
         if progress is not None and head % 4096 == 0:
             progress(len(states), len(states) - head)
     g.seconds = time.perf_counter() - t0

@@ -1,13 +1,19 @@
 """Liveness on the explored graph (never a second exploration).
 
+Everything runs on the explorer's own arrays (``Graph.src/dst/lab/first_edge``): a
+networkx.DiGraph of a 150k-state graph costs more to build than the checks themselves,
+so it is built only on demand (``Graph.to_networkx``, for DOT export and callers).
+
 - ``NoDeadlock``: every reachable state is an ancestor of (or is) a quiescent terminal
-  state: ``networkx.ancestors`` of a virtual goal node on the same DiGraph.
+  state: reverse reachability from the terminal states over every edge.
 - ``FairTermination``: (1) in the subgraph of protocol actions only (``local`` and
   ``recv``: no fault, no timeout, no cancel), every state reachable from the initial
   state can still reach a quiescent terminal state in that subgraph; (2) the same with
   client cancels added: cancellation needs no timeout; (3) every non-trivial SCC
   (``networkx.strongly_connected_components``) has an exit that weak fairness forces:
-  a protocol action enabled in all of its states with an edge leaving it.
+  a protocol action enabled in all of its states with an edge leaving it. SCCs come
+  from an iterative Tarjan over the out-edge arrays; of the SCCs without such an exit,
+  the one holding the shallowest state is reported.
 - ``BoundedExit``: each worker that waits on a peer can free what it holds through its
   own ``local`` steps and ``timeout`` actions alone (reverse reachability in that
   worker's subgraph): the exit does not depend on the peer being alive.
@@ -20,8 +26,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-import networkx as nx
 
 from model_checks.explicit.explore import Graph, Label
 from spec.actions import ACTIONS
@@ -58,7 +62,7 @@ class LiveResult:
 
 
 class _Edges:
-    """Per-edge category bits, and reverse adjacency, built once per graph."""
+    """Per-edge category bits, reverse adjacency and the goal states, built once per graph."""
 
     def __init__(self, gr: Graph) -> None:
         self.bits = [_ACTION_BIT[lb[0]] for lb in gr.lab]
@@ -66,6 +70,11 @@ class _Edges:
         for idx, d in enumerate(gr.dst):
             rev[d].append(idx)
         self.rev = rev
+        c = gr.config
+        self.goals = [i for i, w in enumerate(gr.states) if quiescent_terminal(w, c)]
+
+
+ALL = mask(lambda a, k: True)
 
 
 def _reach_back(gr: Graph, ed: _Edges, targets: Iterable[int], m: int) -> set[int]:
@@ -88,13 +97,14 @@ def _reach_fwd(gr: Graph, ed: _Edges, m: int) -> dict[int, tuple[int, Label]]:
     """Shortest-path parents from the initial state through edges in mask ``m``."""
     par: dict[int, tuple[int, Label]] = {0: (0, ("", 0, 0))}
     queue = deque([0])
+    bits, dst, lab, out_edges = ed.bits, gr.dst, gr.lab, gr.out_edges
     while queue:
         n = queue.popleft()
-        for idx in gr.out_edges(n):
-            if ed.bits[idx] & m:
-                t = gr.dst[idx]
+        for idx in out_edges(n):
+            if bits[idx] & m:
+                t = dst[idx]
                 if t not in par:
-                    par[t] = (n, gr.lab[idx])
+                    par[t] = (n, lab[idx])
                     queue.append(t)
     return par
 
@@ -112,21 +122,9 @@ def _shallowest(gr: Graph, bad: Iterable[int]) -> int | None:
     return min(bad, key=lambda s: (gr.depth[s], s), default=None)
 
 
-def _goals(gr: Graph) -> list[int]:
-    c = gr.config
-    return [i for i, w in enumerate(gr.states) if quiescent_terminal(w, c)]
-
-
 def no_deadlock(gr: Graph, ed: _Edges) -> LiveResult:
-    g = gr.to_networkx()
-    goal = -1  # a virtual node every quiescent terminal state points to
-    g.add_edges_from((s, goal) for s in _goals(gr))
-    try:
-        ok = nx.ancestors(g, goal)
-    finally:
-        g.remove_node(goal)
-    goals = set(_goals(gr))
-    bad = _shallowest(gr, (s for s in range(gr.n_states) if s not in ok and s not in goals))
+    ok = _reach_back(gr, ed, ed.goals, ALL)
+    bad = _shallowest(gr, (s for s in range(gr.n_states) if s not in ok))
     if bad is None:
         return LiveResult("NoDeadlock", True)
     sink = len(gr.out_edges(bad)) == 0
@@ -136,7 +134,7 @@ def no_deadlock(gr: Graph, ed: _Edges) -> LiveResult:
 
 def _terminates_within(gr: Graph, ed: _Edges, m: int, what: str) -> LiveResult | None:
     par = _reach_fwd(gr, ed, m)
-    goal = [s for s in _goals(gr) if s in par]
+    goal = [s for s in ed.goals if s in par]
     ok = _reach_back(gr, ed, goal, m)
     bad = [s for s in par if s not in ok]
     if not bad:
@@ -145,15 +143,72 @@ def _terminates_within(gr: Graph, ed: _Edges, m: int, what: str) -> LiveResult |
     return LiveResult("FairTermination", False, worst, _walk(par, worst), what)
 
 
-def _fair_sccs(gr: Graph, ed: _Edges) -> LiveResult | None:
-    g = gr.to_networkx()
-    for comp in nx.strongly_connected_components(g):
-        if len(comp) == 1:
-            (n,) = comp
-            if not g.has_edge(n, n):
+def sccs(gr: Graph) -> list[list[int]]:
+    """The strongly connected components of the explored graph that hold a cycle (two
+    or more states, or one state with a self-loop): iterative Tarjan on the arrays."""
+    n = gr.n_states
+    dst, fe, n_edges = gr.dst, gr.first_edge, gr.n_edges
+    ends = [*fe[1:], n_edges] if fe else []
+    ends.extend([0] * (n - len(ends)))
+    starts = [*fe, *([0] * (n - len(fe)))]
+    index = [-1] * n
+    low = [0] * n
+    on_stack = [False] * n
+    stack: list[int] = []
+    out: list[list[int]] = []
+    counter = 0
+    for root in range(n):
+        if index[root] != -1:
+            continue
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        work = [(root, starts[root])]
+        while work:
+            v, e = work[-1]
+            end = ends[v]
+            pushed = False
+            while e < end:
+                t = dst[e]
+                e += 1
+                if index[t] == -1:
+                    work[-1] = (v, e)
+                    index[t] = low[t] = counter
+                    counter += 1
+                    stack.append(t)
+                    on_stack[t] = True
+                    work.append((t, starts[t]))
+                    pushed = True
+                    break
+                if on_stack[t] and index[t] < low[v]:
+                    low[v] = index[t]
+            if pushed:
                 continue
+            work.pop()
+            if work:
+                u = work[-1][0]
+                if low[v] < low[u]:
+                    low[u] = low[v]
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on_stack[x] = False
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1 or v in dst[starts[v] : ends[v]]:
+                    out.append(comp)
+    return out
+
+
+def _fair_sccs(gr: Graph, ed: _Edges) -> LiveResult | None:
+    worst: int | None = None
+    for comp in sccs(gr):
         # a protocol action enabled in every state of the SCC, with an edge leaving it,
         # is forced by weak fairness: then no fair run stays in the SCC forever
+        members = set(comp)
         common: set[Label] | None = None
         leaving: set[Label] = set()
         for n in comp:
@@ -161,16 +216,20 @@ def _fair_sccs(gr: Graph, ed: _Edges) -> LiveResult | None:
             for idx in gr.out_edges(n):
                 if ed.bits[idx] & PROTOCOL:
                     labs.add(gr.lab[idx])
-                    if gr.dst[idx] not in comp:
+                    if gr.dst[idx] not in members:
                         leaving.add(gr.lab[idx])
             common = labs if common is None else common & labs
         if not (common or set()) & leaving:
             bad = _shallowest(gr, comp)
-            assert bad is not None
-            return LiveResult(
-                "FairTermination", False, bad, gr.path_to(bad), "a fair cycle avoids progress"
-            )
-    return None
+            if bad is not None and (
+                worst is None or (gr.depth[bad], bad) < (gr.depth[worst], worst)
+            ):
+                worst = bad
+    if worst is None:
+        return None
+    return LiveResult(
+        "FairTermination", False, worst, gr.path_to(worst), "a fair cycle avoids progress"
+    )
 
 
 def fair_termination(gr: Graph, ed: _Edges) -> LiveResult:

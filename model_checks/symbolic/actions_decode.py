@@ -333,7 +333,7 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
 
         def lost_p(r: RV) -> dict[str, Z]:
             fails = A(IN(r.st, LIVE), N(IN(r.d, _HELD)))
-            out = {"p": NONE, "h": NONE, "hl": 0, "gl": 0, "ps": IDLE}
+            out = {"p": NONE, "h": NONE, "hl": 0, "gl": 0, "ps": IDLE, "sent": 0, "phit": 0}
             out["st"] = ITE(fails, FAILED, r.st)
             out["g"] = ITE(fails, r.g | G_END_FAILED, r.g)
             return out

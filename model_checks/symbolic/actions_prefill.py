@@ -189,7 +189,7 @@ def PrefillSendChunk(x: Ctx, r: RV, a: Msg | None) -> Rules:
             at = A(in_rank, is_item)
             R.go(A(at, sent < total), net=[op], sent=sent)
             if "release_before_install" in x.m:
-                R.go(at, net=[op], sent=sent, ps=IDLE, p=NONE)
+                R.go(at, net=[op], ps=IDLE, sent=0, phit=0, p=NONE)
             else:
                 R.go(at, net=[op], sent=sent, ps=AWAIT_ACK)
     R.no(True)
@@ -201,7 +201,7 @@ def PrefillRelease(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.p_up), _kind(a) != M_ACK, r.ps != AWAIT_ACK, r.p != COMPLETE))
     assert a is not None
     R.no(a.e != r.ep, "Fencing")
-    R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=NONE, ps=IDLE)
+    R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=NONE, ps=IDLE, sent=0, phit=0)
     return R
 
 
@@ -211,7 +211,7 @@ def PrefillResume(x: Ctx, r: RV, a: Msg | None) -> Rules:
     assert a is not None
     R.no(a.e != r.ep, "Fencing")
     R.no(N(r.net.no_chunks(r.ep)), "FrozenSnapshot")
-    R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=WRITABLE, ps=IDLE)
+    R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=WRITABLE, ps=IDLE, sent=0, phit=0)
     return R
 
 
@@ -220,10 +220,10 @@ def PrefillTimeout(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.p_up), r.ps == IDLE, N(timeouts_allowed(x))))
     drop = NetOp("drop", e=r.ep)
     flush = [drop, NetOp("send", M_QUIESCED, r.ep, 0)]
-    R.go(r.st != RUNNING, net=flush, p=NONE, h=NONE, ps=IDLE)
+    R.go(r.st != RUNNING, net=flush, p=NONE, h=NONE, ps=IDLE, sent=0, phit=0)
     if "source_resumes_on_timeout" in x.m:
-        R.go(net=[drop], p=WRITABLE, ps=IDLE)
-    R.go(net=flush, st=FAILED, g=r.g | G_END_FAILED, p=NONE, ps=IDLE)
+        R.go(net=[drop], p=WRITABLE, ps=IDLE, sent=0, phit=0)
+    R.go(net=flush, st=FAILED, g=r.g | G_END_FAILED, p=NONE, ps=IDLE, sent=0, phit=0)
     return R
 
 
@@ -233,7 +233,7 @@ def PrefillQuiesce(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(A(r.p == NONE, r.h == NONE, r.ps == IDLE))
     R.no(A(r.ps != IDLE, N(r.net.no_chunks(r.ep))), "NoReuseUnderIO")
     send = NetOp("send", M_QUIESCED, r.ep, 0, when=r.ps != IDLE)
-    R.go(net=[send], p=NONE, h=NONE, hl=0, gl=0, ps=IDLE)
+    R.go(net=[send], p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0)
     return R
 
 

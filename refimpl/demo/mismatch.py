@@ -62,7 +62,7 @@ def _models(kind: str, seed: int) -> tuple[TinyDecoder, TinyDecoder, str | None,
     """(prefill model, decode model, prefill adapter id, decode adapter id)."""
     base = TinyDecoder(DEMO_CONFIG, seed=seed)
     if kind == "rope":
-        wrong = replace(DEMO_CONFIG, rope=RopeConfig(theta=WRONG_THETA))
+        wrong = replace(DEMO_CONFIG, rope=RopeConfig(WRONG_THETA, DEMO_CONFIG.rope.rotary_dim))
         return base, TinyDecoder(wrong, seed=seed), None, None  # same weights, other base
     if kind == "adapter":
         return with_adapter(base, "lora-a"), with_adapter(base, "lora-b"), "lora-a", "lora-b"

@@ -24,11 +24,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from refimpl.checksum import block_checksum
+from refimpl.api import offload, reload
 from refimpl.demo.handoff import Handoff, Worker, handoff
-from refimpl.engine.data import RankPools
 from refimpl.model import Generation, TinyConfig, TinyDecoder, decode, generate
-from refimpl.pool import copy_blocks
 from spec import shardmap as sm
 
 HM, TM = "heads_major", "tokens_major"
@@ -94,38 +92,15 @@ def _warm_prefix(dst: Worker, prompt: torch.Tensor, n: int, seed: int) -> None:
 
 
 def offload_reload(w: Worker, rid: str, num_tokens: int, room: int) -> tuple[list[int], int, int]:
-    """Move `rid`'s blocks device -> host -> device (new block ids), verifying the bytes.
-
-    Returns (the new block table, checksums verified, bytes copied each way).
-    """
-    alloc, g = w.rp.alloc, w.rp.geometry
-    n = sm.blocks_needed(num_tokens, w.block_size)
-    old = list(alloc.blocks_of(rid))[:n]
-    host = RankPools(w.rp.tp, w.rp.kv_heads, g, n, host=True)
-    sums = [[block_checksum(p.kv[b]) for b in old] for p in w.rp.pools]
-    hids = host.alloc.reserve(rid, n, epoch=0)
-    alloc.incref(f"{rid}@store", old)  # pinned: read-only while the store reads them
-    for p, hp in zip(w.rp.pools, host.pools, strict=True):
-        copy_blocks(p, old, hp, hids, rid)
-    alloc.decref(f"{rid}@store", old)
-    checks = _verify(sums, host, hids)
-    host.alloc.commit(rid, 0)
-    alloc.free(rid)  # the device blocks go back to the free list
-    new = alloc.reserve(rid, sm.blocks_needed(num_tokens + room, w.block_size), epoch=2)
-    for p, hp in zip(w.rp.pools, host.pools, strict=True):
-        copy_blocks(hp, hids, p, new[:n], rid)
-    checks += _verify(sums, w.rp, new[:n])
-    alloc.commit(rid, 2)
-    host.alloc.free(rid)
-    return new, checks, n * g.block_bytes * w.rp.tp
-
-
-def _verify(sums: list[list[str]], rp: RankPools, ids: list[int]) -> int:
-    for r, pool in enumerate(rp.pools):
-        got = [block_checksum(pool.kv[b]) for b in ids]
-        if got != sums[r]:
-            raise AssertionError(f"rank {r}: blocks changed in the round trip")
-    return len(ids) * len(rp.pools)
+    """Move `rid`'s blocks device -> host -> device (new block ids) with the API's verified
+    ``offload``/``reload``. Returns (the new block table, checksums verified, bytes
+    copied each way)."""
+    g = w.geometry
+    host = g.make_pools(sm.blocks_needed(num_tokens, w.block_size), device=None, host=True)
+    tokens = list(range(num_tokens))  # the ids only label the manifest of a tier move
+    off = offload(w.rp, g, host, g, rid, tokens, free_device=True)
+    back = reload(host, g, w.rp, g, rid, tokens, decode_room=room)
+    return list(back.received.blocks), off.checks + back.checks, off.bytes_sent
 
 
 def run_path(

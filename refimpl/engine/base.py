@@ -30,12 +30,13 @@ from refimpl.checksum import bytes_checksum
 from refimpl.chunks import pin_name
 from refimpl.engine.data import RankPools, gen, token_chain
 from refimpl.engine.wire import Wire, channel, parse
-from refimpl.errors import ManifestError, OwnershipError
+from refimpl.errors import OwnershipError
 from refimpl.pool import PoolGeometry
 from refimpl.transport import Payload
 from spec import shardmap as sm
 from spec.config import Config
 from spec.manifest import LocalConfig, Manifest, RopeConfig, check_compatible, from_json_dict
+from spec.manifest import ManifestError as SpecManifestError
 from spec.mutants import MUTANTS
 from spec.state import (
     COMPLETE,
@@ -343,7 +344,7 @@ class EngineBase:
         if v is None:
             try:
                 m = from_json_dict(parse(text).get("manifest"))
-            except ManifestError as e:
+            except SpecManifestError as e:  # the spec's class: refimpl's subclasses it
                 v = tuple(e.reasons)
             else:
                 v = check_compatible(m, self.d_local).reasons

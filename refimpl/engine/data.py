@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import torch
 import xxhash
 
 from refimpl.blocks import BlockAllocator
-from refimpl.checksum import Buffer, block_checksum, tensor_from_bytes
+from refimpl.checksum import Buffer, block_checksum, copy_bytes_into, tensor_from_bytes
 from refimpl.pool import KVPool, PoolGeometry
 from spec import shardmap as sm
 
@@ -172,7 +171,7 @@ def land_shard(
     ):  # the same block on both sides: one memcpy
         out = dst.pools[pieces[0].dst_rank].kv[b].view(-1).view(torch.uint8)
         if out.device.type == "cpu":
-            np.copyto(out.numpy(), np.frombuffer(payload, dtype=np.uint8))
+            copy_bytes_into(out, payload)
         else:
             out.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
         return

@@ -115,6 +115,7 @@ class EnvActions(DecodeActions):
     def _crash_prefill(self) -> None:
         for i, r in enumerate(self.req):
             r.phase, r.stored, r.loaded, r.reloading = IDLE, 0, 0, False
+            r.sent, r.phit = 0, 0
             r.payloads, r.checksums = [], []
             self.wire.abort(channel(i, False))  # messages to prefill are gone
             self.wire.drop_where(channel(i, True), lambda h: h["kind"] == "Chunk")  # its writes

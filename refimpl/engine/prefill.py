@@ -305,7 +305,7 @@ class PrefillActions(EngineBase):
             rid = self.rid(i)
             self.P.alloc.free(pin_name(rid, r.epoch))
             self.P.alloc.free(rid)
-            r.phase = IDLE
+            r.phase, r.sent, r.phit = IDLE, 0, 0
         else:
             r.phase = AWAIT_ACK
 
@@ -321,6 +321,7 @@ class PrefillActions(EngineBase):
         self.P.alloc.free(pin_name(rid, r.epoch))
         self.P.alloc.free(rid)
         r.phase, r.payloads, r.checksums = IDLE, [], []
+        r.sent, r.phit = 0, 0  # sender registers: reset when the attempt ends
 
     def PrefillResume(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
         i, r = req, self.req[req]
@@ -334,6 +335,7 @@ class PrefillActions(EngineBase):
         self.wire.take(ch, k)
         self.P.alloc.free(pin_name(self.rid(i), r.epoch))  # thawed: writable again
         r.phase, r.payloads, r.checksums = IDLE, [], []
+        r.sent, r.phit = 0, 0  # sender registers: reset when the attempt ends
 
     def PrefillTimeout(self, req: int) -> None:
         """Bounded exit without decode's word: flush own writes, free, tell decode."""
@@ -353,6 +355,7 @@ class PrefillActions(EngineBase):
             r.status, r.ghost = FAILED, r.ghost | G_END_FAILED
             self.send(i, "Quiesced", r.epoch)
         r.phase, r.payloads, r.checksums = IDLE, [], []
+        r.sent, r.phit = 0, 0  # sender registers: reset when the attempt ends
 
     def PrefillQuiesce(self, req: int) -> None:
         """An ended request: stop local copies, wait for own writes, free, tell decode."""
@@ -367,6 +370,7 @@ class PrefillActions(EngineBase):
             self.send(i, "Quiesced", r.epoch)
         self._drop_prefill(i)
         r.phase, r.stored, r.loaded = IDLE, 0, 0
+        r.sent, r.phit = 0, 0
 
     def PrefillDiscard(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
         """Drop a message to prefill that nothing will ever use."""

@@ -35,9 +35,9 @@ STEPS = 6
 def decode_logits(kv_theta: float, local_theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(reference, handed-off) greedy decode logits of a tiny GQA+RoPE model whose prompt
     KV was computed with ``kv_theta`` and is read by a decoder running ``local_theta``."""
-    cfg = TinyConfig(rope=RopeConfig(theta=local_theta))
+    cfg = TinyConfig(rope=RopeConfig(local_theta, 8))
     model = TinyDecoder(cfg, seed=0)
-    sender = TinyDecoder(replace(cfg, rope=RopeConfig(theta=kv_theta)), seed=0)
+    sender = TinyDecoder(replace(cfg, rope=RopeConfig(kv_theta, 8)), seed=0)
     prompt = torch.randint(0, cfg.vocab, (12,), generator=torch.Generator().manual_seed(0))
     ref = generate(model, prompt, STEPS)
     kv = ContiguousKV(cfg)

@@ -33,3 +33,23 @@ def test_spec_md_names_every_property_and_mutant() -> None:
         assert f"`{pid}`" in spec_md, pid
     for name in MUTANTS:
         assert f"`{name}`" in spec_md, name
+
+
+def test_ci_builds_its_own_venv_in_a_temporary_folder() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "mktemp -d" in script and "-m venv" in script and "--system-site-packages" not in script
+    lines = script.splitlines()
+    venv = next(k for k, x in enumerate(lines) if "-m venv" in x)
+    test = next(k for k, x in enumerate(lines) if "--- the README's test command" in x)
+    assert venv < test  # the README's command runs inside it
+
+
+def test_the_ci_example_script_and_workflow_run_the_same_kvown_steps() -> None:
+    shell = (ROOT / "examples" / "ci" / "kvown-ci.sh").read_text()
+    workflow = (ROOT / "examples" / "ci" / "github-workflow.yml").read_text()
+    for step in (
+        'kvown check --junit "$OUT_DIR/junit/check.xml" --cex-dir "$OUT_DIR/artifacts"',
+        'kvown check-trace "$log" --json --junit "$OUT_DIR/junit/trace-$name.xml"',
+        'kvown fuzz --profile ci --json --junit "$OUT_DIR/junit/fuzz.xml"',
+    ):
+        assert step in shell and step in workflow, step

@@ -145,3 +145,12 @@ def test_monitor_refuses_a_malformed_object() -> None:
     m = Monitor("handoff_two")
     with pytest.raises(LogError, match="'req'"):
         m.feed({"action": "PrefillAdmit", "args": {"req": True}})
+
+
+def test_a_named_process_has_its_own_clock() -> None:
+    """Two prefill ranks are two processes: their clocks are compared apart."""
+    p0 = '{"action": "PrefillAdmit", "args": {"req": 0}, "t": 15.1, "proc": "p0"}'
+    p1 = '{"action": "PrefillRun", "args": {"req": 0}, "t": 15.0, "clock": "p1"}'
+    assert check_text(H + p0 + "\n" + p1, open_end=True).conforms
+    with pytest.raises(LogError, match="prefill/p0 clock goes backwards"):
+        check_text(H + p0 + "\n" + p0.replace("15.1", "15.0").replace("Admit", "Run"))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvown_cli.main import main
+from refimpl.api import channels
 from refimpl.demo import (
     DEMO_CONFIG,
     PATHS,
@@ -94,7 +95,7 @@ def test_a_bad_chunk_is_never_installed(how: str) -> None:
     logits, _ = src.prefill("req", prompt)
     if how == "corrupt":
         t = InProcessTransport(copy_payload=True)
-        t.inject("req>d", Fault.CORRUPT, skip=2)  # the hello, the manifest, then a chunk
+        t.inject(channels("req").to_receiver, Fault.CORRUPT, skip=1)  # the manifest, a chunk
         match = "do not hash to the header"
     else:
         t, match = _Tamper(rehash=True), "manifest's checksum"
@@ -161,7 +162,8 @@ def test_offload_reload_moves_the_bytes_to_new_blocks_unchanged() -> None:
     before, old = unshard(store.kv), w.rp.alloc.blocks_of("req")
     table, checks, moved = offload_reload(w, "req", PROMPT_LEN, STEPS)
     assert set(table).isdisjoint(old) and len(table) == len(old)
-    assert checks == 2 * 2 * PROMPT_BLOCKS and moved == PROMPT_BLOCKS * BLOCK_BYTES
+    # each way: both ranks' chunks, then every canonical block end to end (the API's checks)
+    assert checks == 2 * (2 + 1) * PROMPT_BLOCKS and moved == PROMPT_BLOCKS * BLOCK_BYTES
     assert torch.equal(unshard(w.store(table, PROMPT_LEN).kv), before)
     w.finish("req")
     assert w.rp.alloc.num_free == w.rp.alloc.capacity

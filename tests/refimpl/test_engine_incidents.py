@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refimpl.checksum import tensor_from_bytes
+from refimpl.checksum import byte_view, tensor_from_bytes
 from refimpl.errors import ManifestError, OwnershipError
 from spec.config import CONFIGS, Config
 from spec.properties import violated_safety
@@ -145,7 +145,7 @@ def test_trtllm_6507_the_layout_travels_in_the_manifest() -> None:
     # silently wrong; the engine permutes by the manifest's layout and is exact.
     truth = e.truth[0]
     assert torch.equal(e.replica(0, "d"), truth)
-    raw = truth[0].contiguous().view(torch.uint8).numpy().tobytes()
+    raw = bytes(byte_view(truth[0].contiguous()))
     misread = tensor_from_bytes(raw, torch.float16, (2, 2, 2, 2, 4)).transpose(2, 3)
     assert e.D.pools[0].kv[0].shape == misread.shape and not torch.equal(misread, truth[0])
 

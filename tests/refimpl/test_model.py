@@ -13,10 +13,13 @@ from refimpl.model import (
     RopeConfig,
     TinyConfig,
     TinyDecoder,
+    apply_rope,
     decode,
     generate,
 )
 from refimpl.reshard import reshard
+from spec.manifest import RopeConfig as SpecRopeConfig
+from spec.manifest import rope_reasons
 
 PROMPT_LEN, STEPS = 13, 6
 
@@ -101,7 +104,7 @@ def test_one_corrupted_element_changes_the_logits() -> None:
 def test_wrong_rope_base_gives_visibly_different_logits() -> None:
     cfg = TinyConfig()
     model = TinyDecoder(cfg, seed=2)
-    wrong = TinyDecoder(replace(cfg, rope=RopeConfig(theta=500000.0)), seed=2)
+    wrong = TinyDecoder(replace(cfg, rope=RopeConfig(500000.0, 8)), seed=2)
     assert torch.equal(wrong.blocks[0].wk, model.blocks[0].wk)  # same weights, other RoPE
     prompt = _prompt(cfg, seed=3)
     ref = generate(model, prompt, STEPS)
@@ -112,16 +115,17 @@ def test_wrong_rope_base_gives_visibly_different_logits() -> None:
 
 
 def test_rope_config_goes_into_a_manifest() -> None:
-    rope = RopeConfig(theta=1e6, rotary_dim=4)
-    assert RopeConfig.from_manifest(rope.to_manifest()) == rope
+    assert RopeConfig is SpecRopeConfig  # one RoPE type: the manifest's
+    rope = RopeConfig(theta=1e6, rotary_dim=4, style="gptj")
+    assert rope_reasons(rope.to_json_dict()) == []
     with pytest.raises(ValueError, match="rotary_dim=6 must be even and in"):
-        TinyConfig(head_dim=4, rope=RopeConfig(rotary_dim=6))
+        TinyConfig(head_dim=4, rope=RopeConfig(10000.0, 6))
     with pytest.raises(ValueError, match="q_heads=8 is not a multiple of kv_heads=3"):
         TinyConfig(kv_heads=3)
 
 
 def test_partial_rotary_dim_leaves_the_tail_unrotated() -> None:
-    cfg = TinyConfig(rope=RopeConfig(rotary_dim=4))
+    cfg = TinyConfig(rope=RopeConfig(10000.0, 4))
     model = TinyDecoder(cfg, seed=1)
     kv = ContiguousKV(cfg)
     model.prefill(_prompt(cfg), kv)
@@ -132,3 +136,18 @@ def test_partial_rotary_dim_leaves_the_tail_unrotated() -> None:
     )
     assert torch.equal(kv0.k[0][..., 4:], k_rot[..., 4:])  # unrotated tail agrees
     assert not torch.equal(kv0.k[0][..., :4], k_rot[..., :4])
+
+
+def test_rope_styles_pair_different_dims() -> None:
+    """neox rotates (x[i], x[i + rd/2]); gptj rotates (x[2i], x[2i + 1])."""
+    x = torch.arange(1.0, 5.0, dtype=torch.float64).view(1, 1, 4)  # (nh, T, hs)
+    angles = torch.tensor([[0.5, 0.25]], dtype=torch.float64)  # (T, rd/2)
+    c, s = angles.cos()[0], angles.sin()[0]
+    neox = torch.stack((1 * c[0] - 3 * s[0], 2 * c[1] - 4 * s[1], 3 * c[0] + 1 * s[0],
+                        4 * c[1] + 2 * s[1]))  # fmt: skip
+    gptj = torch.stack((1 * c[0] - 2 * s[0], 2 * c[0] + 1 * s[0], 3 * c[1] - 4 * s[1],
+                        4 * c[1] + 3 * s[1]))  # fmt: skip
+    assert torch.allclose(apply_rope(x, angles, "neox")[0, 0], neox)
+    assert torch.allclose(apply_rope(x, angles, "gptj")[0, 0], gptj)
+    with pytest.raises(ValueError, match="scaling 'llama3': implemented only for"):
+        TinyConfig(rope=RopeConfig(1e4, 8, "llama3", 8.0, "neox", 1.0, 4.0, 8192))

@@ -18,6 +18,7 @@ from refimpl.chunks import (
 )
 from refimpl.errors import (
     CancelledError,
+    ChecksumError,
     ChunkError,
     FrozenError,
     IncompleteError,
@@ -118,7 +119,7 @@ def test_corrupt_chunk_is_refused_before_install_and_retransmit_completes() -> N
     report = rx.pump(w.t, DATA)
     assert report.corrupt == [1] and report.installed == [0, 2]
     assert torch.count_nonzero(w.dst.kv[rx.dest[1]]) == 0  # nothing landed
-    with pytest.raises(IncompleteError):
+    with pytest.raises(ChecksumError, match=r"blocks \[1\] arrived corrupt"):
         rx.commit()
     send_chunks(w.t, DATA, snap)  # resend: blocks 0 and 2 are duplicates
     report = rx.pump(w.t, DATA)
@@ -148,7 +149,8 @@ def test_cancellation_between_chunks_stops_install() -> None:
     snap, _ = start(w)
     rx = receiver(w)
     send_chunks(w.t, DATA, snap)
-    report = rx.pump(w.t, DATA, is_cancelled=lambda: len(rx.installed) >= 1)
+    asked = iter([False, True, True])  # cancelled after the first chunk was handled
+    report = rx.pump(w.t, DATA, is_cancelled=lambda: next(asked))
     assert report.installed == [0] and report.discarded == 2 and rx.cancelled
     assert torch.count_nonzero(w.dst.kv[rx.dest[1]]) == 0
     with pytest.raises(CancelledError):

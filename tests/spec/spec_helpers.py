@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from spec.config import CONFIGS
+from typing import Any
+
+from spec.actions import apply
+from spec.common import Refused
+from spec.config import CONFIGS, Config
 from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
@@ -39,3 +43,17 @@ ALL_SENT = R(
     st=RUNNING, p=COMPLETE, ep=1, dep=1, d=FILLING, ps=AWAIT_ACK, landed=0b1111, rmask=0b11
 )
 HELD = R(st=RUNNING, p=COMPLETE, ep=1, dep=1, ps=AWAIT_ACK)
+
+
+def check_guard(name: str, c: Config, w: World, i: int, arg: int, expected: Any) -> None:
+    """One guard-table row: ``expected`` is ("refused"|"disabled", PROP) or the request-i
+    fields the successor must have."""
+    res = apply(w, c, frozenset(), name, i, arg)
+    if isinstance(expected, tuple):
+        assert isinstance(res, Refused), f"{name} should be refused, got {res}"
+        assert res.prop == expected[1]
+    else:
+        assert not isinstance(res, Refused), f"{name} refused with {res.prop}"
+        r = res.reqs[i]
+        for field, value in expected.items():
+            assert getattr(r, field) == value, (field, getattr(r, field), value)

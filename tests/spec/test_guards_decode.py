@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from spec.actions import ACTIONS, apply
-from spec.common import Refused
 from spec.config import CONFIGS
 from spec.state import (
     CANCELLED,
@@ -36,10 +35,24 @@ from spec.state import (
     WRITABLE,
     msg,
 )
-from tests.spec.spec_helpers import ALL_SENT, CR, FROZEN, HELD, HO, OFF, PFX, RUN_P, SENDING1, R, W
+from tests.spec.spec_helpers import (
+    ALL_SENT,
+    CR,
+    FROZEN,
+    HELD,
+    HO,
+    OFF,
+    PFX,
+    RUN_P,
+    SENDING1,
+    R,
+    W,
+    check_guard,
+)
 from tests.spec.test_guards_prefill import CASES as PREFILL_CASES
 
 CASES = [
+    # --- decode ------------------------------------------------------------------------
     ("DecodeReserve", HO, W(FROZEN), 0, msg(M_HANDOFF, 1), {"d": RESERVED, "dep": 1}),
     (
         "DecodeReserve",
@@ -248,15 +261,7 @@ CASES = [
     ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES)],
 )
 def test_guard(name, c, w, i, arg, expected):  # type: ignore[no-untyped-def]
-    res = apply(w, c, frozenset(), name, i, arg)
-    if isinstance(expected, tuple):
-        assert isinstance(res, Refused), f"{name} should be refused, got {res}"
-        assert res.prop == expected[1]
-    else:
-        assert not isinstance(res, Refused), f"{name} refused with {res.prop}"
-        r = res.reqs[i]
-        for field, value in expected.items():
-            assert getattr(r, field) == value, (field, getattr(r, field), value)
+    check_guard(name, c, w, i, arg, expected)
 
 
 def test_every_action_has_an_enabled_and_a_disabled_case() -> None:

@@ -34,7 +34,7 @@ from spec.state import (
     WRITABLE,
     msg,
 )
-from tests.spec.spec_helpers import FROZEN, HELD, HO, OFF, RUN_P, SENDING1, R, W
+from tests.spec.spec_helpers import FROZEN, HELD, HO, OFF, RUN_P, SENDING1, R, W, check_guard
 
 CASES = [
     # --- prefill / scheduler -----------------------------------------------------------
@@ -214,7 +214,6 @@ CASES = [
         msg(M_NACK, 1),
         ("disabled", None),
     ),
-    # --- decode ------------------------------------------------------------------------
 ]
 
 
@@ -224,15 +223,7 @@ CASES = [
     ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES)],
 )
 def test_guard(name, c, w, i, arg, expected):  # type: ignore[no-untyped-def]
-    res = apply(w, c, frozenset(), name, i, arg)
-    if isinstance(expected, tuple):
-        assert isinstance(res, Refused), f"{name} should be refused, got {res}"
-        assert res.prop == expected[1]
-    else:
-        assert not isinstance(res, Refused), f"{name} refused with {res.prop}"
-        r = res.reqs[i]
-        for field, value in expected.items():
-            assert getattr(r, field) == value, (field, getattr(r, field), value)
+    check_guard(name, c, w, i, arg, expected)
 
 
 def test_admit_takes_a_queued_request_once() -> None:

@@ -1,0 +1,33 @@
+"""Adapters between engines' cache layouts and kvown blocks (batched tensor copies).
+
+``hf``: transformers ``DynamicCache`` and legacy ``((k, v), ...)`` tuples, plus the
+geometry, identity and RoPE of a transformers config (``KVGeometry.from_hf_config``).
+``vllm``: the paged ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` per layer,
+with block tables. ``sglang``: the token-indexed ``k_buffer``/``v_buffer`` per layer.
+Each moves one request between the engine's tensors and a kvown request's blocks; the
+handoff itself is ``refimpl.api.handoff``.
+"""
+
+from refimpl.adapters.hf import (
+    blocks_to_cache,
+    blocks_to_legacy,
+    cache_layers,
+    cache_to_blocks,
+    identity_from_hf_config,
+    rope_from_hf_config,
+)
+from refimpl.adapters.sglang import blocks_to_sglang, sglang_to_blocks
+from refimpl.adapters.vllm import blocks_to_vllm, vllm_to_blocks
+
+__all__ = [
+    "blocks_to_cache",
+    "blocks_to_legacy",
+    "blocks_to_sglang",
+    "blocks_to_vllm",
+    "cache_layers",
+    "cache_to_blocks",
+    "identity_from_hf_config",
+    "rope_from_hf_config",
+    "sglang_to_blocks",
+    "vllm_to_blocks",
+]

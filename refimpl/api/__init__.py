@@ -1,0 +1,34 @@
+"""The public handoff API: what an engine author imports.
+
+``KVGeometry`` (one description of a side's paged KV, with converters), ``ModelIdentity``
+(model, adapter, quantization, RoPE), ``Sender`` and ``Receiver`` (model-agnostic ends:
+pools + geometry + transport), ``handoff()`` (the whole transfer in one call),
+``offload``/``reload`` (verified copies between tiers), ``channels`` (the two channel names
+of a request, for fault injection), ``State``, and ``write_kv``/``read_kv`` (contiguous
+per-token KV <-> a request's blocks, batched, asking the allocator).
+"""
+
+from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.handoff import HandoffResult, handoff
+from refimpl.api.offload import offload, reload
+from refimpl.api.receiver import Received, Receiver
+from refimpl.api.sender import Sender
+from refimpl.api.tokens import read_kv, write_kv
+from refimpl.api.wire import Channels, State, channels
+
+__all__ = [
+    "Channels",
+    "HandoffResult",
+    "KVGeometry",
+    "ModelIdentity",
+    "Received",
+    "Receiver",
+    "Sender",
+    "State",
+    "channels",
+    "handoff",
+    "offload",
+    "read_kv",
+    "reload",
+    "write_kv",
+]

@@ -1,0 +1,176 @@
+"""``Sender``: the source end of a handoff, model-agnostic (pools + geometry + transport).
+
+    tx = Sender(pools, geometry, transport, model)
+    m = tx.offer("req-1", token_ids, blocks=the_blocks_to_send, dst_tp=1)
+    while not tx.state("req-1").final: tx.poll("req-1")   # or let handoff() drive it
+
+``offer`` pins exactly the blocks it sends (``blocks``, default: the first
+``ceil(len(token_ids) / block_size)`` blocks the request holds, so room reserved for
+decoding is neither pinned nor sent) and hashes each canonical block (every head,
+heads_major) for the manifest. Every end of the attempt (ack, nack, abort, timeout)
+drops the pin; ``held()`` says what an attempt still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.wire import ABORT, ACK, MANIFEST, NACK, READY, State, channels
+from refimpl.checksum import block_checksum
+from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
+from refimpl.engine.data import RankPools
+from refimpl.errors import ChunkError
+from refimpl.transport import Transport
+from spec.manifest import Manifest
+
+
+@dataclass
+class _Offer:
+    request_id: str
+    epoch: int
+    manifest: Manifest
+    snaps: list[Snapshot]  # one per primary TP rank, all pinning the same block ids
+    free_source: bool  # free the request's blocks here once the receiver acked
+    state: State = State.OFFERED
+    reasons: list[str] = field(default_factory=list)  # why it was refused or aborted
+    chunks: int = 0
+    bytes_sent: int = 0
+
+
+class Sender:
+    """The source side: offers a request's KV, sends chunks on ``ready``, releases at the end."""
+
+    def __init__(
+        self, pools: RankPools, geometry: KVGeometry, transport: Transport, model: ModelIdentity
+    ) -> None:
+        geometry.check_pools(pools, "sender pools")
+        if geometry.cp != 1:
+            raise ValueError(f"Sender: cp={geometry.cp}; a sender worker holds cp=1")
+        self.pools, self.geometry, self.transport, self.model = pools, geometry, transport, model
+        self.local = geometry.to_local_config(model)
+        self._offers: dict[str, _Offer] = {}
+
+    # ------------------------------------------------------------ queries
+    def state(self, request_id: str) -> State:
+        return self._offers[request_id].state
+
+    def reasons(self, request_id: str) -> list[str]:
+        return list(self._offers[request_id].reasons)
+
+    def stats(self, request_id: str) -> tuple[int, int]:
+        """(chunks sent, payload bytes sent) of the request's attempt."""
+        o = self._offers[request_id]
+        return o.chunks, o.bytes_sent
+
+    def held(self) -> dict[str, tuple[int, ...]]:
+        """Blocks pinned by attempts that have not ended (empty once all ended)."""
+        return {rid: o.snaps[0].block_ids for rid, o in self._offers.items() if o.snaps}
+
+    # ------------------------------------------------------------ commands
+    def offer(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        *,
+        blocks: Sequence[int] | None = None,
+        epoch: int = 1,
+        dst_tp: int = 1,
+        dst_cp: int = 1,
+        prefix_blocks: int = 0,
+        free_source: bool = False,
+    ) -> Manifest:
+        """Freeze the blocks to send, build the manifest and send it. Nothing is held on error.
+
+        ``blocks``: the request's blocks holding ``token_ids`` (logical order, from block
+        0); ``prefix_blocks`` of them the receiver already has and are not sent.
+        """
+        old = self._offers.get(request_id)
+        if old is not None and not old.state.final:
+            raise ValueError(f"{request_id!r} already has an attempt in state {old.state.value}")
+        alloc, g = self.pools.alloc, self.geometry
+        need = g.blocks_for(len(token_ids))
+        if blocks is None:
+            blocks = alloc.blocks_of(request_id)[:need]
+        if len(blocks) != need:
+            raise ChunkError(
+                f"{request_id!r}: {len(blocks)} blocks for {len(token_ids)} tokens "
+                f"at block_size={g.block_size}; needs {need}"
+            )
+        sent = list(blocks)[prefix_blocks:]
+        snaps: list[Snapshot] = []
+        try:
+            for r in self.pools.primaries:
+                snaps.append(
+                    freeze(
+                        self.pools.pools[r],
+                        request_id,
+                        epoch,
+                        first_block=prefix_blocks,
+                        blocks=sent,
+                    )
+                )
+            if self.pools.canonical:
+                sums = snaps[0].checksums  # the rank's block is the canonical block
+            else:
+                sums = tuple(block_checksum(full) for full in self.pools.gather(sent))
+            snap = Snapshot(request_id, epoch, tuple(sent), prefix_blocks, sums, ())
+            m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
+        except Exception:
+            for r, s in zip(self.pools.primaries, snaps, strict=False):
+                release(self.pools.pools[r], s)
+            raise
+        self._offers[request_id] = _Offer(request_id, epoch, m, snaps, free_source)
+        self.transport.send(
+            channels(request_id).to_receiver,
+            {"type": MANIFEST, "manifest": m.to_json_dict()},
+        )
+        return m
+
+    def poll(self, request_id: str) -> int:
+        """Handle the receiver's replies; returns the number of messages read."""
+        msgs = self.transport.poll(channels(request_id).to_sender)
+        o = self._offers.get(request_id)
+        for header, _ in msgs:
+            if o is None or o.state.final or header.get("epoch") != o.epoch:
+                continue  # another attempt's reply, or one after the end: fenced
+            kind = header.get("type")
+            if kind == READY and o.state is State.OFFERED:
+                self._send_chunks(o)
+            elif kind == ACK and o.state is State.SENDING:
+                self._end(o, State.DONE, [])
+                if o.free_source:
+                    self.pools.alloc.free(request_id)
+            elif kind in (NACK, ABORT):
+                final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
+                self._end(o, final, [str(x) for x in header.get("reasons", [])])
+        return len(msgs)
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        """End the attempt here (cancel, timeout): drop the pins, tell the receiver."""
+        o = self._offers.get(request_id)
+        if o is None or o.state.final:
+            return
+        self._end(o, State.ABORTED, [reason])
+        ch = channels(request_id).to_receiver
+        self.transport.abort(ch)  # chunks still in flight are void
+        self.transport.send(ch, {"type": ABORT, "epoch": o.epoch, "reasons": [reason]})
+
+    def crash(self) -> None:
+        """Lose everything (a process crash): attempts forgotten, pools reset."""
+        self._offers.clear()
+        self.pools.reset()
+
+    # ------------------------------------------------------------ internals
+    def _send_chunks(self, o: _Offer) -> None:
+        ch = channels(o.request_id).to_receiver
+        for r, snap in zip(self.pools.primaries, o.snaps, strict=True):
+            o.chunks += send_chunks(self.transport, ch, snap, rank=r)
+            o.bytes_sent += sum(len(p) for p in snap.payloads)
+        o.state = State.SENDING
+
+    def _end(self, o: _Offer, state: State, reasons: list[str]) -> None:
+        for r, snap in zip(self.pools.primaries, o.snaps, strict=True):
+            release(self.pools.pools[r], snap)
+        o.snaps, o.state, o.reasons = [], state, reasons

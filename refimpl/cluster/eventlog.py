@@ -1,0 +1,153 @@
+"""Per-process event logs (spec/EVENTLOG.md JSONL), merged by causality and checked.
+
+Every process appends its own events to ``<dir>/<proc>.jsonl``, one line each, flushed
+at once (a SIGKILLed process keeps every line it wrote). An event carries, besides the
+spec's ``action`` and ``args``:
+
+- ``rid``: the cluster's request id (``args.req`` is that request's slot in its own
+  per-request log, always 0: see below);
+- ``lc``: the process's Lamport clock. Every control message carries the sender's clock
+  and the receiver moves past it, so if event a happened before event b (same process,
+  or through a chain of messages) then ``lc(a) < lc(b)``.
+
+``merge`` sorts all processes' events by ``(lc, proc, seq)``: a total order that
+extends causality, with no wall clock involved. Wall times (``t``) are kept only for
+the reader.
+
+Checking. The spec's finite configs hold at most four requests, and a slot lives one
+lifecycle, so a run of N requests is checked as N logs: one per request, holding that
+request's events plus the global ones (``EnvCrash``), in merged order, against the
+one-request config ``cluster_tp{T}_b{B}`` (``spec/config.py``, T prefill ranks, B
+blocks). Requests share capacity only through the pools' own checks, which the
+per-request configs do not model (each has exactly its own blocks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_checks.conformance import Verdict, check_text
+
+GLOBAL_ACTIONS = frozenset({"EnvCrash"})
+
+
+class ProcLog:
+    """One process's log and Lamport clock."""
+
+    def __init__(self, directory: str | Path, proc: str, t0: float) -> None:
+        self.proc, self.t0, self.lc, self.seq = proc, t0, 0, 0
+        self.path = Path(directory) / f"{proc}.jsonl"
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close)
+
+    def clock(self, received: int) -> int:
+        """Merge a received clock (0: none) and tick; returns the new local clock."""
+        self.lc = max(self.lc, received) + 1
+        return self.lc
+
+    def event(
+        self,
+        action: str,
+        rid: str | None,
+        now: float,
+        observed: dict[str, str] | None = None,
+        **args: Any,
+    ) -> None:
+        self.seq += 1
+        rec: dict[str, Any] = {"action": action, "args": dict(args)}
+        if rid is not None:
+            rec["args"]["req"] = 0
+            rec["rid"] = rid
+        if observed:
+            rec["observed"] = observed
+        rec.update(lc=self.clock(0), proc=self.proc, seq=self.seq, t=round(now - self.t0, 6))
+        self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def last_clock(path: str | Path) -> int:
+    """The largest ``lc`` in a (possibly dead) process's log; 0 if none."""
+    best = 0
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        try:
+            best = max(best, int(json.loads(line).get("lc", 0)))
+        except (ValueError, AttributeError):
+            continue  # a torn last line of a killed process
+    return best
+
+
+def read_events(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Every complete event line of the given logs (a torn last line is skipped)."""
+    out: list[dict[str, Any]] = []
+    for p in paths:
+        if not os.path.exists(p):
+            continue
+        for line in Path(p).read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "action" in rec:
+                out.append(rec)
+    return out
+
+
+def merge(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The causal total order: Lamport clock, then process name, then its own order."""
+    return sorted(events, key=lambda e: (e["lc"], e["proc"], e["seq"]))
+
+
+def per_request(merged: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each request's events with the global ones that come after its first event."""
+    logs: dict[str, list[dict[str, Any]]] = {}
+    for e in merged:
+        if e["action"] in GLOBAL_ACTIONS:
+            for evs in logs.values():
+                evs.append(e)
+        elif e.get("rid") is not None:
+            logs.setdefault(e["rid"], []).append(e)
+    return logs
+
+
+def config_name(prefill_tp: int, blocks: int) -> str:
+    return f"cluster_tp{prefill_tp}_b{blocks}"
+
+
+def dumps(e: dict[str, Any]) -> str:
+    return json.dumps(e, separators=(",", ":")) + "\n"
+
+
+def render(config: str, events: Sequence[dict[str, Any]]) -> str:
+    header = {"format": "kvown-eventlog", "version": 1, "config": config}
+    return json.dumps(header) + "\n" + "".join(dumps(e) for e in events)
+
+
+@dataclass(frozen=True)
+class RequestVerdict:
+    rid: str
+    config: str
+    verdict: Verdict
+    text: str  # the per-request log, as checked (kvown check-trace reads it as is)
+
+
+def check_requests(
+    merged: Sequence[dict[str, Any]], prefill_tp: int, blocks_of: dict[str, int]
+) -> list[RequestVerdict]:
+    """Check every request's log; ``blocks_of``: each request's block count."""
+    out = []
+    for rid, evs in per_request(merged).items():
+        cfg = config_name(prefill_tp, blocks_of[rid])
+        text = render(cfg, evs)
+        out.append(RequestVerdict(rid, cfg, check_text(text), text))
+    return out

@@ -1,0 +1,88 @@
+"""The process-level end of the exit-code contract, run as a user would: a closed pipe
+ends quietly with 0, a full disk is one error line (2), and Ctrl-C is one line, exit 130,
+with every worker process ended. No timing is asserted: the tests wait for a state (the
+workers exist), never for a duration."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KVOWN = [sys.executable, "-m", "kvown_cli.main"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _group(pgid: int) -> list[int]:
+    """Live processes of a process group (zombies excluded)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(d))
+    return pids
+
+
+def test_a_closed_pipe_ends_quietly_with_0() -> None:
+    p = subprocess.Popen(
+        [*KVOWN, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=ENV
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.readline()
+    p.stdout.close()  # what `kvown list | head -1` does
+    err = p.stderr.read()
+    assert p.wait() == 0 and err == b""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_is_one_error_line() -> None:
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [*KVOWN, "list", "--json"], stdout=full, stderr=subprocess.PIPE, cwd=ROOT, env=ENV
+        )
+    lines = r.stderr.decode().strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), lines
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize(
+    ("argv", "workers"),
+    [
+        (("prove", "--jobs", "2"), 2),  # a process pool of z3 workers
+        (("check",), 0),
+    ],
+)
+def test_ctrl_c_is_one_line_exit_130_and_no_worker_left(
+    argv: tuple[str, ...], workers: int
+) -> None:
+    p = subprocess.Popen(
+        [*KVOWN, *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+    for _ in range(600):  # until the work (and its workers) has started
+        if len(_group(p.pid)) > workers and p.poll() is None:
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the work itself, past the imports
+    assert p.poll() is None, "finished before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C sends: the whole group
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130
+    assert err.decode().strip().splitlines() == [f"kvown {argv[0]}: interrupted"]
+    assert _group(p.pid) == []

@@ -1,0 +1,124 @@
+"""The cluster's parts without processes: kill specs, configs, the control channel on a
+real TCPStore, the Lamport merge and per-request checks, and the KV data path."""
+
+from __future__ import annotations
+
+import pytest
+
+from refimpl.cluster import eventlog
+from refimpl.cluster.control import Channel, ControlFaults, serve_store
+from refimpl.cluster.faults import Kill, parse_kill
+from refimpl.cluster.kvpath import DecodeKV, PrefillKV
+from refimpl.cluster.router import ClusterConfig
+from refimpl.cluster.workload import ModelSpec, make_requests, reference_tokens
+from refimpl.errors import ChecksumError
+
+
+def test_kill_specs() -> None:
+    assert parse_kill("prefill:1@30%", 2, 1, 0) == Kill("prefill", 1, 0.3)
+    assert parse_kill("decode@0%", 2, 1, 0) == Kill("decode", 0, 0.0)
+    k = parse_kill("random", 2, 1, 7)
+    assert k is not None and k.proc in ("p0", "p1", "d0") and 0.2 <= k.at_fraction <= 0.8
+    assert parse_kill(None, 2, 1, 0) is None
+    with pytest.raises(ValueError, match="prefill rank 2 >= --prefill-tp 2"):
+        parse_kill("prefill:2@10%", 2, 1, 0)
+    with pytest.raises(ValueError, match="expected random"):
+        parse_kill("p1@10", 2, 1, 0)
+
+
+def test_config_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="mutant 'mismatch_installed' .a spec mutant. has no"):
+        ClusterConfig(mutant="mismatch_installed")
+    with pytest.raises(ValueError, match="not a spec mutant"):
+        ClusterConfig(mutant="nope")
+    with pytest.raises(ValueError, match="decode_tp=2: only 1"):
+        ClusterConfig(decode_tp=2)
+    with pytest.raises(ValueError, match="drop_p=2"):
+        ClusterConfig(drop_p=2.0)
+    with pytest.raises(ValueError, match="backend 'nccl': only gloo"):
+        ClusterConfig(backend="nccl")
+
+
+def test_channel_is_fifo_under_delays_and_merges_clocks() -> None:
+    store = serve_store("127.0.0.1", 5.0)
+    clocks = {"a": 0, "b": 0}
+
+    def clock(name: str):  # type: ignore[no-untyped-def]
+        def tick(received: int) -> int:
+            clocks[name] = max(clocks[name], received) + 1
+            return clocks[name]
+
+        return tick
+
+    slow = ControlFaults(delay_p=0.5, delay_s=0.05, seed=1)
+    a = Channel(store, "a", ("b",), clock("a"), slow)
+    b = Channel(store, "b", ("a",), clock("b"))
+    for k in range(20):
+        a.send("b", "m", k=k)
+    a.drain(2.0)
+    got = b.poll(limit=100)
+    assert [m["k"] for m in got] == list(range(20))
+    assert a.delayed > 0
+    assert clocks["b"] > clocks["a"] - 1  # b moved past every stamp it read
+    assert b.poll() == []  # read keys are gone; nothing twice
+
+
+def test_merge_orders_by_clock_and_projects_requests() -> None:
+    evs = [
+        {"action": "DecodeStep", "rid": "r0", "lc": 9, "proc": "d0", "seq": 1},
+        {"action": "PrefillAdmit", "rid": "r0", "lc": 2, "proc": "p0", "seq": 1},
+        {"action": "EnvCrash", "args": {"worker": "prefill"}, "lc": 5, "proc": "router", "seq": 1},
+        {"action": "PrefillAdmit", "rid": "r1", "lc": 7, "proc": "p0", "seq": 2},
+    ]
+    merged = eventlog.merge(evs)
+    assert [e["lc"] for e in merged] == [2, 5, 7, 9]
+    per = eventlog.per_request(merged)
+    assert [e["action"] for e in per["r0"]] == ["PrefillAdmit", "EnvCrash", "DecodeStep"]
+    assert [e["action"] for e in per["r1"]] == ["PrefillAdmit"]  # the crash came before it
+
+
+def _handoff(epoch_sums_tamper: bool) -> tuple[bool, int, int]:
+    spec = ModelSpec()
+    model = spec.model()
+    req = make_requests(1, spec, seed=5)[0]
+    ranks = [PrefillKV(model, 2, r, spec.block_size, 8) for r in range(2)]
+    dec = DecodeKV(model, spec.block_size, 16)
+    first = [p.prefill(req.rid, req.prompt) for p in ranks][0]
+    sums = [p.freeze(req.rid, 1) for p in ranks]
+    man = dec.accept(ranks[0].manifest(req.rid, 1, req.prompt, sums).to_json_dict())
+    inc = dec.reserve(man, req.steps + 1)
+    data = [p.payload(req.rid, 1).clone() for p in ranks]
+    if epoch_sums_tamper:
+        data[1][0] ^= 1  # one bit of rank 1's first block
+        with pytest.raises(ChecksumError, match="rank 1 block 0"):
+            dec.land(inc, 1, data[1], sums[1])
+        assert dec.held() > 0  # reserved, nothing installed; the caller aborts
+        dec.abort(req.rid)
+        return False, dec.held(), 0
+    for r in range(2):
+        dec.land(inc, r, data[r], sums[r])
+    dec.validate(inc, dict(enumerate(sums)))
+    store = dec.commit(inc)
+    toks = (first, *dec.decode(store, first, len(req.prompt), req.steps)[1:])
+    for p in ranks:
+        p.drop(req.rid)
+    dec.finish(req.rid)
+    dec.alloc.check_integrity()
+    return toks == reference_tokens(model, req), dec.held(), ranks[0].held()
+
+
+def test_data_path_tokens_equal_reference_and_nothing_held() -> None:
+    assert _handoff(False) == (True, 0, 0)
+
+
+def test_data_path_refuses_a_flipped_bit() -> None:
+    assert _handoff(True) == (False, 0, 0)
+
+
+def test_cluster_configs_exist_for_every_request_shape() -> None:
+    from spec.config import get_config
+
+    for t in (1, 2, 3, 4):
+        for b in (1, 2, 3):
+            c = get_config(eventlog.config_name(t, b))
+            assert (c.n_reqs, c.src_tp, c.blocks, c.dst_tp) == (1, t, b, 1)
