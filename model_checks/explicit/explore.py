@@ -5,6 +5,9 @@ Edges carry the action name and its arguments (``label``) and the action kind
 (``kinds``, a set: parallel actions between the same two states are merged). Every
 safety property is evaluated on every state; the first (shallowest) state violating
 each property is remembered, so its shortest counterexample is one parent walk away.
+The transition predicates (``spec/steps.py``) are evaluated on every edge, on the
+pre-state, the action and the post-state; the first violating edge per property is
+remembered likewise (its counterexample: the path to the pre-state, then the edge).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from spec.common import Mutants
 from spec.config import Config
 from spec.properties import SAFETY
 from spec.state import World, canonical
+from spec.steps import check_step, step_plain
 
 Label = tuple[str, int, int]  # (action, request slot in the canonical pre-state, argument)
 
@@ -38,6 +42,7 @@ class Graph:
     lab: list[Label] = field(default_factory=list)
     first_violation: dict[str, int] = field(default_factory=dict)
     first_edge: list[int] = field(default_factory=list)
+    first_step_violation: dict[str, int] = field(default_factory=dict)  # pid -> edge index
     seconds: float = 0.0
     _nx: nx.DiGraph | None = None
 
@@ -61,6 +66,19 @@ class Graph:
             sid = self.parent[sid]
         out.reverse()
         return out
+
+    def step_path(self, edge: int) -> list[Label]:
+        """A shortest path that ends with edge ``edge`` (BFS reached its source first)."""
+        return [*self.path_to(self.src[edge]), self.lab[edge]]
+
+    def violation_path(self, pid: str) -> list[Label] | None:
+        """The shorter of the state and the step counterexample of ``pid`` (None: holds)."""
+        paths = []
+        if pid in self.first_violation:
+            paths.append(self.path_to(self.first_violation[pid]))
+        if pid in self.first_step_violation:
+            paths.append(self.step_path(self.first_step_violation[pid]))
+        return min(paths, key=len) if paths else None
 
     def to_networkx(self) -> nx.DiGraph:
         """The state graph as a networkx.DiGraph over state ids (parallel actions between
@@ -110,6 +128,7 @@ def explore(
     g.parent_label.append(("", 0, 0))
     preds = [(p.id, p.pred) for p in SAFETY if p.pred is not None]
     first = g.first_violation
+    first_step = g.first_step_violation
     states, depth, parent, plabel = g.states, g.depth, g.parent, g.parent_label
     src, dst, lab = g.src, g.dst, g.lab
     first_edge = g.first_edge
@@ -133,6 +152,12 @@ def explore(
         d1 = depth[sid] + 1
         first_edge.append(len(src))
         for name, i, arg, s in successors(w, c, mutants):
+            stop = False
+            if not step_plain(w, name, i, arg, s, c):
+                for pid in check_step(w, name, i, arg, s, c):
+                    if pid not in first_step:
+                        first_step[pid] = len(src)  # the index this edge gets below
+                        stop = stop or pid == stop_on
             s = norm(s)
             tid = index.get(s)
             if tid is None:
@@ -153,6 +178,9 @@ def explore(
             src.append(sid)
             dst.append(tid)
             lab.append((name, i, arg))
+            if stop:
+                g.seconds = time.perf_counter() - t0
+                return g
         if progress is not None and head % 4096 == 0:
             progress(len(states), len(states) - head)
     g.seconds = time.perf_counter() - t0
