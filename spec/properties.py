@@ -218,7 +218,8 @@ LIVENESS: tuple[Property, ...] = (
     Property(
         "NoDeadlock",
         "liveness",
-        "From every reachable state a quiescent terminal state is reachable.",
+        "From every reachable state a quiescent terminal state is reachable, also without"
+        " the client (a cancel is never the only way out).",
     ),
     Property(
         "FairTermination",
@@ -230,6 +231,18 @@ LIVENESS: tuple[Property, ...] = (
         "BoundedExit",
         "liveness",
         "Every waiting worker can free what it holds by its own steps and timeouts alone.",
+    ),
+    Property(
+        "RecoverWithoutTimeout",
+        "liveness",
+        "With protocol actions and faults that lose nothing (duplicate, corrupt, mismatch,"
+        " store failure), and no timeout or cancel, every run can still end quiescent.",
+    ),
+    Property(
+        "ReleaseWhileRunning",
+        "liveness",
+        "Once decode has committed a running request, the source can be freed while the"
+        " request still runs.",
     ),
 )
 

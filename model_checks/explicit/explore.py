@@ -115,7 +115,8 @@ def explore(
     """Breadth-first exploration of every reachable state of ``c`` under ``mutants``.
 
     ``stop_on``: a property ID; exploration stops once a state violating it is found
-    (the shortest counterexample is already known then).
+    (the shortest counterexample is already known then). ``"*"``: stop at the first
+    violation of any safety property (mutation testing asks only "killed or not").
     """
     t0 = time.perf_counter()
     g = Graph(config=c, mutants=mutants, symmetry=symmetry)
@@ -137,7 +138,7 @@ def explore(
         for pid, pred in preds:
             if pid not in first and not pred(w, c):
                 first[pid] = sid
-                if pid == stop_on:
+                if pid == stop_on or stop_on == "*":
                     return True
         return False
 
@@ -157,7 +158,7 @@ def explore(
                 for pid in check_step(w, name, i, arg, s, c):
                     if pid not in first_step:
                         first_step[pid] = len(src)  # the index this edge gets below
-                        stop = stop or pid == stop_on
+                        stop = stop or pid == stop_on or stop_on == "*"
             s = norm(s)
             tid = index.get(s)
             if tid is None:
