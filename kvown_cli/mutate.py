@@ -32,6 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=2, help="mutants judged at once")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant")
     p.add_argument("--only", metavar="ID", action="append", default=[], help="these mutant ids")
+    p.add_argument(
+        "--no-prefilter",
+        action="store_true",
+        help="model-check every mutant (skip the shortcut for mutants that change no step)",
+    )
     p.add_argument("--min-score", type=float, default=0.9, help="exit 1 below this kill rate")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             timeout_s=args.timeout,
             only=args.only,
+            prefilter=not args.no_prefilter,
         )
     except (ValueError, EquivalentsError) as exc:
         return _err(str(exc))

@@ -30,6 +30,7 @@ from spec.state import (
     G_STALE,
     IDLE,
     NONE,
+    PREFILLING,
     QUARANTINED,
     RESERVED,
     RUNNING,
@@ -41,6 +42,7 @@ from spec.state import (
 
 Pred = Callable[[World, Config], bool]
 _HELD = (COMPLETE, WRITABLE)
+_HAS_KV = (PREFILLING, RUNNING)  # the live statuses whose KV exists (not queued, preempted)
 
 
 def single_writer(w: World, c: Config) -> bool:
@@ -55,8 +57,11 @@ def no_partial_use(w: World, c: Config) -> bool:
 
 
 def nothing_lost(w: World, c: Config) -> bool:
+    """Every live request that has KV (prefilling or running) holds a complete or
+    writable copy somewhere; a queued or preempted one holds none by design (it is
+    prefilled, again, from its tokens)."""
     for r in w.reqs:
-        if r.st == RUNNING and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
+        if r.st in _HAS_KV and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
             return False
     return True
 
@@ -160,7 +165,8 @@ SAFETY: tuple[Property, ...] = (
     Property(
         "NothingLost",
         "safety",
-        "Every running request has a complete copy somewhere (else it is marked for recompute).",
+        "Every live request with KV (prefilling or running) has a complete copy somewhere;"
+        " one without is queued or preempted (marked for recompute).",
         nothing_lost,
     ),
     Property(

@@ -44,7 +44,9 @@ def _bound(name: str) -> int:
 
     pinned = Path(spec.__file__).resolve().parent / "pinned.json"
     try:
-        n = json.loads(pinned.read_text())["configs"][name]["distinct_states"]
+        data = json.loads(pinned.read_text())
+        section = data["configs"] if name in data["configs"] else data["deep"]
+        n = section[name]["distinct_states"]
     except (OSError, ValueError, KeyError, TypeError):
         return 2_000_000
     return max(10_000, GROWTH * int(n))

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from model_checks.mutation.equivalents import load_equivalents
 from model_checks.mutation.operators import Mutant, generate, sample
-from model_checks.mutation.runner import Check, MutantResult, run_mutants, summarise
+from model_checks.mutation.runner import SURVIVED, Check, MutantResult, run_mutants, summarise
+from model_checks.mutation.spec_prefilter import Reachable, changes_a_step
+from spec.config import SUITES
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = (
@@ -33,6 +36,7 @@ FILES = (
 )
 EQUIVALENTS = ROOT / "spec" / "equivalent_mutants.json"
 COPY = ("spec", "model_checks")
+UNCHANGED = "survived: no reachable step of the suite differs (prefilter)"
 
 
 def _switch(test: ast.expr) -> bool | None:
@@ -95,11 +99,17 @@ def run(
     n: int = 120,
     seed: int = 0,
     jobs: int = 2,
-    timeout_s: float = 600.0,
+    timeout_s: float = 900.0,
     root: Path = ROOT,
     only: Sequence[str] = (),
+    prefilter: bool = True,
+    on_result: Callable[[MutantResult], None] | None = None,
 ) -> tuple[dict[str, object], list[MutantResult]]:
-    """Sample ``n`` mutants (``only``: these ids instead), judge each, summarise."""
+    """Sample ``n`` mutants (``only``: these ids instead), judge each, summarise.
+
+    ``prefilter``: first explore the correct suite once, and let a mutant that changes
+    no reachable step survive without a model check of its own (``spec_prefilter``);
+    the others run in subprocesses, ``jobs`` at a time, while the next is filtered."""
     pool = mutants(root)
     if only:
         known = {m.id: m for m in pool}
@@ -110,8 +120,30 @@ def run(
     else:
         picked = sample(pool, n, seed)
     cs = checks(suites, timeout_s)
-    results = run_mutants(root, picked, cs, copy=COPY, jobs=jobs)
+    reach = Reachable(c for s in suites for c in SUITES[s]) if prefilter else None
+    done: dict[str, MutantResult] = {}
+
+    def judge(m: Mutant) -> None:
+        (res,) = run_mutants(root, [m], cs, copy=COPY, jobs=1)
+        done[m.id] = res
+        if on_result is not None:
+            on_result(res)
+
+    with ThreadPoolExecutor(max_workers=jobs) as workers:
+        futures = []
+        for m in picked:
+            if reach is not None and changes_a_step(m, reach) is False:
+                res = MutantResult(m, {cs[0].name: SURVIVED}, {cs[0].name: UNCHANGED})
+                done[m.id] = res
+                if on_result is not None:
+                    on_result(res)
+                continue
+            futures.append(workers.submit(judge, m))
+        for f in futures:
+            f.result()
+    results = [done[m.id] for m in picked]
     report = summarise(results, load_equivalents(EQUIVALENTS), cs)
     report["generated"] = len(pool)
     report["suites"] = list(suites)
+    report["unchanged"] = sum(1 for r in results if r.details.get(cs[0].name) == UNCHANGED)
     return report, results
