@@ -86,8 +86,10 @@ def mutants(root: Path = ROOT) -> list[Mutant]:
     return [m for m in generate(root, FILES) if m.line not in dead[m.file]]
 
 
-def checks(suites: Sequence[str], timeout_s: float) -> tuple[Check, ...]:
+def checks(suites: Sequence[str], timeout_s: float, coverage: bool = False) -> tuple[Check, ...]:
     argv = [sys.executable, "-m", "model_checks.mutation.spec_check"]
+    if coverage:
+        argv.append("--coverage")
     for s in suites:
         argv += ["--suite", s]
     return (Check("model-check", tuple(argv), timeout_s=timeout_s),)
@@ -103,6 +105,7 @@ def run(
     root: Path = ROOT,
     only: Sequence[str] = (),
     prefilter: bool = True,
+    coverage: bool = False,
     on_result: Callable[[MutantResult], None] | None = None,
 ) -> tuple[dict[str, object], list[MutantResult]]:
     """Sample ``n`` mutants (``only``: these ids instead), judge each, summarise.
@@ -119,7 +122,7 @@ def run(
         picked = [known[i] for i in only]
     else:
         picked = sample(pool, n, seed)
-    cs = checks(suites, timeout_s)
+    cs = checks(suites, timeout_s, coverage)
     reach = Reachable(c for s in suites for c in SUITES[s]) if prefilter else None
     done: dict[str, MutantResult] = {}
 
