@@ -38,9 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="model-check every mutant (skip the shortcut for mutants that change no step)",
     )
     p.add_argument(
-        "--coverage",
+        "--no-coverage",
         action="store_true",
-        help="also kill a mutant that stops some action from ever firing in the suite",
+        help="skip the vacuity check (a mutant that stops some action from ever firing)",
     )
     p.add_argument("--min-score", type=float, default=0.9, help="exit 1 below this kill rate")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             only=args.only,
             prefilter=not args.no_prefilter,
-            coverage=args.coverage,
+            coverage=not args.no_coverage,
         )
     except (ValueError, EquivalentsError) as exc:
         return _err(str(exc))

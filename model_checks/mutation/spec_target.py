@@ -7,8 +7,9 @@ spec: the branches that only a known mutant's switch enters (``if "name" in m:``
 the ``else`` of ``if "name" not in m:``). An edit of the switch test itself is kept: it
 turns a known bug on, and the checks must catch it.
 
-Judge: ``python -m model_checks.mutation.spec_check --suite S`` in the mutant's copy;
-exit 0 (every property holds on every config of S) means the mutant survived.
+Judge: ``python -m model_checks.mutation.spec_check --suite S --coverage`` in the
+mutant's copy; exit 0 (every property holds on every config of S, and every action
+fires somewhere) means the mutant survived.
 
 Equivalents: ``spec/equivalent_mutants.json``, ``{id: reason}``, reviewed by hand.
 """
@@ -105,7 +106,7 @@ def run(
     root: Path = ROOT,
     only: Sequence[str] = (),
     prefilter: bool = True,
-    coverage: bool = False,
+    coverage: bool = True,
     on_result: Callable[[MutantResult], None] | None = None,
 ) -> tuple[dict[str, object], list[MutantResult]]:
     """Sample ``n`` mutants (``only``: these ids instead), judge each, summarise.
