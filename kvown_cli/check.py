@@ -22,7 +22,7 @@ from model_checks.explicit.runner import (
     property_rows,
 )
 from model_checks.explicit.trace import pretty, to_dot
-from spec.config import DEFAULT_SUITE, get_config
+from spec.config import SUITES, get_config
 from spec.mutants import MUTANTS, get_mutant
 
 HELP = "explore the spec exhaustively (default suite)"
@@ -34,6 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="NAME", help="check one config")
     g.add_argument("--mutant", metavar="NAME", help="check a mutant where it must fail")
     g.add_argument("--all-mutants", action="store_true", help="the mutant matrix")
+    g.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        help="a named suite: default (the small worlds) or deep (the larger ones, nightly)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dot", metavar="FILE", help="write the state graph (or cex) as DOT")
     p.add_argument(
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return _all_mutants(args)
     if args.mutant is not None:
         return _mutant(args)
-    names = (args.config,) if args.config else DEFAULT_SUITE
+    names = (args.config,) if args.config else SUITES[args.suite or "default"]
     return _suite(args, names)
 
 

@@ -30,6 +30,7 @@ from spec.state import (
     G_STALE,
     IDLE,
     NONE,
+    PREFILLING,
     QUARANTINED,
     RESERVED,
     RUNNING,
@@ -41,6 +42,7 @@ from spec.state import (
 
 Pred = Callable[[World, Config], bool]
 _HELD = (COMPLETE, WRITABLE)
+_HAS_KV = (PREFILLING, RUNNING)  # the live statuses whose KV exists (not queued, preempted)
 
 
 def single_writer(w: World, c: Config) -> bool:
@@ -55,8 +57,11 @@ def no_partial_use(w: World, c: Config) -> bool:
 
 
 def nothing_lost(w: World, c: Config) -> bool:
+    """Every live request that has KV (prefilling or running) holds a complete or
+    writable copy somewhere; a queued or preempted one holds none by design (it is
+    prefilled, again, from its tokens)."""
     for r in w.reqs:
-        if r.st == RUNNING and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
+        if r.st in _HAS_KV and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
             return False
     return True
 
@@ -160,7 +165,8 @@ SAFETY: tuple[Property, ...] = (
     Property(
         "NothingLost",
         "safety",
-        "Every running request has a complete copy somewhere (else it is marked for recompute).",
+        "Every live request with KV (prefilling or running) has a complete copy somewhere;"
+        " one without is queued or preempted (marked for recompute).",
         nothing_lost,
     ),
     Property(
@@ -218,7 +224,8 @@ LIVENESS: tuple[Property, ...] = (
     Property(
         "NoDeadlock",
         "liveness",
-        "From every reachable state a quiescent terminal state is reachable.",
+        "From every reachable state a quiescent terminal state is reachable, also without"
+        " the client (a cancel is never the only way out).",
     ),
     Property(
         "FairTermination",
@@ -230,6 +237,18 @@ LIVENESS: tuple[Property, ...] = (
         "BoundedExit",
         "liveness",
         "Every waiting worker can free what it holds by its own steps and timeouts alone.",
+    ),
+    Property(
+        "RecoverWithoutTimeout",
+        "liveness",
+        "With protocol actions and faults that lose nothing (duplicate, corrupt, mismatch,"
+        " store failure), and no timeout or cancel, every run can still end quiescent.",
+    ),
+    Property(
+        "ReleaseWhileRunning",
+        "liveness",
+        "Once decode has committed a running request, the source can be freed while the"
+        " request still runs.",
     ),
 )
 

@@ -12,6 +12,12 @@ Speed (see benchmarks/RESULTS.md): successors are generated inline, actions that
 ``enabling.Enabling`` has learned to be disabled for a state's control fields are not
 called, safety predicates whose verdict ``verdicts.Verdicts`` has learned from those
 fields are not called either, and symmetry is one sort of the request records.
+
+The transition predicates of ``spec/steps.py`` are evaluated on every edge, on the
+pre-state, the action and the post-state (``step_plain`` first: a cheap test that the
+step cannot break any of them); the first violating edge per property is kept in
+``Graph.first_step_violation`` (its counterexample: the path to the pre-state, then the
+edge).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from spec.common import Mutants
 from spec.config import Config
 from spec.properties import SAFETY
 from spec.state import World, canonical
+from spec.steps import check_step, step_plain
 
 Label = tuple[str, int, int]  # (action, request slot in the canonical pre-state, argument)
 
@@ -49,6 +56,7 @@ class Graph:
     # per edge property: (pre-state id, label, edge index) of its first violating edge
     first_edge_violation: dict[str, tuple[int, Label, int]] = field(default_factory=dict)
     first_edge: list[int] = field(default_factory=list)
+    first_step_violation: dict[str, int] = field(default_factory=dict)  # pid -> edge index
     seconds: float = 0.0
     _nx: nx.DiGraph | None = None
 
@@ -72,6 +80,19 @@ class Graph:
             sid = self.parent[sid]
         out.reverse()
         return out
+
+    def step_path(self, edge: int) -> list[Label]:
+        """A shortest path that ends with edge ``edge`` (BFS reached its source first)."""
+        return [*self.path_to(self.src[edge]), self.lab[edge]]
+
+    def violation_path(self, pid: str) -> list[Label] | None:
+        """The shorter of the state and the step counterexample of ``pid`` (None: holds)."""
+        paths = []
+        if pid in self.first_violation:
+            paths.append(self.path_to(self.first_violation[pid]))
+        if pid in self.first_step_violation:
+            paths.append(self.step_path(self.first_step_violation[pid]))
+        return min(paths, key=len) if paths else None
 
     def to_networkx(self) -> nx.DiGraph:
         """The state graph as a networkx.DiGraph over state ids (parallel actions between
@@ -115,6 +136,8 @@ def explore(
 
     ``stop_on``: a property ID; exploration stops once a state (or, for an edge
     property, an edge) violating it is found (its shortest counterexample is known then).
+    ``"*"``: stop at the first violation of any property (mutation testing asks only
+    "killed or not").
     ``edge_props``: transition properties checked on every edge; the first (shallowest)
     violating edge of each is kept in ``Graph.first_edge_violation``.
 
@@ -132,6 +155,7 @@ def explore(
     preds = [(p.id, p.pred) for p in SAFETY if p.pred is not None]
     first = g.first_violation
     edge_first = g.first_edge_violation
+    first_step = g.first_step_violation
     states, depth, parent, plabel = g.states, g.depth, g.parent, g.parent_label
     src, dst, lab = g.src, g.dst, g.lab
     first_edge = g.first_edge
@@ -150,7 +174,7 @@ def explore(
         for pid, pred, verdict in plan(key_of(w)):
             if pid not in first and not (pred(w, c) if verdict is None else verdict):
                 first[pid] = sid
-                if pid == stop_on:
+                if pid == stop_on or stop_on == "*":
                     return True
         return False
 
@@ -158,7 +182,7 @@ def explore(
         for pid, epred in edge_props:
             if pid not in edge_first and not epred(w, lb[0], lb[1], lb[2], s, c):
                 edge_first[pid] = (sid, lb, eidx)
-                if pid == stop_on:
+                if pid == stop_on or stop_on == "*":
                     return True
         return False
 
@@ -201,6 +225,12 @@ def explore(
                     out.append(("EnvCrash", 0, wk, s))
         for name, i, arg, s0 in out:
             lb = (name, i, arg)
+            stop = False
+            if not step_plain(w, name, i, arg, s0, c):
+                for pid in check_step(w, name, i, arg, s0, c):
+                    if pid not in first_step:
+                        first_step[pid] = len(src)  # the index this edge gets below
+                        stop = stop or pid == stop_on or stop_on == "*"
             s = s0
             if multi:
                 reqs = s.reqs
@@ -232,6 +262,9 @@ def explore(
             src.append(sid)
             dst.append(tid)
             lab.append(lb)
+            if stop:
+                g.seconds = time.perf_counter() - t0
+                return g
         if progress is not None and head % 4096 == 0:
             progress(len(states), len(states) - head)
     g.seconds = time.perf_counter() - t0

@@ -5,7 +5,8 @@ networkx.DiGraph of a 150k-state graph costs more to build than the checks thems
 so it is built only on demand (``Graph.to_networkx``, for DOT export and callers).
 
 - ``NoDeadlock``: every reachable state is an ancestor of (or is) a quiescent terminal
-  state: reverse reachability from the terminal states over every edge.
+  state: reverse reachability from the terminal states over every edge; and the same
+  without the client's edges: a cancel is never the only way out of a wedge.
 - ``FairTermination``: (1) in the subgraph of protocol actions only (``local`` and
   ``recv``: no fault, no timeout, no cancel), every state reachable from the initial
   state can still reach a quiescent terminal state in that subgraph; (2) the same with
@@ -14,6 +15,15 @@ so it is built only on demand (``Graph.to_networkx``, for DOT export and callers
   a protocol action enabled in all of its states with an edge leaving it. SCCs come
   from an iterative Tarjan over the out-edge arrays; of the SCCs without such an exit,
   the one holding the shallowest state is reported.
+- ``RecoverWithoutTimeout``: in the subgraph of protocol actions plus the faults that
+  lose nothing (duplicate, corrupt, mismatch, store failure; no loss, no crash, no
+  timeout, no cancel), every state reachable from the initial state can still reach a
+  quiescent terminal state in that subgraph: a detected fault is recovered by the
+  protocol's own word (a Nack, a new epoch), never by waiting a timeout out.
+- ``ReleaseWhileRunning``: once decode has committed a running request (reached with
+  nothing lost: a lost Ack strands the source until a timeout), prefill's source can
+  be freed while the request still runs (protocol actions, decode's finish excluded):
+  the Ack is sent and used.
 - ``BoundedExit``: each worker that waits on a peer can free what it holds through its
   own ``local`` steps and ``timeout`` actions alone (reverse reachability in that
   worker's subgraph): the exit does not depend on the peer being alive.
@@ -30,11 +40,23 @@ from dataclasses import dataclass
 from model_checks.explicit.explore import Graph, Label
 from spec.actions import ACTIONS
 from spec.properties import decode_waiting, prefill_waiting, quiescent_terminal
+from spec.state import NONE, RUNNING, WRITABLE, World
 
-# one bit per (actor, kind) category of action, to filter edges cheaply
-_CATS = sorted({(a.actor, a.kind) for a in ACTIONS.values()})
+# faults that lose something (a message, a worker): recovery from them may need a timeout
+LOSSY = frozenset({"EnvLose", "EnvCrash"})
+
+
+def _cat(name: str) -> tuple[str, str]:
+    a = ACTIONS[name]
+    return a.actor, ("loss" if name in LOSSY else a.kind)
+
+
+# one bit per (actor, kind) category of action, to filter edges cheaply (the lossy
+# faults are a kind of their own, "loss")
+_CATS = sorted({_cat(n) for n in ACTIONS})
 _BIT = {cat: 1 << k for k, cat in enumerate(_CATS)}
-_ACTION_BIT = {name: _BIT[(a.actor, a.kind)] for name, a in ACTIONS.items()}
+_ACTION_BIT = {name: _BIT[_cat(name)] for name in ACTIONS}
+_DECODE_FINISH = 1 << len(_CATS)  # an extra bit: ReleaseWhileRunning leaves it out
 
 
 def mask(pred: Callable[[str, str], bool]) -> int:
@@ -43,6 +65,8 @@ def mask(pred: Callable[[str, str], bool]) -> int:
 
 PROTOCOL = mask(lambda a, k: k in ("local", "recv"))
 PROTOCOL_CLIENT = mask(lambda a, k: k in ("local", "recv", "client"))
+RECOVER = mask(lambda a, k: k in ("local", "recv", "fault"))  # "fault": the non-lossy ones
+NO_CLIENT = mask(lambda a, k: k != "client")
 
 
 def _own_exit(actor: str) -> int:
@@ -65,7 +89,9 @@ class _Edges:
     """Per-edge category bits, reverse adjacency and the goal states, built once per graph."""
 
     def __init__(self, gr: Graph) -> None:
-        self.bits = [_ACTION_BIT[lb[0]] for lb in gr.lab]
+        self.bits = [
+            _ACTION_BIT[lb[0]] | (_DECODE_FINISH if lb[0] == "DecodeFinish" else 0) for lb in gr.lab
+        ]
         rev: list[list[int]] = [[] for _ in range(gr.n_states)]
         for idx, d in enumerate(gr.dst):
             rev[d].append(idx)
@@ -77,15 +103,18 @@ class _Edges:
 ALL = mask(lambda a, k: True)
 
 
-def _reach_back(gr: Graph, ed: _Edges, targets: Iterable[int], m: int) -> set[int]:
-    """Targets plus every state that reaches one through edges in category mask ``m``."""
+def _reach_back(
+    gr: Graph, ed: _Edges, targets: Iterable[int], m: int, without: int = 0
+) -> set[int]:
+    """Targets plus every state that reaches one through edges in category mask ``m``
+    (and with none of the bits of ``without``)."""
     seen = set(targets)
     queue = deque(seen)
     src, bits, rev = gr.src, ed.bits, ed.rev
     while queue:
         n = queue.popleft()
         for idx in rev[n]:
-            if bits[idx] & m:
+            if bits[idx] & m and not bits[idx] & without:
                 p = src[idx]
                 if p not in seen:
                     seen.add(p)
@@ -125,11 +154,42 @@ def _shallowest(gr: Graph, bad: Iterable[int]) -> int | None:
 def no_deadlock(gr: Graph, ed: _Edges) -> LiveResult:
     ok = _reach_back(gr, ed, ed.goals, ALL)
     bad = _shallowest(gr, (s for s in range(gr.n_states) if s not in ok))
+    if bad is not None:
+        sink = len(gr.out_edges(bad)) == 0
+        note = "a non-terminal sink" if sink else "no quiescent terminal state is reachable"
+        return LiveResult("NoDeadlock", False, bad, gr.path_to(bad), note)
+    ok = _reach_back(gr, ed, ed.goals, NO_CLIENT)
+    bad = _shallowest(gr, (s for s in range(gr.n_states) if s not in ok))
     if bad is None:
         return LiveResult("NoDeadlock", True)
-    sink = len(gr.out_edges(bad)) == 0
-    note = "a non-terminal sink" if sink else "no quiescent terminal state is reachable"
+    note = "only a client cancel leads to a quiescent terminal state"
     return LiveResult("NoDeadlock", False, bad, gr.path_to(bad), note)
+
+
+def recover_without_timeout(gr: Graph, ed: _Edges) -> LiveResult:
+    res = _terminates_within(
+        gr, ed, RECOVER, "a detected fault that only a timeout, cancel or loss ends"
+    )
+    if res is None:
+        return LiveResult("RecoverWithoutTimeout", True)
+    return LiveResult("RecoverWithoutTimeout", False, res.state, res.path, res.note)
+
+
+def _source_held_after_commit(w: World) -> bool:
+    return any(r.st == RUNNING and r.d == WRITABLE and r.p != NONE for r in w.reqs)
+
+
+def release_while_running(gr: Graph, ed: _Edges) -> LiveResult:
+    flags = [_source_held_after_commit(w) for w in gr.states]
+    free = (i for i, f in enumerate(flags) if not f)
+    ok = _reach_back(gr, ed, free, PROTOCOL, without=_DECODE_FINISH)
+    par = _reach_fwd(gr, ed, RECOVER)  # nothing lost: a lost Ack may strand the source
+    bad = [s for s in par if flags[s] and s not in ok]
+    if not bad:
+        return LiveResult("ReleaseWhileRunning", True)
+    worst = min(bad, key=lambda s: (len(_walk(par, s)), s))
+    note = "decode committed, but the source stays held until the request ends"
+    return LiveResult("ReleaseWhileRunning", False, worst, _walk(par, worst), note)
 
 
 def _terminates_within(gr: Graph, ed: _Edges, m: int, what: str) -> LiveResult | None:
@@ -262,6 +322,8 @@ CHECKS: dict[str, Callable[[Graph, _Edges], LiveResult]] = {
     "NoDeadlock": no_deadlock,
     "FairTermination": fair_termination,
     "BoundedExit": bounded_exit,
+    "RecoverWithoutTimeout": recover_without_timeout,
+    "ReleaseWhileRunning": release_while_running,
 }
 
 

@@ -59,8 +59,10 @@ def check_config(
     t0, c0 = time.perf_counter(), time.process_time()
     g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress)
     res = ConfigResult(name, g, 0.0)
-    for pid, sid in g.first_violation.items():
-        res.violations[pid] = Violation(pid, name, concretize(g, g.path_to(sid)))
+    for pid in sorted({*g.first_violation, *g.first_step_violation}):
+        path = g.violation_path(pid)
+        assert path is not None
+        res.violations[pid] = Violation(pid, name, concretize(g, path))
     if liveness and (stop_on is None or stop_on not in g.first_violation):
         for lr in check_liveness(g):
             if not lr.holds and lr.path is not None:

@@ -29,6 +29,7 @@ from spec.state import (
     G_POSTEND,
     G_STALE,
     IDLE,
+    PREFILLING,
     QUARANTINED,
     RESERVED,
     RUNNING,
@@ -89,7 +90,9 @@ ZPROPS: dict[str, ZProp] = {
         ),
         ZProp(
             "NothingLost",
-            lambda x, r: O(r.st != RUNNING, IN(r.p, HELD), IN(r.d, HELD), r.h == COMPLETE),
+            lambda x, r: O(
+                N(IN(r.st, (PREFILLING, RUNNING))), IN(r.p, HELD), IN(r.d, HELD), r.h == COMPLETE
+            ),
         ),
         ZProp("FrozenSnapshot", lambda x, r: N(flag(r.g, G_FROZEN_WRITE))),
         ZProp("Fencing", lambda x, r: N(flag(r.g, G_STALE))),

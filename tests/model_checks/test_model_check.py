@@ -12,7 +12,7 @@ from model_checks.explicit import pin
 from model_checks.explicit.explore import explore
 from model_checks.explicit.runner import check_config, check_mutant
 from model_checks.explicit.trace import pretty, replay, same_state
-from spec.config import CONFIGS, DEFAULT_SUITE, get_config
+from spec.config import CONFIGS, DEEP_SUITE, DEFAULT_SUITE, get_config
 from spec.mutants import MUTANTS
 from spec.properties import PROPERTIES, violated_safety
 
@@ -41,6 +41,7 @@ def test_mutant_is_caught_with_pinned_trace(name: str) -> None:
 def test_every_pinned_name_exists() -> None:
     assert set(PINNED["configs"]) == set(DEFAULT_SUITE)
     assert set(PINNED["mutants"]) == set(MUTANTS)
+    assert set(PINNED.get("deep", {})) <= set(DEEP_SUITE)  # measured by `pin --deep`
 
 
 def test_symmetry_reduction_is_sound_and_reduces() -> None:

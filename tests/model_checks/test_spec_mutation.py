@@ -1,0 +1,78 @@
+"""``kvown mutate --target spec``: the generated mutants, the dead-branch filter, the
+reachable-step shortcut, one mutant judged end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvown_cli.main import main
+from model_checks.mutation.spec_prefilter import Reachable, changes_a_step
+from model_checks.mutation.spec_target import FILES, ROOT, dead_lines, mutants
+
+# killed on handoff_crash, the second config the check runs (seconds)
+QUICK_KILL = "spec.actions_decode.DecodeReserve:negate_compare:397b9c78"
+
+
+@pytest.fixture(scope="module")
+def pool() -> dict[str, object]:
+    return {m.id: m for m in mutants()}
+
+
+def test_enough_mutants_from_every_action_file(pool: dict[str, object]) -> None:
+    assert len(pool) >= 100
+    files = {m.file for m in pool.values()}  # type: ignore[attr-defined]
+    assert files == set(FILES)
+
+
+def test_known_mutant_branches_are_left_out(pool: dict[str, object]) -> None:
+    src = (ROOT / "spec/actions_prefill.py").read_text()
+    dead = dead_lines(src)
+    line = next(k for k, x in enumerate(src.splitlines(), 1) if "G_FROZEN_WRITE))" in x)
+    assert line in dead  # the body of `if "source_writes_while_frozen" in m:`
+    assert not any(m.file == "spec/actions_prefill.py" and m.line == line for m in pool.values())  # type: ignore[attr-defined]
+
+
+def test_dead_lines_of_both_switch_forms() -> None:
+    src = (
+        "def f(m, x):\n"
+        '    if "a" in m:\n'
+        "        x = 1\n"
+        '    if "b" not in m:\n'
+        "        x = 2\n"
+        "    else:\n"
+        "        x = 3\n"
+        "    return x\n"
+    )
+    assert dead_lines(src) == {3, 7}
+
+
+def test_shortcut_tells_changed_from_unchanged(pool: dict[str, object]) -> None:
+    """offload_contend has no handoff: no DecodeReserve step is reachable there, so a
+    mutant of it changes nothing; a mutant of the offload copy bound changes a step."""
+    reach = Reachable(["offload_contend"])
+    reserve = next(i for i in pool if i.startswith("spec.actions_decode.DecodeReserve:"))
+    assert changes_a_step(pool[reserve], reach) is False  # type: ignore[arg-type]
+    copy = next(
+        i
+        for i, m in pool.items()
+        if i.startswith("spec.actions_prefill.PrefillOffloadCopy:flip_boundary")
+    )
+    assert changes_a_step(pool[copy], reach) is True  # type: ignore[arg-type]
+    helper = next(i for i, m in pool.items() if m.file == "spec/common.py")  # type: ignore[attr-defined]
+    assert changes_a_step(pool[helper], reach) is None  # type: ignore[arg-type]
+
+
+def test_cli_judges_one_mutant(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["mutate", "--only", QUICK_KILL, "--no-prefilter", "--jobs", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert (out["mutants"], out["killed"], out["survivors"]) == (1, 1, [])
+    assert {"mutants", "killed", "equivalent", "survivors"} <= set(out)
+
+
+def test_cli_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mutate", "--only", "no.such:mutant:0", "--no-prefilter"]) == 2
+    assert "unknown spec mutant ids: no.such:mutant:0" in capsys.readouterr().err
+    assert main(["mutate", "-n", "0"]) == 2
