@@ -1,0 +1,127 @@
+"""The mutation engine (``model_checks.mutation``) on a toy package: each operator makes
+the edit it names, ids survive edits elsewhere in the file, and the runner tells a
+killed mutant from a survivor and a timeout, each in its own process on a copy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_checks.mutation import Check, generate, load_equivalents, run_mutants, sample, summarise
+from model_checks.mutation.equivalents import EquivalentsError
+
+TOY = '''"""Toy."""
+
+LIMIT = 3
+
+
+def admit(n: int, ok: bool) -> int:
+    if n < LIMIT and ok:
+        return n
+    if not ok:
+        raise ValueError("refused")
+    total = n
+    total += 1
+    return total
+'''
+
+
+def _toy(tmp: Path, text: str = TOY) -> Path:
+    (tmp / "toy").mkdir(exist_ok=True)
+    (tmp / "toy" / "__init__.py").write_text("")
+    (tmp / "toy" / "core.py").write_text(text)
+    return tmp
+
+
+def test_every_operator_makes_its_edit(tmp_path: Path) -> None:
+    ms = generate(_toy(tmp_path), ["toy/core.py"])
+    edits = {(m.operator, m.description) for m in ms}
+    assert ("drop_conjunct", "`n < LIMIT and ok` -> `ok`") in edits
+    assert ("drop_conjunct", "`n < LIMIT and ok` -> `n < LIMIT`") in edits
+    assert ("negate_compare", "`n < LIMIT` -> `n >= LIMIT`") in edits
+    assert ("flip_boundary", "`n < LIMIT` -> `n <= LIMIT`") in edits
+    assert ("drop_not", "`not ok` -> `ok`") in edits
+    assert ("shift_const", "`3` -> `4`") in edits and ("shift_const", "`1` -> `0`") in edits
+    assert ("drop_raise", "`raise ValueError('refused')` -> `pass`".replace("'", '"')) in edits
+    assert ("drop_return", "`return n` -> `pass`") in edits
+    assert ("drop_assign", "`total += 1` -> `pass`") in edits
+    assert ("swap_stmts", "`total = n | total += 1` -> `total += 1 | total = n`") in edits
+    assert not any(m.operator == "drop_return" and m.line == 13 for m in ms)  # the last one
+    for m in ms:  # one edit: the diff removes and adds lines around one place
+        assert m.diff.startswith("--- a/toy/core.py\n+++ b/toy/core.py\n")
+        compile(m.source, m.file, "exec")
+
+
+def test_ids_are_stable_when_other_lines_move(tmp_path: Path) -> None:
+    before = {m.id: m.description for m in generate(_toy(tmp_path), ["toy/core.py"])}
+    moved = TOY.replace('"""Toy."""\n', '"""Toy."""\n\nimport os  # a new line above\n')
+    after = {m.id: m.description for m in generate(_toy(tmp_path, moved), ["toy/core.py"])}
+    assert before.items() <= after.items()
+    assert len(set(before)) == len(before)
+
+
+def test_no_mutate_comment_and_docstrings_are_skipped(tmp_path: Path) -> None:
+    text = TOY.replace("    total += 1\n", "    total += 1  # no-mutate\n")
+    ms = generate(_toy(tmp_path, text), ["toy/core.py"])
+    assert not any("total += 1" in m.description for m in ms)
+    assert not any("Toy" in m.description for m in ms)
+
+
+def test_sample_is_reproducible_and_bounded(tmp_path: Path) -> None:
+    ms = generate(_toy(tmp_path), ["toy/core.py"])
+    assert sample(ms, 5, seed=1) == sample(ms, 5, seed=1)
+    assert len(sample(ms, 5)) == 5 and sample(ms, 10**6) == sorted(
+        ms, key=lambda m: (m.file, m.line, m.id)
+    )
+    with pytest.raises(ValueError, match="sample size"):
+        sample(ms, -1)
+
+
+def test_the_runner_kills_spares_and_times_out(tmp_path: Path) -> None:
+    root = _toy(tmp_path)
+    (root / "check_toy.py").write_text(
+        "import sys, time\nfrom toy.core import admit\n"
+        "if admit(5, True) == 999: time.sleep(60)\n"
+        "sys.exit(0 if admit(1, True) == 1 and admit(5, True) == 6 else 1)\n"
+    )
+    ms = {m.description: m for m in generate(root, ["toy/core.py"])}
+    picked = [
+        ms["`n < LIMIT` -> `n >= LIMIT`"],  # admit(1) = 2: killed
+        ms["`3` -> `4`"],  # same answers for 1 and 5: survives
+        ms["`1` -> `0`"],  # admit(5) = 5: killed
+    ]
+    check = Check("toy", (sys.executable, "check_toy.py"), timeout_s=30)
+    res = run_mutants(root, picked, [check], copy=["toy", "check_toy.py"], jobs=2)
+    assert [r.outcomes["toy"] for r in res] == ["killed", "survived", "killed"]
+    assert (root / "toy" / "core.py").read_text() == TOY  # the original is untouched
+    rep = summarise(res, {})
+    assert (rep["mutants"], rep["killed"], rep["equivalent"]) == (3, 2, 0)
+    assert [s["id"] for s in rep["survivors"]] == [picked[1].id]  # type: ignore[index,union-attr]
+    rep = summarise(res, {picked[1].id: "LIMIT is only compared with 1 and 5"})
+    assert (rep["killed"], rep["equivalent"], rep["survivors"]) == (2, 1, [])
+
+
+def test_a_check_past_its_timeout_is_a_timeout(tmp_path: Path) -> None:
+    root = _toy(tmp_path)
+    (root / "slow.py").write_text("import time\ntime.sleep(30)\n")
+    m = generate(root, ["toy/core.py"])[0]
+    res = run_mutants(
+        root,
+        [m],
+        [Check("slow", (sys.executable, "slow.py"), timeout_s=1)],
+        copy=["toy", "slow.py"],
+    )
+    assert res[0].outcomes == {"slow": "timeout"} and res[0].status() == "timeout"
+
+
+def test_equivalents_need_a_reason(tmp_path: Path) -> None:
+    p = tmp_path / "eq.json"
+    p.write_text(json.dumps({"a:b:c": "why"}))
+    assert load_equivalents(p) == {"a:b:c": "why"}
+    p.write_text(json.dumps({"a:b:c": " "}))
+    with pytest.raises(EquivalentsError, match="non-empty reason"):
+        load_equivalents(p)
+    assert load_equivalents(tmp_path / "missing.json") == {}
