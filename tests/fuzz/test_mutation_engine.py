@@ -141,9 +141,9 @@ def step(m: frozenset[str], x: int) -> int:
 def test_code_only_a_bug_switch_runs_is_left_alone(tmp_path: Path) -> None:
     ms = generate(_toy(tmp_path, SWITCHED), ["toy/core.py"], switches={"bug", "other"})
     got = {m.description for m in ms}
-    assert '`"bug" in m` -> `"bug" not in m`' in got  # turns the bug on: live
+    assert "`\"bug\" in m` -> `'bug' not in m`" in got  # turns the bug on: live
     assert '`"bug" in m and x > 0` -> `x > 0`' in got  # so does dropping the switch
     assert not any("x * 2" in d or "x - 5" in d or "`x > 0` ->" in d for d in got)
-    assert '`"other" not in m` -> `"other" in m`' in got
+    assert "`\"other\" not in m` -> `'other' in m`" in got
     unswitched = {m.description for m in generate(tmp_path, ["toy/core.py"])}
     assert any("x * 2" in d for d in unswitched) and any("x - 5" in d for d in unswitched)
