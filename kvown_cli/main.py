@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("kvown_cli.demo", "the data path on a real attention model"),
     "fuzz": ("kvown_cli.fuzz", "fuzz the reference implementation against the spec"),
     "repro": ("kvown_cli.repro", "run the failure-case reproduction scripts"),
+    "mutate": ("kvown_cli.mutate", "one-edit mutants of the code, judged by the checkers"),
 }
 
 

@@ -90,11 +90,11 @@ class Finder(ast.NodeVisitor):
 
     def visit_ClassDef(self, n: ast.ClassDef) -> None:
         self.scope.append(n.name)
-        self.body(n.body)
+        self.body(n.body, declarations=True)
         self.scope.pop()
 
     def visit_Module(self, n: ast.Module) -> None:
-        self.body(n.body)
+        self.body(n.body, declarations=True)
 
     def visit_AnnAssign(self, n: ast.AnnAssign) -> None:
         if n.value is not None:
@@ -162,13 +162,18 @@ class Finder(ast.NodeVisitor):
         if isinstance(t, ast.BoolOp):
             self.visit_BoolOp(t, only=[self.is_switch(v, ast.In) for v in t.values])
 
-    def body(self, stmts: list[ast.stmt], function: bool = False) -> None:
+    def body(
+        self, stmts: list[ast.stmt], function: bool = False, declarations: bool = False
+    ) -> None:
+        """``declarations``: a module or class body, whose assignments define names (to
+        drop or reorder one only breaks the import: no behaviour to judge)."""
         for i, s in enumerate(stmts):
             if i == 0 and _is_docstring(s):
                 continue
             if _is_all(s):
                 continue
-            self.statement(s, function and i == len(stmts) - 1)
+            if not declarations:
+                self.statement(s, function and i == len(stmts) - 1)
             self.visit(s)
             if (  # `if "x" not in m: return/raise`: what follows runs with the switch only
                 isinstance(s, ast.If)
@@ -178,7 +183,8 @@ class Finder(ast.NodeVisitor):
             ):
                 self.swaps(stmts[: i + 1])
                 return
-        self.swaps(stmts)
+        if not declarations:
+            self.swaps(stmts)
 
     # --- statement operators ----------------------------------------------------------
     def statement(self, s: ast.stmt, last_of_function: bool) -> None:
@@ -216,7 +222,7 @@ class Finder(ast.NodeVisitor):
                 continue
             if _is_docstring(a) or _is_docstring(b) or self.skipped(a) or self.skipped(b):
                 continue
-            if not _depends(a, b):
+            if not _depends(a, b) or _defines_for(a, b):
                 continue
             (alo, ahi), (blo, bhi) = self.span(a), self.span(b)
             ta, tb = self.text(a), self.text(b)
@@ -317,6 +323,16 @@ def _effects(s: ast.stmt) -> tuple[set[str], set[str]]:
             if recv is not None:
                 written.add(recv)
     return written, read
+
+
+def _defines_for(a: ast.stmt, b: ast.stmt) -> bool:
+    """Does ``a`` assign a plain local name that ``b`` reads? Swapping them only reads a
+    name before its definition (a NameError at once), not a bug worth a mutant."""
+    if not isinstance(a, ast.Assign):
+        return False
+    defined = {n.id for t in a.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    _, rb = _effects(b)
+    return bool(defined & rb)
 
 
 def _depends(a: ast.stmt, b: ast.stmt) -> bool:

@@ -33,7 +33,7 @@ from model_checks.mutation import Check, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENTS = ROOT / "refimpl" / "testing" / "equivalents.json"
-FUZZ_EXAMPLES = 40  # per world, for each mutant
+FUZZ_EXAMPLES = 30  # per world, for each mutant
 EXCLUDE = (
     "refimpl.engine.abstract.AbstractMap.damaged",
     "refimpl.engine.abstract.AbstractMap.committed_bytes_ok",
