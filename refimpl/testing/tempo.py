@@ -7,7 +7,8 @@ its turn:
     faults     the environment's faults                       every k-th step, or only
     quits      timeouts, the client's cancel, DecodeAbort       in one protocol phase
     endings    validate, commit, finish                        every k-th step
-    chores     token steps, discards, prefix eviction          every k-th step
+    chores     token steps, discards, prefix eviction,         every k-th step
+               preemption and the start of an offload
 
 "Every k-th step" is a pseudo-random 1/k of the steps (a hash of the drawn salt, the step
 and the group), so the windows between steps stay open for the other groups: a timeout
@@ -51,6 +52,9 @@ ENDINGS = frozenset({"PrefillFinish", "DecodeFinish", "DecodeValidate", "DecodeC
 CHORES = frozenset(
     {"PrefillDecodeStep", "DecodeStep", "PrefillDiscard", "DecodeDiscard", "DecodeEvictPrefix"}
 )
+# Moves wait for their turn too, so that tokens are generated before a request is
+# preempted or offloaded (else recompute and reload only ever move a bare prompt).
+CHORES |= {"PrefillPreempt", "PrefillOffloadBegin"}
 HELD_BACK = FAULTS | QUITS | (ENDINGS - {"DecodeValidate"})  # wait for their turn always
 GATED = FAULTS | QUITS | ENDINGS | CHORES
 INJECTABLE = FAULTS | QUITS
