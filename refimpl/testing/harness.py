@@ -312,9 +312,9 @@ def replay_program(
 
     ``impl`` (the adapter's name, as printed in ``where``) is accepted and ignored.
     """
-    from spec.config import get_config
+    from refimpl.testing.worlds import get_world
 
-    c = get_config(config) if isinstance(config, str) else config
+    c = get_world(config) if isinstance(config, str) else config
     h = Harness(adapter, c, frozenset(mutants), seed)
     h.check_state()
     for st in program:

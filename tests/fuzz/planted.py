@@ -79,19 +79,3 @@ class CrashKeepsPrefix(Engine):
         if blocks:
             self.prefix_blocks = tuple(self.D.alloc.allocate("prefix-cache", len(blocks)))
             self.prefix_chain = chain
-
-
-class ValidateIgnoresCorrupt(Engine):
-    """Validation does not look at the corrupt-chunk flag. The end-to-end checksum still
-    catches a corrupt chunk into fresh blocks; it shows only when a later attempt reuses
-    the earlier attempt's blocks (their stale bytes are right) and one of its chunks is
-    corrupted: a fault aimed at attempt 2."""
-
-    def DecodeValidate(self, req: int) -> None:
-        x = self.rx[req]
-        corrupt, x.corrupt = x.corrupt, False
-        try:
-            super().DecodeValidate(req)
-        except Exception:
-            x.corrupt = corrupt
-            raise

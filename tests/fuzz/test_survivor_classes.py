@@ -4,7 +4,6 @@ and the data-path fuzz kills broken run/span merging on permuted block tables.
 
     single-feature worlds   a decode step through the wrong block order (partial
                             prefix), a crash that keeps the prefix cache (crash+prefix)
-    the fault lands early   validation ignoring the corrupt flag (attempt 2)
     not probed              a forged message index accepted
     not independent         recompute losing the generated tokens (the ghost)
     never driven            copy_blocks / reshard merging over non-contiguous tables
@@ -32,7 +31,6 @@ EXAMPLES = 150  # a cap: each is killed well before it (the first failure stops 
 CASES = [
     (P.DecodeStepWrongOrder, "partial_prefix"),
     (P.CrashKeepsPrefix, "prefix_faults"),
-    (P.ValidateIgnoresCorrupt, "two_faults"),
     (P.FindIgnoresIndex, "handoff_tp2to1"),
     (P.RecomputeLosesTokens, "offload_contend"),
 ]
