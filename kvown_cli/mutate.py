@@ -2,7 +2,10 @@
 
     kvown mutate --target refimpl --sample 30          30 mutants (the same ones each run)
     kvown mutate --target refimpl --sample 30 --json   {"mutants", "killed", "equivalent",
-                                                        "survivors": [{id, file, line, diff}]}
+                                                        "survivors": [{id, file, line, diff}],
+                                                        "timed_out", "kill_rate", "by_check",
+                                                        "results": [{id, check: [outcome,
+                                                        its last line]}]}
     kvown mutate --target refimpl                      every mutant (the nightly run)
     kvown mutate --target refimpl --list               the mutants, not run
 
@@ -95,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     )
     report = summarise(results, equivalents, target.checks)
     report = {"target": target.name, "generated": len(mutants), **report}
+    report["results"] = [  # per mutant: each check's outcome and its last output line
+        {"id": r.mutant.id, **{k: [v, r.details.get(k, "")] for k, v in r.outcomes.items()}}
+        for r in results
+    ]
     rate = report["kill_rate"]
     ok = rate is None or rate >= args.min_kill
     if args.json:

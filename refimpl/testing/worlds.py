@@ -8,7 +8,7 @@ regression world (``kvown fuzz --config NAME``):
 
     partial_prefix    prefix strictly between 0 and blocks, TP 1 -> 2, network faults
     prefix_faults     two requests, a prefix cache, crashes and duplicates
-    offload_handoff   offload/reload and recompute together with the handoff
+    offload_handoff   offload/reload and recompute together with the handoff, crashes
     tp_pairs          TP 2 -> 4 with a prefix hit and corrupt/duplicated chunks
     two_faults        two faults in one run, three attempts: faults in attempt 2 and 3
 
@@ -52,7 +52,7 @@ COMBINED: dict[str, Config] = {
         ),
         Config(
             name="offload_handoff",
-            doc="offload/reload and recompute, then a handoff; a store failure or a loss",
+            doc="offload/reload and recompute, then a handoff; a store failure, a loss or a crash",
             blocks=2,
             cap_p=2,
             cap_h=2,
@@ -60,7 +60,7 @@ COMBINED: dict[str, Config] = {
             offload=True,
             recompute=True,
             faults=1,
-            fault_kinds=frozenset({"store_fail", "lose", "duplicate"}),
+            fault_kinds=frozenset({"store_fail", "lose", "duplicate", "crash"}),
             max_moves=1,
         ),
         Config(
