@@ -10,6 +10,7 @@ the spec refuses, where the message is
 - each message in flight (each action that takes a message, not enabled for it); and
 - forged from one in flight: the same with its epoch one up or one down, with its index
   one up, and with each other kind of message (so: not in flight at all);
+- and every action that takes no message (per request, per worker), where refused;
 
 each with the spec's verdict (a refusal naming a property, or "not enabled"). The
 harness then offers them all (``Harness.probe_all``): each must be refused naming the
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.testing.harness import Harness
-from spec.actions import ACTIONS, encode_args
+from spec.actions import ACTIONS, WORKERS, encode_args
 from spec.common import Refused
 from spec.state import MSG_NAMES, msg, msg_epoch, msg_idx, msg_kind
 
@@ -38,9 +39,27 @@ def forged(code: int) -> set[int]:
     return out
 
 
+OTHER_ACTIONS = tuple(n for n, a in ACTIONS.items() if a.arg != "msg")
+
+
 def refusal_probes(h: Harness) -> list[tuple[str, dict[str, Any], str | None]]:
-    """(action, args, the spec's property or None) for every probe of the state."""
+    """(action, args, the spec's property or None) for every probe of the state: the
+    message probes above, and every other action (per request, per worker) the spec
+    refuses here."""
     out = []
+    for name in OTHER_ACTIONS:
+        a = ACTIONS[name]
+        args = (
+            [(0, wk) for wk in range(len(WORKERS))]
+            if a.arg == "worker"
+            else [(0, 0)]
+            if a.arg == "global"
+            else [(i, 0) for i in range(len(h.w.reqs))]
+        )
+        for i, arg in args:
+            v = h.verdict(name, i, arg)
+            if isinstance(v, Refused):
+                out.append((name, encode_args(name, i, arg), v.prop))
     for i, r in enumerate(h.w.reqs):
         real = set(r.net)
         codes = real | {f for code in real for f in forged(code)}

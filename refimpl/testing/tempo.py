@@ -37,6 +37,7 @@ from spec.state import (
     ENDED,
     FILLING,
     IDLE,
+    NONE,
     PREFILLING,
     RUNNING,
     SENDING,
@@ -80,6 +81,7 @@ PHASES: tuple[tuple[str, Callable[[Req], bool], Callable[[Config], bool]], ...] 
     ("running", lambda r: r.st == RUNNING and r.p == WRITABLE, lambda c: not c.handoff),
     ("storing to host", lambda r: r.h == FILLING, lambda c: c.offload),
     ("loading from host", lambda r: r.p == FILLING, lambda c: c.offload),
+    ("offloaded", lambda r: r.h == COMPLETE and r.p == NONE, lambda c: c.offload),
     # a later attempt: the fault budget is not always spent in attempt 1
     ("attempt 2+ awaiting ready", lambda r: r.ps == AWAIT_READY and r.ep >= 2, _RETRY),
     ("attempt 2+ sending", lambda r: r.ps == SENDING and r.ep >= 2, _RETRY),

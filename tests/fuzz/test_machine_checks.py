@@ -95,8 +95,10 @@ def test_the_probes_catch_a_forged_index_accepted() -> None:
 def test_the_correct_engine_refuses_every_probe_and_stays_unchanged() -> None:
     h = replay_program(EngineAdapter(), FROZEN, config="handoff_tp2to1")
     probes = refusal_probes(h)
-    in_flight = {a["msg"] for _, a, _ in probes}
+    in_flight = {a["msg"] for _, a, _ in probes if "msg" in a}
     assert {"Handoff", "Chunk", "Ack"} <= in_flight  # real and forged kinds
+    assert ("PrefillDecodeStep", {"req": 0}, "FrozenSnapshot") in probes  # named refusal
+    assert ("PrefillOffloadBegin", {"req": 0}, None) in probes  # not enabled
     before = h.impl.snapshot()
     h.probe_all(probes)
     assert h.impl.snapshot() == before
