@@ -14,7 +14,8 @@ draws those patterns directly:
                   slot by slot from the destination's pools through its table, equals
                   the original (and ``unshard`` returns it)
     receiver      a snapshot of permuted source blocks sent as chunks, with a duplicate,
-                  a reorder or a corrupt one, into permuted reserved blocks: each block
+                  a reorder or a corrupt one, into permuted reserved blocks of either
+                  axis order: each block
                   the receiver installs holds exactly its source bytes, a corrupt one is
                   never installed, and it commits only when complete
 
@@ -173,7 +174,9 @@ def check_reshard(a: KVLayout, b: KVLayout, tokens: int, spare: int, data: st.Da
 def check_receiver(
     cap: int, n: int, first: int, fault: str | None, at: int, data: st.DataObject
 ) -> None:
-    src, dst = KVPool(cap, GEO), KVPool(cap, GEO)
+    layout = data.draw(st.sampled_from(["heads_major", "tokens_major"]), label="dst layout")
+    dst_local = replace(LOCAL, layout=layout)
+    src, dst = KVPool(cap, GEO), KVPool(cap, PoolGeometry.of_local(dst_local))
     for pool in (src, dst):
         order = data.draw(st.permutations(range(cap)), label="free order")
         pool.allocator._free.clear()  # noqa: SLF001 - a permuted allocation order
@@ -193,8 +196,9 @@ def check_receiver(
     send_chunks(t, "d", snap)
     report = rx.pump(t, "d")
     for j in report.installed:
-        want = src.kv[blocks[j]]
-        assert torch.equal(dst.kv[rx.dest[j]], want), f"block {j} -> {rx.dest[j]}"
+        want, got = src.kv[blocks[j]], dst.kv[rx.dest[j]]
+        got = got if layout == LOCAL.layout else got.transpose(2, 3)  # slots <-> heads
+        assert torch.equal(got, want), f"block {j} -> {rx.dest[j]} ({layout})"
     assert not set(report.corrupt) & set(report.installed)
     lost = fault in ("lose", "corrupt") and n > first
     assert rx.complete == (not lost), f"complete={rx.complete} after fault {fault}"
