@@ -106,6 +106,6 @@ def test_the_correct_engine_refuses_every_probe_and_stays_unchanged() -> None:
 
 def test_a_swarm_subset_switches_its_actions_off() -> None:
     w = CONFIGS["handoff_tp2to1"].initial()
-    t = Tempo(off=frozenset({"EnvLose"}))
-    assert not t.allows("EnvLose", 0, w, {"req": 0})
-    assert Tempo().allows("EnvLose", 0, w, {"req": 0})
+    t = Tempo(off=frozenset({"ClientCancel"}))
+    assert not t.allows("ClientCancel", 0, w, {"req": 0})
+    assert Tempo().allows("ClientCancel", 0, w, {"req": 0})
