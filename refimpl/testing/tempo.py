@@ -89,7 +89,7 @@ PHASES: tuple[tuple[str, Callable[[Req], bool], Callable[[Config], bool]], ...] 
 )
 # Swarm testing: each example switches a random subset of these off (never the steps a
 # handoff, an offload or a cleanup needs to finish), so that some examples run long
-# without, say, timeouts or duplicates, and reach states a uniform mix never does.
+# without, say, timeouts or token steps, and reach states a uniform mix never does.
 # (Faults keep their own schedule, on the clock or aimed at a phase: with one fault in a
 # run, switching kinds off too left duplicates and manifest mismatches untried in ci.)
 SWARMABLE = QUITS - {"DecodeAbort"} | {"PrefillDecodeStep", "DecodeStep", "PrefillPreempt"}
