@@ -144,7 +144,8 @@ class SpecMachine(RuleBasedStateMachine):
         self.tally.examples += 1
         # Hypothesis's swarm testing switches random subsets of rules off per example; a
         # protocol needs every step of a chain, so the tempo draws of ``build`` take its
-        # place (faults/timeouts/cancels and probes are what it would thin out).
+        # place: its ``off`` set is the swarm subset (quits, token steps, preemption),
+        # never a step a handoff or a cleanup needs (``tempo.SWARMABLE``).
         strategy = getattr(self, "_rules_strategy", None)
         if hasattr(strategy, "enabled_rules_strategy"):
             setattr(strategy, "enabled_rules_strategy", st.just(_EveryRule()))  # noqa: B010
