@@ -1,6 +1,7 @@
 """``kvown fuzz``: the Hypothesis machine on the torch reference engine.
 
-    kvown fuzz                         the correct engine, every default config, ci budget
+    kvown fuzz                         the correct engine, every world (the default configs
+                                       and the combined ones), ci budget
     kvown fuzz --config NAME --seconds 60 --profile nightly
     kvown fuzz --all-mutants [--json]  the kill matrix: every bug switch must be caught
     kvown fuzz --mutant NAME           one switch
@@ -33,8 +34,9 @@ from kvown_cli.usage import (
 from refimpl.testing import EngineAdapter
 from refimpl.testing.harness import NONTRIVIAL, Coverage
 from refimpl.testing.run import PROFILES, Kill, RunResult, hunt, kill, shrunk, state_share
+from refimpl.testing.worlds import FUZZ_WORLDS
+from refimpl.testing.worlds import get_world as get_config
 from spec.actions import ACTIONS
-from spec.config import DEFAULT_SUITE, get_config
 from spec.properties import SAFETY
 
 HELP = "fuzz the reference implementation against the spec (Hypothesis)"
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------- fuzzing
 def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
-    names = (args.config,) if args.config else DEFAULT_SUITE
+    names = (args.config,) if args.config else FUZZ_WORLDS
     seconds = args.seconds / len(names) if args.seconds is not None else None
     total = Coverage()
     results: list[RunResult] = []

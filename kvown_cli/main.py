@@ -42,7 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fuzz": ("kvown_cli.fuzz", "fuzz the reference implementation against the spec"),
     "repro": ("kvown_cli.repro", "run the failure-case reproduction scripts"),
     "cluster": ("kvown_cli.cluster", "a prefill/decode cluster of processes, checked"),
-    "mutate": ("kvown_cli.mutate", "mutation testing: generated one-edit bugs of the spec"),
+    "mutate": (
+        "kvown_cli.mutate",
+        "one-edit mutants of the spec or refimpl, judged by the checkers",
+    ),
 }
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 

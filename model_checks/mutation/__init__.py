@@ -4,7 +4,9 @@ Stdlib only (``ast``, ``difflib``, ``subprocess``, ``concurrent.futures``): no t
 every target can use it. A *target* is a set of source files plus the checks to run on
 each mutant; ``kvown mutate --target refimpl`` is one (``refimpl/testing/mutate.py``).
 
-Generate, sample, run, summarise::
+A target (``target.Target``) bundles the files, the checks, the copy list, the reviewed
+equivalents file and the excluded scopes; ``kvown mutate --target NAME`` runs one (see
+``target.py`` for how to add a target). Generate, sample, run, summarise by hand::
 
     from model_checks.mutation import Check, generate, run_mutants, sample, summarise
     ms = generate(root, ["refimpl/blocks.py"])          # every one-edit mutant, stable ids
@@ -37,15 +39,18 @@ mutated text and the occurrence number (not the line number).
 from model_checks.mutation.equivalents import load_equivalents
 from model_checks.mutation.operators import OPERATORS, Mutant, generate, generate_file, sample
 from model_checks.mutation.runner import Check, MutantResult, run_mutants, summarise
+from model_checks.mutation.target import Target, python_files
 
 __all__ = [
     "OPERATORS",
     "Check",
+    "Target",
     "Mutant",
     "MutantResult",
     "generate",
     "generate_file",
     "load_equivalents",
+    "python_files",
     "run_mutants",
     "sample",
     "summarise",

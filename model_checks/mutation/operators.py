@@ -11,9 +11,11 @@ import ast
 import difflib
 import hashlib
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from model_checks.mutation.finder import Finder
 
 OPERATORS: tuple[str, ...] = (
     "drop_conjunct",
@@ -29,28 +31,6 @@ OPERATORS: tuple[str, ...] = (
     "drop_return",
     "swap_stmts",
 )
-NO_MUTATE = "# no-mutate"
-_SKIP_FUNCS = frozenset({"__repr__", "__str__", "__rich__", "__format__"})
-_NEGATE: dict[type[ast.cmpop], type[ast.cmpop]] = {
-    ast.Eq: ast.NotEq,
-    ast.NotEq: ast.Eq,
-    ast.Lt: ast.GtE,
-    ast.GtE: ast.Lt,
-    ast.Gt: ast.LtE,
-    ast.LtE: ast.Gt,
-    ast.In: ast.NotIn,
-    ast.NotIn: ast.In,
-    ast.Is: ast.IsNot,
-    ast.IsNot: ast.Is,
-}
-_BOUNDARY: dict[type[ast.cmpop], type[ast.cmpop]] = {
-    ast.Lt: ast.LtE,
-    ast.LtE: ast.Lt,
-    ast.Gt: ast.GtE,
-    ast.GtE: ast.Gt,
-}
-_LOOSE = (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)  # need parentheses alone
-_SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Raise, ast.Return)
 
 
 @dataclass(frozen=True)
@@ -69,247 +49,6 @@ class Mutant:
         return {"id": self.id, "file": self.file, "line": self.line, "diff": self.diff}
 
 
-@dataclass(frozen=True)
-class _Edit:
-    op: str
-    qualname: str
-    line: int
-    spans: tuple[tuple[int, int, str], ...]  # (start byte, end byte, new text), disjoint
-
-
-class _Finder(ast.NodeVisitor):
-    """Walks one module and collects the edits (as byte spans of the UTF-8 source)."""
-
-    def __init__(self, src: bytes) -> None:
-        self.src = src
-        self.lines = src.splitlines(keepends=True)
-        self.starts = [0]
-        for ln in self.lines:
-            self.starts.append(self.starts[-1] + len(ln))
-        self.scope: list[str] = []
-        self.edits: list[_Edit] = []
-
-    # --- positions --------------------------------------------------------------------
-    def span(self, n: ast.AST) -> tuple[int, int]:
-        lo = self.starts[n.lineno - 1] + n.col_offset  # type: ignore[attr-defined]
-        hi = self.starts[n.end_lineno - 1] + n.end_col_offset  # type: ignore[attr-defined]
-        return lo, hi
-
-    def text(self, n: ast.AST) -> str:
-        lo, hi = self.span(n)
-        return self.src[lo:hi].decode()
-
-    def skipped(self, n: ast.AST) -> bool:
-        first, last = n.lineno, n.end_lineno or n.lineno  # type: ignore[attr-defined]
-        return any(NO_MUTATE in self.lines[i - 1].decode() for i in range(first, last + 1))
-
-    def add(self, op: str, n: ast.AST, new: str) -> None:
-        if self.skipped(n):
-            return
-        lo, hi = self.span(n)
-        self.edits.append(_Edit(op, ".".join(self.scope), n.lineno, ((lo, hi, new),)))  # type: ignore[attr-defined]
-
-    # --- scopes and skips -------------------------------------------------------------
-    def visit_FunctionDef(self, n: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        if n.name in _SKIP_FUNCS:
-            return
-        self.scope.append(n.name)
-        for a in (*n.args.defaults, *n.args.kw_defaults):
-            if a is not None:
-                self.visit(a)
-        self.body(n.body, function=True)
-        self.scope.pop()
-
-    def visit_AsyncFunctionDef(self, n: ast.AsyncFunctionDef) -> None:
-        self.visit_FunctionDef(n)
-
-    def visit_ClassDef(self, n: ast.ClassDef) -> None:
-        self.scope.append(n.name)
-        self.body(n.body)
-        self.scope.pop()
-
-    def visit_Module(self, n: ast.Module) -> None:
-        self.body(n.body)
-
-    def visit_AnnAssign(self, n: ast.AnnAssign) -> None:
-        if n.value is not None:
-            self.visit(n.value)
-
-    def visit_arg(self, n: ast.arg) -> None:
-        return  # annotations
-
-    def visit_JoinedStr(self, n: ast.JoinedStr) -> None:
-        return  # messages
-
-    def visit_If(self, n: ast.If) -> None:
-        t = n.test
-        if (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-            isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-        ):
-            return
-        self.visit(n.test)
-        self.body(n.body)
-        self.body(n.orelse)
-
-    def body(self, stmts: list[ast.stmt], function: bool = False) -> None:
-        for i, s in enumerate(stmts):
-            if i == 0 and _is_docstring(s):
-                continue
-            if _is_all(s):
-                continue
-            self.statement(s, function and i == len(stmts) - 1)
-            self.visit(s)
-        self.swaps(stmts)
-
-    # --- statement operators ----------------------------------------------------------
-    def statement(self, s: ast.stmt, last_of_function: bool) -> None:
-        if isinstance(s, (ast.Assign, ast.AugAssign)) or (
-            isinstance(s, ast.AnnAssign) and s.value is not None and s.simple == 0
-        ):
-            self.add("drop_assign", s, "pass")
-        elif isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
-            self.add("drop_call", s, "pass")
-        elif isinstance(s, ast.Raise):
-            self.add("drop_raise", s, "pass")
-        elif isinstance(s, ast.Return) and s.value is not None and not last_of_function:
-            self.add("drop_return", s, "pass")  # an early return: the guard falls through
-
-    def generic_visit(self, node: ast.AST) -> None:
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.Try)):
-            for name in ("target", "iter", "test"):
-                sub = getattr(node, name, None)
-                if isinstance(sub, ast.AST):
-                    self.visit(sub)
-            for it in getattr(node, "items", []):
-                self.visit(it.context_expr)
-            for name in ("body", "orelse", "finalbody"):
-                self.body(getattr(node, name, None) or [])
-            for h in getattr(node, "handlers", []):
-                self.body(h.body)
-            return
-        super().generic_visit(node)
-
-    def swaps(self, stmts: list[ast.stmt]) -> None:
-        for a, b in zip(stmts, stmts[1:], strict=False):
-            if not (isinstance(a, _SIMPLE) and isinstance(b, _SIMPLE)):
-                continue
-            if isinstance(a, (ast.Raise, ast.Return)) or isinstance(b, (ast.Raise, ast.Return)):
-                continue
-            if _is_docstring(a) or _is_docstring(b) or self.skipped(a) or self.skipped(b):
-                continue
-            if not _depends(a, b):
-                continue
-            (alo, ahi), (blo, bhi) = self.span(a), self.span(b)
-            ta, tb = self.text(a), self.text(b)
-            spans = ((alo, ahi, tb), (blo, bhi, ta))
-            self.edits.append(_Edit("swap_stmts", ".".join(self.scope), a.lineno, spans))
-
-    # --- expression operators ---------------------------------------------------------
-    def visit_BoolOp(self, n: ast.BoolOp) -> None:
-        op = "drop_conjunct" if isinstance(n.op, ast.And) else "drop_disjunct"
-        for i in range(len(n.values)):
-            rest = n.values[:i] + n.values[i + 1 :]
-            if len(rest) == 1:
-                new = ast.unparse(rest[0])
-                if isinstance(rest[0], _LOOSE):
-                    new = f"({new})"
-            else:
-                new = ast.unparse(ast.BoolOp(op=n.op, values=rest))
-            self.add(op, n, new)
-        self.generic_visit(n)
-
-    def visit_Compare(self, n: ast.Compare) -> None:
-        for i, o in enumerate(n.ops):
-            for table, name in ((_NEGATE, "negate_compare"), (_BOUNDARY, "flip_boundary")):
-                repl = table.get(type(o))
-                if repl is None:
-                    continue
-                ops = list(n.ops)
-                ops[i] = repl()
-                self.add(name, n, ast.unparse(ast.Compare(n.left, ops, n.comparators)))
-        self.generic_visit(n)
-
-    def visit_UnaryOp(self, n: ast.UnaryOp) -> None:
-        if isinstance(n.op, ast.Not):
-            new = ast.unparse(n.operand)
-            self.add("drop_not", n, f"({new})" if isinstance(n.operand, _LOOSE) else new)
-        self.generic_visit(n)
-
-    def visit_Constant(self, n: ast.Constant) -> None:
-        if isinstance(n.value, bool):
-            self.add("flip_bool", n, str(not n.value))
-        elif isinstance(n.value, int):
-            self.add("shift_const", n, str(n.value + 1))
-            self.add("shift_const", n, f"({n.value - 1})" if n.value - 1 < 0 else str(n.value - 1))
-
-
-def _is_docstring(s: ast.stmt) -> bool:
-    return (
-        isinstance(s, ast.Expr)
-        and isinstance(s.value, ast.Constant)
-        and isinstance(s.value.value, str)
-    )
-
-
-def _is_all(s: ast.stmt) -> bool:
-    return isinstance(s, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == "__all__" for t in s.targets
-    )
-
-
-def _dotted(n: ast.AST) -> str | None:
-    if isinstance(n, ast.Name):
-        return n.id
-    if isinstance(n, ast.Attribute):
-        base = _dotted(n.value)
-        return None if base is None else f"{base}.{n.attr}"
-    if isinstance(n, ast.Subscript):
-        return _dotted(n.value)
-    return None
-
-
-def _effects(s: ast.stmt) -> tuple[set[str], set[str]]:
-    """(written, read) names of a simple statement, as dotted paths and their prefixes.
-    A call is taken to write its receiver (``a.b.f()`` writes ``a.b``)."""
-    written: set[str] = set()
-    targets: list[ast.AST] = []
-    if isinstance(s, ast.Assign):
-        targets = list(s.targets)
-    elif isinstance(s, (ast.AugAssign, ast.AnnAssign)):
-        targets = [s.target]
-    for t in targets:
-        for sub in ast.walk(t):
-            d = _dotted(sub)
-            if d is not None:
-                written.add(d)
-                break
-    read: set[str] = set()
-    for sub in ast.walk(s):
-        d = _dotted(sub)
-        if d is not None:
-            parts = d.split(".")
-            read.update(".".join(parts[: k + 1]) for k in range(len(parts)))
-        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
-            recv = _dotted(sub.func.value)
-            if recv is not None:
-                written.add(recv)
-    return written, read
-
-
-def _depends(a: ast.stmt, b: ast.stmt) -> bool:
-    """Whether swapping ``a`` and ``b`` may change behaviour: one writes what the other
-    touches (a dotted path or one of its prefixes)."""
-    wa, ra = _effects(a)
-    wb, rb = _effects(b)
-
-    def hit(w: set[str], other: set[str]) -> bool:
-        return any(
-            x == y or x.startswith(y + ".") or y.startswith(x + ".") for x in w for y in other
-        )
-
-    return hit(wa, rb | wb) or hit(wb, ra)
-
-
 def _apply(src: bytes, spans: Sequence[tuple[int, int, str]]) -> bytes:
     out = src
     for lo, hi, new in sorted(spans, reverse=True):
@@ -317,12 +56,16 @@ def _apply(src: bytes, spans: Sequence[tuple[int, int, str]]) -> bytes:
     return out
 
 
-def generate_file(root: Path, rel: str) -> Iterator[Mutant]:
-    """Every mutant of ``root/rel`` that still compiles and changes the text."""
+def generate_file(root: Path, rel: str, switches: Collection[str] = ()) -> Iterator[Mutant]:
+    """Every mutant of ``root/rel`` that still compiles and changes the text.
+
+    ``switches``: names of the implementation's bug switches (off in every check). Code
+    that runs only with one on (the body of ``if "x" in self.m``, the code after ``if "x"
+    not in self.m: raise ...``) is not mutated: no check could tell such a mutant apart."""
     path = root / rel
     src = path.read_bytes()
     tree = ast.parse(src, filename=rel)
-    finder = _Finder(src)
+    finder = Finder(src, frozenset(switches))
     finder.visit(tree)
     stem = Path(rel).with_suffix("").as_posix().replace("/", ".")
     seen: dict[tuple[str, ...], int] = {}
@@ -368,11 +111,11 @@ def _short(s: str, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def generate(root: Path, files: Sequence[str]) -> list[Mutant]:
+def generate(root: Path, files: Sequence[str], switches: Collection[str] = ()) -> list[Mutant]:
     """Every mutant of every file (paths relative to ``root``), sorted by id."""
     out: list[Mutant] = []
     for rel in files:
-        out.extend(generate_file(root, rel))
+        out.extend(generate_file(root, rel, switches))
     ids = [m.id for m in out]
     if len(set(ids)) != len(ids):  # pragma: no cover - the hash includes the occurrence
         raise ValueError("mutant ids collide")

@@ -4,10 +4,12 @@ machine (``refimpl.testing.machine``) drives by default."""
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass
 
 from refimpl.engine import STREAM_SWITCH, Engine
 from refimpl.errors import OwnershipError
+from refimpl.testing.ghost import Ghost
 from spec.config import CONFIGS, Config
 from spec.mutants import MUTANTS
 
@@ -22,8 +24,43 @@ class EngineSubject:
         self.step = engine.step
         self.abstract = engine.abstract
         self.check_integrity = engine.check_integrity
-        self.data_problems = engine.damaged  # byte equality with the ground truth
+        self.data_problems = engine.damaged  # byte equality with the engine's own truth
         self.snapshot = engine.fingerprint  # allocators, pool bytes, wire, records
+        self.replica = engine.replica  # what the harness's ghost reads (``ghost.py``)
+
+    def ghost(self) -> Ghost:
+        """The harness's content oracle for this engine (``ghost.py``): it takes the
+        model's geometry and seed from the engine, and nothing else."""
+        e, c = self.engine, self.engine.config
+        return Ghost(
+            n_reqs=c.n_reqs,
+            blocks=c.blocks,
+            prefix=c.prefix,
+            block_shape=e.block_shape_full,
+            dtype=e.dtype,
+            seed=e.seed,
+            read=e.replica,
+        )
+
+    def held_blocks(self) -> dict[str, int]:
+        """Blocks held per pool, the prefix cache's own blocks left out (for the drain)."""
+        e = self.engine
+        held = {
+            k: p.alloc.capacity - p.alloc.num_free
+            for k, p in zip("PHD", (e.P, e.H, e.D), strict=True)
+        }
+        held["D"] -= len(e.prefix_blocks)
+        return held
+
+
+def permute_free_lists(engine: Engine, seed: int) -> None:
+    """Hand out block ids in a seeded random order (not 0, 1, 2, ...): every block table
+    the engine builds is then non-contiguous and permuted, as in a long-running server."""
+    rng = random.Random(seed)
+    for pools in (engine.P, engine.H, engine.D):
+        free = list(pools.alloc._free)  # noqa: SLF001 - the allocator's order is the point
+        rng.shuffle(free)
+        pools.alloc._free = deque(free)  # noqa: SLF001
 
 
 @dataclass
@@ -35,8 +72,13 @@ class EngineAdapter:
     refusals: tuple[type[BaseException], ...] = (OwnershipError,)
     randoms: tuple[random.Random, ...] = ()  # the engine seeds torch generators only
 
+    permute: bool = True  # permuted, non-contiguous block ids (``permute_free_lists``)
+
     def build(self, config: Config, mutants: frozenset[str], seed: int) -> EngineSubject:
-        return EngineSubject(Engine(config, seed=seed, mutants=mutants, device=self.device))
+        engine = Engine(config, seed=seed, mutants=mutants, device=self.device)
+        if self.permute:
+            permute_free_lists(engine, seed)
+        return EngineSubject(engine)
 
     def switches(self) -> dict[str, bool]:
         probe = Engine(CONFIGS["offload_contend"], device=self.device)

@@ -20,43 +20,34 @@ reruns it.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, NoReturn, Protocol
 
 from model_checks.explicit.trace import describe, diff
+from refimpl.testing.coverage import NONTRIVIAL, PREDS, Coverage
+from refimpl.testing.ghost import Ghost
 from spec.actions import apply, decode_args
-from spec.actions_decode import decode_msg_stale
-from spec.actions_prefill import prefill_msg_stale
-from spec.common import Refused, full_ranks, used_d, used_h, used_p
+from spec.common import Refused
 from spec.config import Config
-from spec.properties import SAFETY
 from spec.state import (
-    CANCELLED,
-    CHUNKS,
-    COMPLETE,
-    DF_MISMATCH,
-    FAILED,
-    FILLING,
-    IDLE,
-    M_HANDOFF_BAD,
-    NONE,
-    QUARANTINED,
-    RESERVED,
-    RUNNING,
-    TO_DECODE,
-    TO_PREFILL,
-    WRITABLE,
     World,
-    canonical,
-    msg_epoch,
-    msg_kind,
 )
+
+__all__ = [
+    "NONTRIVIAL",
+    "PREDS",
+    "Adapter",
+    "Coverage",
+    "Divergence",
+    "Harness",
+    "Step",
+    "Subject",
+    "compact",
+    "replay_program",
+]
 
 Step = dict[str, Any]
 NO_MUTANTS: frozenset[str] = frozenset()
-PREDS = {p.id: p.pred for p in SAFETY if p.pred is not None}
 
 
 class Subject(Protocol):
@@ -105,108 +96,6 @@ class Divergence(AssertionError):
         self.program, self.where, self.kind = program, where, kind
 
 
-# --------------------------------------------------------------------- coverage
-def _any(w: World, f: Callable[[Any], bool]) -> bool:
-    return any(f(r) for r in w.reqs)
-
-
-def _stale_in_flight(r: Any) -> bool:
-    """A message in flight that its receiver must not act on: of an older epoch, or one
-    the spec's receivers can only discard."""
-    for x in r.net:
-        if msg_epoch(x) < max(r.ep, r.dep):
-            return True
-        kind = msg_kind(x)
-        if kind in TO_PREFILL and prefill_msg_stale(r.st, r.ps, r.ep, x):
-            return True
-        if kind in TO_DECODE and kind not in CHUNKS and decode_msg_stale(r, x):
-            return True
-    return False
-
-
-def _crowded(w: World, c: Config) -> bool:
-    over_p = used_p(w, c) + c.blocks > c.cap_p
-    over_d = c.handoff and used_d(w, c) + c.blocks > c.cap_d
-    over_h = c.offload and used_h(w, c) + c.blocks > c.cap_h
-    return bool(over_p or over_d or over_h or w.pfx_ref)
-
-
-_HELD = (COMPLETE, WRITABLE)
-_WAITING = (RESERVED, FILLING)
-
-
-def _two_copies(r: Any) -> bool:
-    return bool((r.p == WRITABLE and r.d != NONE) or (r.d == WRITABLE and r.p != NONE))
-
-
-def _ended_busy(r: Any) -> bool:
-    return r.st in (CANCELLED, FAILED) and bool(r.d or r.p or r.ps != IDLE or r.net)
-
-
-# Where each safety property has something to say: a state where a wrong step could break
-# it (its antecedent holds, or the moment it guards is under way).
-NONTRIVIAL: dict[str, Callable[[World, Config], bool]] = {
-    "SingleWriter": lambda w, c: _any(w, _two_copies),
-    "NoPartialUse": lambda w, c: _any(
-        w, lambda r: r.d in _HELD or (r.d in _WAITING and r.rmask == full_ranks(c))
-    ),
-    "NothingLost": lambda w, c: _any(
-        w, lambda r: r.st == RUNNING and (r.p != WRITABLE or r.d != NONE or r.h != NONE)
-    ),
-    "FrozenSnapshot": lambda w, c: _any(w, lambda r: r.p == COMPLETE),
-    "Fencing": lambda w, c: _any(w, _stale_in_flight),
-    "NoReuseUnderIO": lambda w, c: _any(
-        w,
-        lambda r: (
-            FILLING in (r.p, r.h) or r.d == QUARANTINED or any(msg_kind(x) in CHUNKS for x in r.net)
-        ),
-    ),
-    "StickyEnd": lambda w, c: _any(w, _ended_busy),
-    "ManifestGate": lambda w, c: _any(
-        w, lambda r: r.dfl & DF_MISMATCH or any(msg_kind(x) == M_HANDOFF_BAD for x in r.net)
-    ),
-    "CapacityRefcount": _crowded,
-    "RankAgreement": lambda w, c: _any(w, lambda r: r.d in _WAITING and r.rmask != 0),
-    "PublishAfterCommit": lambda w, c: _any(w, lambda r: r.h != NONE),
-    "LoadXorStore": lambda w, c: _any(w, lambda r: FILLING in (r.p, r.h)),
-}
-assert set(NONTRIVIAL) == set(PREDS)
-
-
-@dataclass
-class Coverage:
-    """What a fuzzing run exercised, summed over its examples."""
-
-    accepted: Counter[str] = field(default_factory=Counter)  # action -> accepted steps
-    refused: Counter[str] = field(default_factory=Counter)  # property ID or "not enabled"
-    refused_actions: Counter[str] = field(default_factory=Counter)  # action -> refusals
-    properties: Counter[str] = field(default_factory=Counter)  # ID -> non-trivial checks
-    states: set[World] | None = None  # canonical abstract states visited (when collecting)
-
-    def step(self, name: str, outcome: str) -> None:
-        if outcome == "ok":
-            self.accepted[name] += 1
-        else:
-            self.refused_actions[name] += 1
-            self.refused[outcome.partition(":")[2] or "not enabled"] += 1
-
-    def visit(self, w: World, c: Config) -> list[str]:
-        """Count the properties non-trivial on ``w``; returns their IDs."""
-        hot = [pid for pid, f in NONTRIVIAL.items() if f(w, c)]
-        self.properties.update(hot)
-        if self.states is not None:
-            self.states.add(canonical(w))
-        return hot
-
-    def merge(self, other: Coverage) -> None:
-        self.accepted += other.accepted
-        self.refused += other.refused
-        self.refused_actions += other.refused_actions
-        self.properties += other.properties
-        if self.states is not None and other.states is not None:
-            self.states |= other.states
-
-
 # --------------------------------------------------------------------- the harness
 def compact(w: World) -> str:
     """One line per state: every request, then the globals that are not at rest."""
@@ -233,6 +122,8 @@ class Harness:
         self.program: list[Step] = []
         self.w = config.initial()  # the spec's state: the oracle
         self.impl = adapter.build(config, self.mutants, seed)
+        make_ghost = getattr(self.impl, "ghost", None)  # the harness's content oracle
+        self.ghost: Ghost | None = make_ghost() if make_ghost is not None else None
         self.abs = self.w
         self.check_refinement("the initial state")
         self.hot = coverage.visit(self.abs, config) if coverage is not None else []
@@ -275,6 +166,8 @@ class Harness:
                     "accepted a refused step", f"accepted an action the spec refuses ({reason})"
                 )
             self.w = want
+            if self.ghost is not None:
+                self.ghost.observe(name, i, want)
         self.check_refinement(f"{name}")
         if self.coverage is not None:
             self.coverage.step(name, expect)
@@ -306,6 +199,37 @@ class Harness:
         self._probed(name, args, prop)
         why = f"it would break {prop}" if prop else "it is not enabled"
         self.fail("accepted a refused step", f"accepted an action the spec refuses ({why})")
+
+    def probe_all(self, probes: Sequence[tuple[str, dict[str, Any], str | None]]) -> None:
+        """Steps the spec refuses (``probes.refusal_probes``): each must be refused naming
+        the spec's property; the implementation must be unchanged after the whole round
+        (one snapshot for the round: else the round's probes join the program)."""
+        before = self.impl.snapshot()
+        for name, args, prop in probes:
+            try:
+                self.impl.step(name, dict(args))
+            except self.adapter.refusals as exc:
+                got = getattr(exc, "prop", None)
+                if got != prop:
+                    self._probed(name, args, prop)
+                    self.fail(
+                        "named another property",
+                        f"refused naming {got!r}, the spec names {prop!r}: {exc}",
+                    )
+                continue
+            except Exception as exc:
+                self._probed(name, args, prop)
+                self.fail("crashed", f"raised {type(exc).__name__}: {exc}", exc)
+            self._probed(name, args, prop)
+            why = f"it would break {prop}" if prop else "it is not enabled"
+            self.fail("accepted a refused step", f"accepted an action the spec refuses ({why})")
+        if self.impl.snapshot() != before:
+            for name, args, prop in probes:
+                self._probed(name, args, prop)
+            self.fail("changed on a refusal", "refused every probe, but its state changed")
+        if self.coverage is not None:
+            for name, _, prop in probes:
+                self.coverage.step(name, "refused" + (f":{prop}" if prop else ""))
 
     def _probed(self, name: str, args: dict[str, Any], prop: str | None) -> None:
         expect = "refused" + (f":{prop}" if prop else "")
@@ -340,6 +264,9 @@ class Harness:
         bad = self.impl.data_problems()
         if bad:
             self.fail("bytes differ", f"replicas differ from the ground truth: {', '.join(bad)}")
+        bad = self.ghost.problems(self.w) if self.ghost is not None else []
+        if bad:
+            self.fail("ghost differs", f"replicas differ from the harness's ghost: {bad}")
 
     def check_state(self) -> None:
         for pid in PREDS:
@@ -385,9 +312,9 @@ def replay_program(
 
     ``impl`` (the adapter's name, as printed in ``where``) is accepted and ignored.
     """
-    from spec.config import get_config
+    from refimpl.testing.worlds import get_world
 
-    c = get_config(config) if isinstance(config, str) else config
+    c = get_world(config) if isinstance(config, str) else config
     h = Harness(adapter, c, frozenset(mutants), seed)
     h.check_state()
     for st in program:

@@ -51,6 +51,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from refimpl.testing.drain import drain
 from refimpl.testing.harness import (
     PREDS,
     Adapter,
@@ -62,6 +63,7 @@ from refimpl.testing.harness import (
     compact,
     replay_program,
 )
+from refimpl.testing.probes import refusal_probes
 from refimpl.testing.tempo import GATED, HELD_BACK, INJECTABLE, Tempo, ended, tempos
 from spec.actions import ACTIONS, WORKERS, encode_args
 from spec.common import Refused
@@ -138,10 +140,12 @@ class SpecMachine(RuleBasedStateMachine):
         self._inject: bool | None = None
         self._opts: dict[str, tuple[list[Cand], list[Cand], list[Cand]]] = {}
         self.clock = 0  # the schedule's time: steps taken plus idle ticks skipped
+        self.failed = False  # a check failed: no drain at the end
         self.tally.examples += 1
         # Hypothesis's swarm testing switches random subsets of rules off per example; a
         # protocol needs every step of a chain, so the tempo draws of ``build`` take its
-        # place (faults/timeouts/cancels and probes are what it would thin out).
+        # place: its ``off`` set is the swarm subset (quits, token steps, preemption),
+        # never a step a handoff or a cleanup needs (``tempo.SWARMABLE``).
         strategy = getattr(self, "_rules_strategy", None)
         if hasattr(strategy, "enabled_rules_strategy"):
             setattr(strategy, "enabled_rules_strategy", st.just(_EveryRule()))  # noqa: B010
@@ -152,6 +156,7 @@ class SpecMachine(RuleBasedStateMachine):
             return fn()
         except Divergence as err:
             self.tally.failed(err)
+            self.failed = True
             raise
 
     @property
@@ -186,9 +191,11 @@ class SpecMachine(RuleBasedStateMachine):
             got = self._opts[name] = ([], [], [])
         if got is None:
             enabled, named, dull = self.menu(name)
+            w, k = self.harness.w, self.clock
             if name in HELD_BACK or (name in GATED and self._held()):
-                w, k = self.harness.w, self.clock
                 enabled = [c for c in enabled if self.tempo.allows(name, k, w, c[0])]
+            elif name in self.tempo.off:  # swarm: this example never takes it
+                enabled = [c for c in enabled if ended(w, c[0])]
             got = (enabled, named, dull) if self._due(self.tempo.probe_every) else (enabled, [], [])
             self._opts[name] = got
         return got
@@ -302,6 +309,19 @@ class SpecMachine(RuleBasedStateMachine):
 
     def _probe(self, name: str, args: dict[str, Any], prop: str | None) -> None:
         self._guard(lambda: self.harness.probe(name, args, prop))
+
+    @invariant()
+    def refusals_agree(self) -> None:
+        """Every message in flight, offered to every action that takes a message and is
+        not enabled for it, and forged ones (``probes``): refused as the spec refuses,
+        nothing changed."""
+        h = self.harness
+        self._guard(lambda: h.probe_all(refusal_probes(h)))
+
+    def teardown(self) -> None:
+        """Every example ends drained to quiescence, holding no block (``drain``)."""
+        if self.h is not None and not self.failed:
+            self._guard(lambda: drain(self.harness))
 
     @invariant()
     def integrity(self) -> None:

@@ -25,7 +25,8 @@ from hypothesis.stateful import get_state_machine_test
 
 from refimpl.testing.harness import Adapter, Coverage, Divergence, Step, replay_program
 from refimpl.testing.machine import Tally, make_machine
-from spec.config import Config, get_config
+from refimpl.testing.worlds import get_world
+from spec.config import Config
 from spec.mutants import MUTANTS
 
 _COMMON: dict[str, Any] = dict(deadline=None, stateful_step_count=50)
@@ -110,7 +111,7 @@ def run_machine(
     """One Hypothesis run of the machine (``use``: its settings, default
     ``machine_settings()``); ``rng_seed`` fixes Hypothesis's choices when the settings
     are not derandomised. A failure is returned, not raised."""
-    c = get_config(config) if isinstance(config, str) else config
+    c = get_world(config) if isinstance(config, str) else config
     tally = Tally()
     cls = make_machine(adapter, c, mutants, coverage=coverage, tally=tally)
     use = use if use is not None else machine_settings()
@@ -149,7 +150,7 @@ def hunt(
     run of ``examples`` (default the profile's). With it: runs of at most 25 examples
     (seeds 1, 2, ... after a derandomised first) until the time is spent, or until
     ``examples`` when that is given too. Quiet, no Hypothesis shrinking (see ``kill``)."""
-    c = get_config(config) if isinstance(config, str) else config
+    c = get_world(config) if isinstance(config, str) else config
     n = examples if examples is not None else int(PROFILES[profile]["max_examples"])
     batch = n if seconds is None else min(n, 25)
     use = profile_settings(profile, max_examples=batch, phases=FIND, verbosity=Verbosity.quiet)
@@ -205,7 +206,7 @@ def shrunk(adapter: Adapter, res: RunResult) -> Divergence | None:
     if not isinstance(res.failure, Divergence):
         return None
     where = res.failure.where
-    c = get_config(where["config"])
+    c = get_world(where["config"])
     return shrink_program(adapter, c, where["mutants"], where["seed"], res.failure.program)[1]
 
 

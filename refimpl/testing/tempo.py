@@ -7,7 +7,8 @@ its turn:
     faults     the environment's faults                       every k-th step, or only
     quits      timeouts, the client's cancel, DecodeAbort       in one protocol phase
     endings    validate, commit, finish                        every k-th step
-    chores     token steps, discards, prefix eviction          every k-th step
+    chores     token steps, discards, prefix eviction,         every k-th step
+               preemption and the start of an offload
 
 "Every k-th step" is a pseudo-random 1/k of the steps (a hash of the drawn salt, the step
 and the group), so the windows between steps stay open for the other groups: a timeout
@@ -36,6 +37,7 @@ from spec.state import (
     ENDED,
     FILLING,
     IDLE,
+    NONE,
     PREFILLING,
     RUNNING,
     SENDING,
@@ -51,6 +53,9 @@ ENDINGS = frozenset({"PrefillFinish", "DecodeFinish", "DecodeValidate", "DecodeC
 CHORES = frozenset(
     {"PrefillDecodeStep", "DecodeStep", "PrefillDiscard", "DecodeDiscard", "DecodeEvictPrefix"}
 )
+# Moves wait for their turn too, so that tokens are generated before a request is
+# preempted or offloaded (else recompute and reload only ever move a bare prompt).
+CHORES |= {"PrefillPreempt", "PrefillOffloadBegin"}
 HELD_BACK = FAULTS | QUITS | (ENDINGS - {"DecodeValidate"})  # wait for their turn always
 GATED = FAULTS | QUITS | ENDINGS | CHORES
 INJECTABLE = FAULTS | QUITS
@@ -58,6 +63,10 @@ INJECTABLE = FAULTS | QUITS
 
 def _HANDOFF(c: Config) -> bool:  # noqa: N802 - a phase's "can this config reach it"
     return c.handoff
+
+
+def _RETRY(c: Config) -> bool:  # noqa: N802
+    return c.handoff and c.max_attempts >= 2
 
 
 PHASES: tuple[tuple[str, Callable[[Req], bool], Callable[[Config], bool]], ...] = (
@@ -72,7 +81,18 @@ PHASES: tuple[tuple[str, Callable[[Req], bool], Callable[[Config], bool]], ...] 
     ("running", lambda r: r.st == RUNNING and r.p == WRITABLE, lambda c: not c.handoff),
     ("storing to host", lambda r: r.h == FILLING, lambda c: c.offload),
     ("loading from host", lambda r: r.p == FILLING, lambda c: c.offload),
+    ("offloaded", lambda r: r.h == COMPLETE and r.p == NONE, lambda c: c.offload),
+    # a later attempt: the fault budget is not always spent in attempt 1
+    ("attempt 2+ awaiting ready", lambda r: r.ps == AWAIT_READY and r.ep >= 2, _RETRY),
+    ("attempt 2+ sending", lambda r: r.ps == SENDING and r.ep >= 2, _RETRY),
+    ("attempt 2+ awaiting the ack", lambda r: r.ps == AWAIT_ACK and r.ep >= 2, _RETRY),
 )
+# Swarm testing: each example switches a random subset of these off (never the steps a
+# handoff, an offload or a cleanup needs to finish), so that some examples run long
+# without, say, timeouts or token steps, and reach states a uniform mix never does.
+# (Faults keep their own schedule, on the clock or aimed at a phase: with one fault in a
+# run, switching kinds off too left duplicates and manifest mismatches untried in ci.)
+SWARMABLE = QUITS - {"DecodeAbort"} | {"PrefillDecodeStep", "DecodeStep", "PrefillPreempt"}
 
 
 def _mix(*xs: int) -> int:
@@ -98,6 +118,7 @@ class Tempo:
     end_every: int = 1  # validate, commit, finish
     chore_every: int = 1  # token steps, discards, prefix eviction
     probe_every: int = 1  # refusal probes (named refusals, arbitrary_step)
+    off: frozenset[str] = frozenset()  # swarm: actions this example never takes
 
     def due(self, every: int, k: int, tag: int) -> bool:
         return every == 1 or _mix(self.salt, k, tag) % every == 0
@@ -126,6 +147,8 @@ class Tempo:
 
     def allows(self, name: str, k: int, w: World, args: dict[str, Any]) -> bool:
         """May step ``k`` (0-based) be ``name(args)`` in state ``w``?"""
+        if name in self.off and not ended(w, args):
+            return False
         if name in FAULTS:
             if self.fault_when:
                 return self._in_phase(self.fault_when, w, args)
@@ -158,4 +181,5 @@ def tempos(c: Config) -> st.SearchStrategy[Tempo]:
         end_every=st.sampled_from((12, 25, 6)),
         chore_every=st.sampled_from((25, 8)),
         probe_every=st.sampled_from((25, 8)),
+        off=st.frozensets(st.sampled_from(sorted(SWARMABLE))),
     )

@@ -23,9 +23,10 @@ def admit(n: int, ok: bool) -> int:
         return n
     if not ok:
         raise ValueError("refused")
-    total = n
-    total += 1
-    return total
+    total = [n]
+    total.append(1)
+    total.sort()
+    return sum(total)
 '''
 
 
@@ -47,9 +48,13 @@ def test_every_operator_makes_its_edit(tmp_path: Path) -> None:
     assert ("shift_const", "`3` -> `4`") in edits and ("shift_const", "`1` -> `0`") in edits
     assert ("drop_raise", "`raise ValueError('refused')` -> `pass`".replace("'", '"')) in edits
     assert ("drop_return", "`return n` -> `pass`") in edits
-    assert ("drop_assign", "`total += 1` -> `pass`") in edits
-    assert ("swap_stmts", "`total = n | total += 1` -> `total += 1 | total = n`") in edits
-    assert not any(m.operator == "drop_return" and m.line == 13 for m in ms)  # the last one
+    assert ("drop_assign", "`total = [n]` -> `pass`") in edits
+    assert ("drop_call", "`total.sort()` -> `pass`") in edits
+    swap = "`total.append(1) | total.sort()` -> `total.sort() | total.append(1)`"
+    assert ("swap_stmts", swap) in edits
+    assert not any(m.operator == "swap_stmts" and "total = [n]" in m.description for m in ms)
+    assert not any(m.operator == "drop_return" and m.line == 14 for m in ms)  # the last one
+    assert not any(m.operator == "drop_assign" and "LIMIT" in m.description for m in ms)
     for m in ms:  # one edit: the diff removes and adds lines around one place
         assert m.diff.startswith("--- a/toy/core.py\n+++ b/toy/core.py\n")
         compile(m.source, m.file, "exec")
@@ -64,9 +69,9 @@ def test_ids_are_stable_when_other_lines_move(tmp_path: Path) -> None:
 
 
 def test_no_mutate_comment_and_docstrings_are_skipped(tmp_path: Path) -> None:
-    text = TOY.replace("    total += 1\n", "    total += 1  # no-mutate\n")
+    text = TOY.replace("    total.sort()\n", "    total.sort()  # no-mutate\n")
     ms = generate(_toy(tmp_path, text), ["toy/core.py"])
-    assert not any("total += 1" in m.description for m in ms)
+    assert not any("total.sort()" in m.description for m in ms)
     assert not any("Toy" in m.description for m in ms)
 
 
@@ -125,3 +130,25 @@ def test_equivalents_need_a_reason(tmp_path: Path) -> None:
     with pytest.raises(EquivalentsError, match="non-empty reason"):
         load_equivalents(p)
     assert load_equivalents(tmp_path / "missing.json") == {}
+
+
+SWITCHED = """
+def step(m: frozenset[str], x: int) -> int:
+    if "bug" in m and x > 0:
+        x = x * 2
+    if "other" not in m:
+        return x + 1
+    x = x - 5
+    return x
+"""
+
+
+def test_code_only_a_bug_switch_runs_is_left_alone(tmp_path: Path) -> None:
+    ms = generate(_toy(tmp_path, SWITCHED), ["toy/core.py"], switches={"bug", "other"})
+    got = {m.description for m in ms}
+    assert "`\"bug\" in m` -> `'bug' not in m`" in got  # turns the bug on: live
+    assert '`"bug" in m and x > 0` -> `x > 0`' in got  # so does dropping the switch
+    assert not any("x * 2" in d or "x - 5" in d or "`x > 0` ->" in d for d in got)
+    assert "`\"other\" not in m` -> `'other' in m`" in got
+    unswitched = {m.description for m in generate(tmp_path, ["toy/core.py"])}
+    assert any("x * 2" in d for d in unswitched) and any("x - 5" in d for d in unswitched)

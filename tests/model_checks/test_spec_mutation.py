@@ -65,7 +65,19 @@ def test_shortcut_tells_changed_from_unchanged(pool: dict[str, object]) -> None:
 
 
 def test_cli_judges_one_mutant(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["mutate", "--only", QUICK_KILL, "--no-prefilter", "--jobs", "1", "--json"])
+    rc = main(
+        [
+            "mutate",
+            "--target",
+            "spec",
+            "--only",
+            QUICK_KILL,
+            "--no-prefilter",
+            "--jobs",
+            "1",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert (out["mutants"], out["killed"], out["survivors"]) == (1, 1, [])
@@ -73,6 +85,6 @@ def test_cli_judges_one_mutant(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["mutate", "--only", "no.such:mutant:0", "--no-prefilter"]) == 2
+    assert main(["mutate", "--target", "spec", "--only", "no.such:mutant:0", "--no-prefilter"]) == 2
     assert "unknown spec mutant ids: no.such:mutant:0" in capsys.readouterr().err
-    assert main(["mutate", "-n", "0"]) == 2
+    assert main(["mutate", "--target", "spec", "--sample", "0"]) == 2

@@ -1,0 +1,73 @@
+"""Systematic refusal probes: every message in flight, offered to every action that
+takes a message, plus forged ones, after every step.
+
+The machine draws a step the spec does not enable only now and then, and
+``arbitrary_step``'s random headers rarely match a message in flight, so a receiver that
+wrongly accepts a duplicated Chunk, or a Ready of the wrong kind, survives thousands of
+examples. ``refusal_probes(h)`` lists, for the current state, every (action, message)
+the spec refuses, where the message is
+
+- each message in flight (each action that takes a message, not enabled for it); and
+- forged from one in flight: the same with its epoch one up or one down, with its index
+  one up, and with each other kind of message (so: not in flight at all);
+- and every action that takes no message (per request, per worker), where refused;
+
+each with the spec's verdict (a refusal naming a property, or "not enabled"). The
+harness then offers them all (``Harness.probe_all``): each must be refused naming the
+spec's property, and the implementation must be unchanged after the whole round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refimpl.testing.harness import Harness
+from spec.actions import ACTIONS, WORKERS, encode_args
+from spec.common import Refused
+from spec.state import MSG_NAMES, msg, msg_epoch, msg_idx, msg_kind
+
+MSG_ACTIONS = tuple(n for n, a in ACTIONS.items() if a.arg == "msg")
+
+
+def forged(code: int) -> set[int]:
+    """Messages that differ from ``code`` in one field."""
+    k, e, i = msg_kind(code), msg_epoch(code), msg_idx(code)
+    out = {msg(k, e + 1, i), msg(k, e, i + 1)}
+    if e > 0:
+        out.add(msg(k, e - 1, i))
+    out.update(msg(other, e, i) for other in MSG_NAMES if other != k)
+    return out
+
+
+OTHER_ACTIONS = tuple(n for n, a in ACTIONS.items() if a.arg != "msg")
+
+
+def refusal_probes(h: Harness) -> list[tuple[str, dict[str, Any], str | None]]:
+    """(action, args, the spec's property or None) for every probe of the state: the
+    message probes above, and every other action (per request, per worker) the spec
+    refuses here."""
+    out = []
+    for name in OTHER_ACTIONS:
+        a = ACTIONS[name]
+        args = (
+            [(0, wk) for wk in range(len(WORKERS))]
+            if a.arg == "worker"
+            else [(0, 0)]
+            if a.arg == "global"
+            else [(i, 0) for i in range(len(h.w.reqs))]
+        )
+        for i, arg in args:
+            v = h.verdict(name, i, arg)
+            if isinstance(v, Refused):
+                out.append((name, encode_args(name, i, arg), v.prop))
+    for i, r in enumerate(h.w.reqs):
+        real = set(r.net)
+        codes = real | {f for code in real for f in forged(code)}
+        for code in sorted(codes):
+            if msg_idx(code) > 15 or msg_epoch(code) > 15:
+                continue  # outside the message encoding
+            for name in MSG_ACTIONS:
+                v = h.verdict(name, i, code)
+                if isinstance(v, Refused):
+                    out.append((name, encode_args(name, i, code), v.prop))
+    return out

@@ -1,0 +1,99 @@
+"""The worlds the machine fuzzes: the spec's default configs plus combined ones.
+
+Each default config (``spec.config.DEFAULT_SUITE``) switches on one or two features.
+Bugs that need two features at once (a chunk sent to the wrong block after a *partial*
+prefix hit, a crash while a prefix cache is held, a corrupt chunk in the second attempt)
+never show there. The combined worlds below cover the feature pairs; each is also a named
+regression world (``kvown fuzz --config NAME``):
+
+    partial_prefix    prefix strictly between 0 and blocks, TP 1 -> 2, network faults
+    prefix_faults     two requests, a prefix cache, crashes and duplicates
+    offload_handoff   offload/reload and recompute together with the handoff, crashes
+    tp_pairs          TP 2 -> 4 with a prefix hit and corrupt/duplicated chunks
+    two_faults        two faults in one run, three attempts: faults in attempt 2 and 3
+
+``FUZZ_WORLDS`` is what ``kvown fuzz`` and ``kvown mutate --target refimpl`` run: the
+default suite, then the combined worlds. ``get_world`` finds a world by name (the spec's
+configs included), so a printed ``Divergence`` replays with ``replay_program``.
+"""
+
+from __future__ import annotations
+
+from spec.config import DEFAULT_SUITE, Config, get_config
+
+_NET = frozenset({"lose", "duplicate", "corrupt", "mismatch"})
+
+COMBINED: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config(
+            name="partial_prefix",
+            doc="one request, 3 blocks of which 1 is a cached prefix, TP 1->2, one net fault",
+            blocks=3,
+            src_tp=1,
+            dst_tp=2,
+            cap_p=3,
+            cap_d=3,
+            prefix=1,
+            faults=1,
+            fault_kinds=_NET,
+        ),
+        Config(
+            name="prefix_faults",
+            doc="two requests share a 1-block prefix of 2; a worker crash or a duplicate",
+            n_reqs=2,
+            blocks=2,
+            cap_p=4,
+            cap_d=3,
+            prefix=1,
+            faults=1,
+            fault_kinds=frozenset({"crash", "duplicate", "lose"}),
+            max_attempts=1,
+        ),
+        Config(
+            name="offload_handoff",
+            doc="offload/reload and recompute, then a handoff; a store failure, a loss or a crash",
+            blocks=2,
+            cap_p=2,
+            cap_h=2,
+            cap_d=2,
+            offload=True,
+            recompute=True,
+            faults=1,
+            fault_kinds=frozenset({"store_fail", "lose", "duplicate", "crash"}),
+            max_moves=1,
+        ),
+        Config(
+            name="tp_pairs",
+            doc="TP 2->4 with a 1-block prefix hit of 2; a corrupt or duplicated chunk",
+            blocks=2,
+            src_tp=2,
+            dst_tp=4,
+            cap_p=2,
+            cap_d=2,
+            prefix=1,
+            faults=1,
+            fault_kinds=frozenset({"corrupt", "duplicate"}),
+        ),
+        Config(
+            name="two_faults",
+            doc="one request, 2 blocks, two network faults and three attempts",
+            blocks=2,
+            faults=2,
+            fault_kinds=_NET,
+            max_attempts=3,
+        ),
+    )
+}
+
+FUZZ_WORLDS: tuple[str, ...] = (*DEFAULT_SUITE, *COMBINED)
+
+
+def get_world(name: str) -> Config:
+    """A combined world or a spec config by name (KeyError naming the valid ones)."""
+    if name in COMBINED:
+        return COMBINED[name]
+    try:
+        return get_config(name)
+    except KeyError:
+        raise KeyError(f"unknown world {name!r}; valid worlds: {', '.join(FUZZ_WORLDS)}") from None
