@@ -21,6 +21,7 @@
 #   OUT_DIR           JUnit files and artifacts (default: ./kvown-ci)
 #   PYTHON            the interpreter that makes the venv (default: python3)
 #   KVOWN_NO_INSTALL  set to 1 to use the kvown already on PATH
+#   KVOWN_DEEP        set to 1 (nightly) to also check the deep suite (kvown check --suite deep)
 set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -64,6 +65,12 @@ for log in "${logs[@]}"; do
     if [ "$rc" -eq 0 ]; then rm -f "$verdict"; fi  # keep only the failures' evidence
     note $rc
 done
+
+if [ "${KVOWN_DEEP:-0}" = 1 ]; then  # the nightly run: the larger worlds too
+    echo "== kvown check --suite deep"
+    kvown check --suite deep --junit "$OUT_DIR/junit/check-deep.xml" --cex-dir "$OUT_DIR/artifacts"
+    note $?
+fi
 
 echo "== kvown fuzz --profile ci"
 report="$OUT_DIR/artifacts/fuzz.json"
