@@ -199,7 +199,10 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_two",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
-DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS)
+# ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured
+# after the residue reset); check it on its own with a bigger machine or a smaller world.
+TOO_BIG: frozenset[str] = frozenset({"reject_retry"})
+DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances, not in the default suite: the scale curve (``scale_k``) and a

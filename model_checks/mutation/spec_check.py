@@ -36,7 +36,6 @@ CHEAP_FIRST: dict[str, tuple[str, ...]] = {
         "prefix_partial_tp2",
         "prefix_partial_two",
         "prefix_crash",
-        "reject_retry",
     ),
 }
 GROWTH = 4  # a mutant may explore this many times the pinned states before it counts as killed
