@@ -12,7 +12,6 @@ from refimpl.errors import ManifestError as RefimplManifestError
 from refimpl.errors import OwnershipError
 from spec.manifest import (
     MANIFEST_FIELDS,
-    MANIFEST_VERSION,
     MAX_TOKENS,
     LocalConfig,
     Manifest,
@@ -22,38 +21,9 @@ from spec.manifest import (
     from_json,
     from_json_dict,
 )
+from tests.spec.hostile_manifests import GOOD_SUM, good_dict
 
 ROPE = RopeConfig(theta=10000.0, rotary_dim=64)
-GOOD_SUM = "0123456789abcdef"
-
-
-def good_dict() -> dict[str, object]:
-    """40 tokens at block size 16: 3 blocks, the first held by the receiver, 2 sent."""
-    return {
-        "request_id": "req-1",
-        "model_id": "llama-3-8b",
-        "adapter_id": None,
-        "token_ids": list(range(100, 140)),
-        "num_tokens": 40,
-        "cache_fields": ["k", "v"],
-        "num_layers": 2,
-        "dtype": "float16",
-        "quantization": "none",
-        "kv_heads": 8,
-        "head_dim": 64,
-        "block_size": 16,
-        "layout": "heads_major",
-        "start_pos": 0,
-        "rope": {"theta": 10000.0, "rotary_dim": 64, "scaling": "none", "scaling_factor": 1.0},
-        "src_tp": 2,
-        "src_cp": 1,
-        "dst_tp": 1,
-        "dst_cp": 1,
-        "prefix_blocks": 1,
-        "block_checksums": [GOOD_SUM, "fedcba9876543210"],
-        "version": MANIFEST_VERSION,
-        "epoch": 3,
-    }
 
 
 def local(**changes: object) -> LocalConfig:
