@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
-from spec.manifest import MANIFEST_FIELDS, MANIFEST_VERSION
+from spec.manifest import MANIFEST_FIELDS, MANIFEST_VERSION, LocalConfig, RopeConfig
 
 GOOD_SUM = "0123456789abcdef"
 ROPE_FIELDS = ("theta", "rotary_dim", "scaling", "scaling_factor")
@@ -103,3 +104,21 @@ def hostile_documents() -> Iterator[tuple[str, str | bytes]]:
     yield "too big", " " * (1 << 26) + good
     yield "trailing garbage", good + " x"
     yield "two documents", good + good
+
+
+def local(**changes: object) -> LocalConfig:
+    base = LocalConfig(
+        model_id="llama-3-8b",
+        adapter_id=None,
+        dtype="float16",
+        quantization="none",
+        num_layers=2,
+        kv_heads=8,
+        head_dim=64,
+        block_size=16,
+        layout="heads_major",
+        rope=RopeConfig(theta=10000.0, rotary_dim=64),
+        tp=1,
+        cp=1,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]

@@ -21,27 +21,7 @@ from spec.manifest import (
     from_json,
     from_json_dict,
 )
-from tests.spec.hostile_manifests import GOOD_SUM, good_dict
-
-ROPE = RopeConfig(theta=10000.0, rotary_dim=64)
-
-
-def local(**changes: object) -> LocalConfig:
-    base = LocalConfig(
-        model_id="llama-3-8b",
-        adapter_id=None,
-        dtype="float16",
-        quantization="none",
-        num_layers=2,
-        kv_heads=8,
-        head_dim=64,
-        block_size=16,
-        layout="heads_major",
-        rope=ROPE,
-        tp=1,
-        cp=1,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+from tests.spec.hostile_manifests import GOOD_SUM, good_dict, local
 
 
 def reasons_of(d: object) -> list[str]:

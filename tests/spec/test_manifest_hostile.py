@@ -5,7 +5,6 @@ malformed, with short printable reasons. The engine refuses them too, without ra
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +13,6 @@ from hypothesis import strategies as st
 from spec.manifest import (
     MANIFEST_FIELDS,
     MAX_PAYLOAD_BYTES,
-    LocalConfig,
     Manifest,
     ManifestError,
     RopeConfig,
@@ -23,7 +21,7 @@ from spec.manifest import (
     from_json_dict,
 )
 from spec.strict_json import StrictJSONError, loads_strict, short
-from tests.spec.hostile_manifests import good_dict, hostile_documents
+from tests.spec.hostile_manifests import good_dict, hostile_documents, local
 
 DOCS = list(hostile_documents())
 MAX_REASON = 300  # longest reason a refusal may carry
@@ -109,35 +107,17 @@ def test_strict_json_limits() -> None:
             loads_strict(text, max_depth=2, max_int_digits=3)
 
 
-def _local(**changes: object) -> LocalConfig:
-    base = LocalConfig(
-        model_id="llama-3-8b",
-        adapter_id=None,
-        dtype="float16",
-        quantization="none",
-        num_layers=2,
-        kv_heads=8,
-        head_dim=64,
-        block_size=16,
-        layout="heads_major",
-        rope=RopeConfig(10000.0, 64),
-        tp=1,
-        cp=1,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
-
-
 def test_the_payload_cap_follows_the_local_pool() -> None:
     m = from_json(json.dumps(good_dict()))
     need = m.payload_bytes  # 3 blocks of 2 layers x 2 fields x 8 heads x 16 x 64 x 2 bytes
     assert need == 3 * 2 * 2 * 8 * 16 * 64 * 2
-    assert check_compatible(m, _local(pool_bytes=need)).ok
-    refused = check_compatible(m, _local(pool_bytes=need - 1))
+    assert check_compatible(m, local(pool_bytes=need)).ok
+    refused = check_compatible(m, local(pool_bytes=need - 1))
     assert not refused.ok and "cannot fit the local pool" in refused.reasons[0]
-    assert check_compatible(m, _local()).ok  # no pool given: the static cap only
+    assert check_compatible(m, local()).ok  # no pool given: the static cap only
     for bad in (0, -1, True, MAX_PAYLOAD_BYTES + 1):
         with pytest.raises(ValueError, match="pool_bytes"):
-            _local(pool_bytes=bad)
+            local(pool_bytes=bad)
 
 
 def test_the_engine_refuses_a_malformed_handoff_manifest_without_raising() -> None:
