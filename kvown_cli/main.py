@@ -76,8 +76,54 @@ def _end_children() -> None:
             p.kill()
 
 
+# While an interrupt is handled, fd 2 points at /dev/null and this is the real stderr:
+# ending the workers makes a process pool's manager thread report the broken pool, and
+# on Python 3.11 it can die with a traceback (InvalidStateError on a future that the
+# interrupted ``map`` cancelled: CPython fixed it in 3.12). The contract is one line.
+_REAL_STDERR: list[int] = []
+_KEEP_MUTED = False  # the executable exits at once after the line; main() restores fd 2
+
+
+def _mute_stderr() -> None:
+    if _REAL_STDERR:
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except (OSError, ValueError):
+        return
+    _REAL_STDERR.append(saved)
+
+
+def _say_interrupted(name: str) -> None:
+    line = f"kvown {name}: interrupted\n"
+    if not _REAL_STDERR:
+        print(line, end="", file=sys.stderr)
+        return
+    try:
+        os.write(_REAL_STDERR[0], line.encode())
+    except OSError:
+        pass
+
+
+def _unmute_stderr() -> None:
+    if not _REAL_STDERR or _KEEP_MUTED:
+        return
+    saved = _REAL_STDERR.pop()
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     # End the workers first: a process pool's shutdown would otherwise wait for them.
+    _mute_stderr()
     _end_children()
     raise KeyboardInterrupt
 
@@ -128,8 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return rc
     except KeyboardInterrupt:
+        _mute_stderr()
         _end_children()
-        print(f"kvown {name}: interrupted", file=sys.stderr)
+        _say_interrupted(name)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
         _silence_stdout()
@@ -152,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             print(json.dumps({"error": msg, "internal": True}))
         return EXIT_INTERNAL
+    finally:
+        _unmute_stderr()
 
 
 def _os_message(exc: OSError) -> str:
@@ -194,6 +243,8 @@ def _dispatch(name: str, argv: list[str], as_json: bool) -> int:
 def entry() -> None:
     """The ``kvown`` executable: ``main``, then exit; after Ctrl-C, at once (the workers are
     ended, and the interpreter's teardown of torch and Hypothesis would take a second)."""
+    global _KEEP_MUTED
+    _KEEP_MUTED = True
     rc = main()
     if rc == EXIT_INTERRUPTED:
         for stream in (sys.stdout, sys.stderr):

@@ -86,3 +86,46 @@ def test_ctrl_c_is_one_line_exit_130_and_no_worker_left(
     assert p.returncode == 130
     assert err.decode().strip().splitlines() == [f"kvown {argv[0]}: interrupted"]
     assert _group(p.pid) == []
+
+
+# A stand-in for Python 3.11's process-pool manager thread: it notices a worker die and
+# itself dies with a traceback (as InvalidStateError does on a cancelled future).
+_NOISY_THREAD = """
+import multiprocessing, sys, threading, time
+from concurrent.futures import InvalidStateError
+import kvown_cli.main as m
+
+def work(name, argv, as_json):
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=time.sleep, args=(600,))
+    child.start()
+    def watch():
+        child.join()
+        raise InvalidStateError("CANCELLED: <Future state=cancelled>")
+    threading.Thread(target=watch).start()
+    print("ready", flush=True)
+    time.sleep(600)
+    return 0
+
+m._dispatch = work
+m.entry()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_thread_dying_during_ctrl_c_adds_nothing_to_the_one_line() -> None:
+    p = subprocess.Popen(
+        [sys.executable, "-c", _NOISY_THREAD, "check"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+        start_new_session=True,
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"ready\n"
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130
+    assert err.decode().strip().splitlines() == ["kvown check: interrupted"]
+    assert _group(p.pid) == []
