@@ -13,7 +13,7 @@ from refimpl.cluster.router import ClusterConfig, run_cluster
 
 
 def _run(tmp_path: Path, **kw: object) -> dict[str, object]:
-    cfg = ClusterConfig(log_dir=str(tmp_path / "logs"), timeout_s=2.0, deadline_s=300.0, **kw)  # type: ignore[arg-type]
+    cfg = ClusterConfig(log_dir=str(tmp_path / "logs"), timeout_s=5.0, deadline_s=300.0, **kw)  # type: ignore[arg-type]
     rep = run_cluster(cfg)
     j = rep.to_json()
     j["ok"] = rep.ok
