@@ -173,6 +173,14 @@ def encode_args(name: str, i: int, arg: int) -> dict[str, Any]:
     return {"req": i}
 
 
+_ARG_KEYS: dict[str, tuple[str, ...]] = {
+    "worker": ("worker",),
+    "global": (),
+    "req": ("req",),
+    "msg": ("req", "msg", "epoch", "idx"),
+}
+
+
 def decode_args(name: str, args: dict[str, Any]) -> tuple[int, int]:
     """Inverse of ``encode_args``; raises ValueError naming what is wrong."""
     a = ACTIONS.get(name)
@@ -185,6 +193,11 @@ def decode_args(name: str, args: dict[str, Any]) -> tuple[int, int]:
             raise ValueError(f"{name}: argument {key!r} must be a non-negative int, got {v!r}")
         return v
 
+    extra = sorted(str(k) for k in args if k not in _ARG_KEYS[a.arg])
+    if extra:
+        shown = ", ".join(repr(k[:40]) for k in extra[:3])
+        takes = ", ".join(_ARG_KEYS[a.arg]) or "no arguments"
+        raise ValueError(f"{name}: unknown argument {shown} (it takes: {takes})")
     if a.arg == "worker":
         wk = args.get("worker")
         if wk not in WORKERS:

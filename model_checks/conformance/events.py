@@ -97,6 +97,9 @@ def _now(line: int, obj: dict[str, Any]) -> Event:
     wk = args.get("worker")
     if wk not in WORKERS:
         raise LogError(line, f"Now: argument 'worker' must be one of {WORKERS}, got {show(wk)}")
+    if len(args) > 1:
+        extra = next(k for k in args if k != "worker")
+        raise LogError(line, f"Now: unknown argument {show(extra)} (it takes: worker)")
     if "observed" in obj:
         raise LogError(line, "Now: an event that does nothing has no 'observed'")
     return Event(line, None, 0, WORKERS.index(wk), None, None, obj, wk)

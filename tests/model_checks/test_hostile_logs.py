@@ -31,9 +31,10 @@ def _with(ev: dict[str, object], raw: str) -> str:
     return _dump(ev)[:-1] + ", " + raw + "}"
 
 
-def _args(ev: dict[str, object], key: str, value: object) -> str | None:
+def _args(ev: dict[str, object], key: str, value: object, add: bool = False) -> str | None:
+    """The event with argument ``key`` set to ``value`` (``add``: a key it lacks)."""
     args = ev.get("args")
-    if not isinstance(args, dict) or key not in args:
+    if not isinstance(args, dict) or (key in args) == add:
         return None
     return _dump({**ev, "args": {**args, key: value}})
 
@@ -50,6 +51,7 @@ EVENT_EDITS: dict[str, Edit] = {
     "duplicate action key": lambda ev: '{"action": "Bogus", ' + _dump(ev)[1:],
     "args is an array": lambda ev: _dump({**ev, "args": [0]}),
     "args is a string": lambda ev: _dump({**ev, "args": "req=0"}),
+    "args has an unknown key": lambda ev: _args(ev, "rq", 0, add=True),
     "req is a bool": lambda ev: _args(ev, "req", True),
     "req is a string": lambda ev: _args(ev, "req", "0"),
     "req out of range": lambda ev: _args(ev, "req", 99),
