@@ -13,4 +13,14 @@ Subpackages:
 The ``kvown`` command line is the package ``kvown_cli``, a thin user of these.
 """
 
+import importlib
+from typing import Any
+
 __all__ = ["conformance", "explicit", "layouts", "symbolic"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import model_checks.explicit` need not load z3.
+    if name in __all__:
+        return importlib.import_module(f"model_checks.{name}")
+    raise AttributeError(f"module 'model_checks' has no attribute {name!r}")
