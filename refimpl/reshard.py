@@ -252,11 +252,16 @@ def reshard(
             f"dst cp={dst.decl.cp} is sharded for {dst.num_tokens} tokens, src has "
             f"{src.num_tokens}: CP shards would not line up"
         )
-    dst.num_tokens = max(dst.num_tokens, src.num_tokens)
     src.check()
-    dst.check()
-    if src.pools[0][0].dtype != dst.pools[0][0].dtype:
-        raise ValueError(f"dtype {src.pools[0][0].dtype} != {dst.pools[0][0].dtype}")
+    before = dst.num_tokens  # a refused reshard leaves dst as it was
+    dst.num_tokens = max(before, src.num_tokens)
+    try:
+        dst.check()
+        if src.pools[0][0].dtype != dst.pools[0][0].dtype:
+            raise ValueError(f"dtype {src.pools[0][0].dtype} != {dst.pools[0][0].dtype}")
+    except ValueError:
+        dst.num_tokens = before
+        raise
     s, d, total = src.decl, dst.decl, src.num_tokens
     copies = moved = 0
     written: set[tuple[int, int, int]] = set()

@@ -184,3 +184,57 @@ def test_other_mismatches_name_the_field() -> None:
 def test_manifest_round_trip() -> None:
     decl = KVLayout("tokens_major", 2, 4, 16, 8, tp=2, cp=2)
     assert KVLayout.from_manifest(decl.to_manifest()) == decl
+
+
+def test_allocate_sizes_each_table_for_its_tokens_and_the_spares() -> None:
+    decl = KVLayout("heads_major", 2, 4, 4, 3, cp=3)
+    for spare in (0, 2):
+        kv = allocate(decl, 23) if spare == 0 else allocate(decl, 23, spare_blocks=spare)
+        # 23 tokens over 3 CP ranks: 8, 8, 7 tokens; ceil(n / 4) blocks each
+        assert [len(t) for t in kv.block_tables] == [2 + spare, 2 + spare, 2 + spare]
+        assert all(p.shape[0] == 2 + spare for row in kv.pools for p in row)
+        assert kv.num_tokens == 0 and all(bool((p == 0).all()) for row in kv.pools for p in row)
+    assert [len(t) for t in allocate(decl, 0).block_tables] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("src_tp", "dst_tp", "dst_bs"), [(2, 1, 5), (1, 4, 3), (4, 4, 8)])
+def test_stats_count_what_lands_on_the_destination(src_tp: int, dst_tp: int, dst_bs: int) -> None:
+    """bytes_moved is the seed's payload M_KV = 2 L T H D s (each head lands once) and
+    blocks_written every destination block the tokens occupy, on every TP rank."""
+    layers, heads, tokens, dim = 2, 4, 21, 3
+    full = _full(layers, heads, tokens, dim, seed=dst_bs)
+    src = shard(full, KVLayout("tokens_major", layers, heads, 4, dim, tp=src_tp))
+    dst = allocate(KVLayout("heads_major", layers, heads, dst_bs, dim, tp=dst_tp), tokens)
+    stats = reshard(src, dst)
+    assert stats.bytes_moved == 2 * layers * tokens * heads * dim * 4
+    assert stats.blocks_written == dst_tp * -(-tokens // dst_bs)
+    assert stats.copies >= stats.blocks_written // dst_tp
+    again = reshard(src, dst, start=tokens - 1)  # one token: one block per rank
+    assert again.bytes_moved == 2 * layers * heads * dim * 4 and again.blocks_written == dst_tp
+
+
+def test_a_refused_reshard_leaves_the_destination_as_it_was() -> None:
+    full = _full(2, 4, 8, 4)
+    good = KVLayout("heads_major", 2, 4, 4, 4, tp=2)
+    broken: list[ShardedKV] = []
+    for damage in ("pool shape", "short table", "pool missing", "dtype"):
+        src = shard(full, good)
+        if damage == "pool shape":
+            src.pools[1][0] = torch.zeros(2, 2, 2, 2, 5, 4)  # block_size 5, not 4
+        elif damage == "short table":
+            src.block_tables[0] = src.block_tables[0][:1]
+        elif damage == "pool missing":
+            src.pools.pop()
+        else:
+            src.pools = [[p.double() for p in row] for row in src.pools]
+        broken.append(src)
+    for src in broken:
+        dst = allocate(KVLayout("tokens_major", 2, 4, 4, 4), 8)
+        dst.pools[0][0].fill_(7.0)
+        with pytest.raises(ValueError):
+            reshard(src, dst)
+        assert dst.num_tokens == 0 and bool((dst.pools[0][0] == 7.0).all())
+    short = allocate(KVLayout("tokens_major", 2, 4, 4, 4), 4)  # room for 4 tokens, not 8
+    with pytest.raises(ValueError, match="needs 2"):
+        reshard(shard(full, good), short)
+    assert short.num_tokens == 0
