@@ -33,9 +33,10 @@ def show(v: object) -> str:
     """``repr(v)`` cut to a short printable prefix (an error message never echoes a
     10 MB value)."""
     try:
-        s = repr(v) if len(v) <= 4 * _SHOW else repr(v[: 4 * _SHOW])  # type: ignore[arg-type,index]
-    except TypeError:
-        s = repr(v)
+        try:
+            s = repr(v) if len(v) <= 4 * _SHOW else repr(v[: 4 * _SHOW])  # type: ignore[arg-type,index]
+        except TypeError:  # no len(): an int, say, which repr refuses past 4,300 digits
+            s = repr(v)
     except (ValueError, RecursionError):
         s = f"<{type(v).__name__}>"
     s = "".join(ch if ch.isprintable() and ch.isascii() else "?" for ch in s)
