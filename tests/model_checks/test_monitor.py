@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model_checks.conformance import LogError, Monitor, check_file
+from model_checks.conformance import LogError, Monitor, check_file, check_log
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("repro/**/*.jsonl"))
@@ -66,3 +66,28 @@ def test_monitor_needs_an_event() -> None:
     m.feed({"config": "handoff_two"})
     with pytest.raises(LogError, match="empty log"):
         m.close()
+
+
+def test_raw_lines_numbered_by_the_monitor_give_check_traces_verdict() -> None:
+    """feed_line without line numbers counts them itself, blank lines too; after the
+    verdict, later lines are not read and the verdict stays."""
+    for name in LOGS:
+        path = ROOT / name
+        want = check_file(path).to_json()
+        m = Monitor()
+        got = None
+        for raw in path.read_bytes().split(b"\n"):
+            v = m.feed_line(raw)
+            assert got is None or v is got, name  # once given, the verdict stays
+            got = got or v
+        assert m.close().to_json() == want, name
+        if got is not None:
+            assert m.feed_line(b"not even JSON") is got
+
+
+@pytest.mark.parametrize("name", LOGS)
+def test_check_log_of_a_parsed_log_agrees(name: str) -> None:
+    from model_checks.conformance.events import parse_log
+
+    path = ROOT / name
+    assert check_log(parse_log(path.read_bytes())).to_json() == check_file(path).to_json()
