@@ -124,3 +124,28 @@ def test_a_silent_stall_is_caught_at_the_last_line() -> None:
     assert check_text(_log("handoff_two", *events, lost), open_end=True).conforms
     # nothing lost: the chunk may still land, so the end is not a stall
     assert check_text(_log("handoff_two", *events)).conforms
+
+
+def _ev(action: str) -> str:
+    return json.dumps({"action": action, "args": {"req": 0}}) + "\n"
+
+
+# A step out of the protocol's order, named by the law the order protects; the same step
+# where no law is at stake is Unmodelled (the spec has no word for it), never a guess.
+OUT_OF_ORDER = {
+    "prefill computes before it allocated": (["PrefillRun"], ["NoReuseUnderIO"]),
+    "prefill decodes before it allocated": (["PrefillDecodeStep"], ["NoReuseUnderIO"]),
+    "decode writes blocks it never reserved": (
+        ["PrefillAdmit", "PrefillRun", "DecodeStep"],
+        ["NoReuseUnderIO"],
+    ),
+    "prefill runs twice": (["PrefillAdmit", "PrefillRun", "PrefillRun"], [UNMODELLED]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_ORDER))
+def test_a_step_out_of_order_is_named_by_the_law_it_breaks(case: str) -> None:
+    actions, props = OUT_OF_ORDER[case]
+    v = check_text('{"config": "handoff_two", "version": 1}\n' + "".join(map(_ev, actions)))
+    assert not v.conforms and v.line == len(actions) + 1
+    assert v.properties == props
