@@ -5,9 +5,11 @@ quoted in messages are cut to a short printable prefix."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
+from model_checks.conformance import jsonline
 from model_checks.conformance.jsonline import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
@@ -96,3 +98,45 @@ def test_text_lines_numbers_physical_lines_blank_ones_too() -> None:
     assert list(text_lines("\n{}\n\nx")) == [(1, ""), (2, "{}"), (3, ""), (4, "x")]
     assert list(text_lines(b"\n{}\n")) == [(1, b""), (2, b"{}"), (3, b"")]
     assert list(text_lines("")) == [(1, "")]
+
+
+def test_the_limits_are_the_documented_ones() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "spec" / "EVENTLOG.md").read_text()
+    assert MAX_LINE == 64 * 1024 and "longer than 64 KiB" in doc
+    assert MAX_DEPTH == 8 and "nested deeper than 8" in doc
+    assert MAX_INT_DIGITS == 20 and "more than 20 digits" in doc
+
+
+class _Boom:
+    def __repr__(self) -> str:
+        raise ValueError("not this one")
+
+
+def test_show_reads_only_a_prefix_of_a_long_value() -> None:
+    v = ["a"] * 200 + [_Boom()]  # its whole repr would raise; the head never reaches it
+    assert show(v).startswith("['a', 'a'")
+    assert show([_Boom()]) == "<list>"
+
+
+def test_a_parser_failure_of_any_kind_is_a_log_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for exc in (RecursionError, MemoryError, OverflowError):
+
+        def fail(*a: object, _e: type[BaseException] = exc, **k: object) -> None:
+            raise _e()
+
+        monkeypatch.setattr(jsonline.json, "loads", fail)
+        with pytest.raises(LogError, match=exc.__name__) as ei:
+            loads_line(3, b"{}")
+        assert ei.value.line == 3
+
+
+def test_running_out_of_memory_reading_a_line_is_a_log_error() -> None:
+    class Starved(io.BytesIO):
+        def readline(self, size: int | None = -1) -> bytes:
+            if self.tell():
+                raise MemoryError
+            return super().readline(size)
+
+    with pytest.raises(LogError, match="out of memory") as ei:
+        list(read_lines(Starved(b"{}\n{}\n")))
+    assert ei.value.line == 2

@@ -58,6 +58,7 @@ def test_short_quotes_a_printable_ascii_prefix() -> None:
     assert short("\u00e9\x00") == "'\\xe9\\x00'"  # escaped, never raw
     assert short(7) == "7" and short(-(10**30)) == str(-(10**30))
     assert short(10**5000) == f"<int of {(10**5000).bit_length()} bits>"  # repr would raise
+    assert short(2**170) == "<int of 171 bits>"  # past 4 bits per quoted character
 
     class Hostile:
         def __repr__(self) -> str:
