@@ -79,7 +79,7 @@ def _end_children() -> None:
 # While an interrupt is handled, fd 2 points at /dev/null and this is the real stderr:
 # ending the workers makes a process pool's manager thread report the broken pool, and
 # on Python 3.11 it can die with a traceback (InvalidStateError on a future that the
-# interrupted ``map`` cancelled: CPython fixed it in 3.12). The contract is one line.
+# interrupted ``map`` cancelled; CPython gh-107219, seen on CI's 3.11.7). One line only.
 _REAL_STDERR: list[int] = []
 _KEEP_MUTED = False  # the executable exits at once after the line; main() restores fd 2
 
