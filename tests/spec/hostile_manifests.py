@@ -8,7 +8,18 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 
-from spec.manifest import MANIFEST_FIELDS, MANIFEST_VERSION, LocalConfig, RopeConfig
+import pytest
+
+from spec.manifest import (
+    MANIFEST_FIELDS,
+    MANIFEST_VERSION,
+    LocalConfig,
+    ManifestError,
+    RopeConfig,
+    from_json,
+    from_json_dict,
+)
+from spec.strict_json import short
 
 GOOD_SUM = "0123456789abcdef"
 ROPE_FIELDS = ("theta", "rotary_dim", "scaling", "scaling_factor")
@@ -122,3 +133,19 @@ def local(**changes: object) -> LocalConfig:
         cp=1,
     )
     return replace(base, **changes)  # type: ignore[arg-type]
+
+
+MAX_REASON = 300  # longest reason a refusal may carry
+
+
+def refused(doc: str | bytes | object) -> ManifestError:
+    """The ManifestError a document (text, or an already parsed object) is refused with:
+    the spec's own class, at least one reason, each short and printable."""
+    with pytest.raises(ManifestError) as info:
+        from_json(doc) if isinstance(doc, str | bytes) else from_json_dict(doc)
+    e = info.value
+    assert type(e) is ManifestError  # the spec's own class, nothing else escapes
+    assert e.reasons
+    for r in e.reasons:
+        assert len(r) <= MAX_REASON and r.isprintable(), short(r, 80)
+    return e
