@@ -8,17 +8,9 @@ import pytest
 import torch
 
 from refimpl.blocks import BlockStatus
-from refimpl.chunks import ChunkReceiver, build_manifest, freeze, send_chunks
+from refimpl.chunks import ChunkReceiver
 from refimpl.errors import CancelledError, ChunkError, InUseError, StaleError
-from spec.manifest import Manifest
-from tests.refimpl.test_transport_chunks import LOCAL, World, world
-
-
-def _offer(w: World) -> Manifest:
-    snap = freeze(w.src, "r", 1)
-    m = build_manifest(snap, LOCAL, token_ids=range(12), dst_tp=1, dst_cp=1)
-    send_chunks(w.t, "data", snap)
-    return m
+from tests.refimpl.test_transport_chunks import World, offer, world
 
 
 def _untouched(w: World) -> None:
@@ -28,7 +20,7 @@ def _untouched(w: World) -> None:
 
 def test_destination_blocks_that_do_not_match_the_sent_blocks_are_refused() -> None:
     w = world()
-    m = _offer(w)
+    _, m = offer(w)
     dest = w.dst.allocator.reserve("r", 3, epoch=1)
     for bad in (dest[:2], [dest[0], dest[1], dest[0]], [*dest, dest[2]]):  # short, twice, long
         with pytest.raises(ChunkError, match="destination blocks"):
@@ -39,7 +31,7 @@ def test_destination_blocks_that_do_not_match_the_sent_blocks_are_refused() -> N
 
 def test_destination_blocks_not_reserved_for_this_attempt_are_refused() -> None:
     w = world()
-    m = _offer(w)
+    _, m = offer(w)
     alloc = w.dst.allocator
     theirs = alloc.reserve("q", 3, epoch=1)  # another request's reservation, same epoch
     with pytest.raises(InUseError, match="not reserved for 'r'"):
@@ -56,7 +48,7 @@ def test_destination_blocks_not_reserved_for_this_attempt_are_refused() -> None:
 @pytest.mark.parametrize("way", ["receive", "pump", "pump overlapped"])
 def test_a_failed_install_can_be_retried(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     w = world()
-    m = _offer(w)
+    _, m = offer(w)
     dest = w.dst.allocator.reserve("r", 3, epoch=1)
     rx = ChunkReceiver(w.dst, m, dest)
     chunks = w.t.poll("data")
@@ -98,7 +90,7 @@ def test_a_failed_install_can_be_retried(way: str, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize("overlap", [True, False])
 def test_pump_reports_what_it_installed(overlap: bool) -> None:
     w = world()
-    m = _offer(w)
+    _, m = offer(w)
     rx = ChunkReceiver(w.dst, m, w.dst.allocator.reserve("r", 3, epoch=1))
     report = rx.pump(w.t, "data", overlap=overlap)
     assert sorted(report.installed) == [0, 1, 2] and rx.complete
@@ -107,7 +99,7 @@ def test_pump_reports_what_it_installed(overlap: bool) -> None:
 
 def test_an_aborted_receiver_installs_and_commits_nothing() -> None:
     w = world()
-    m = _offer(w)
+    _, m = offer(w)
     dest = w.dst.allocator.reserve("r", 3, epoch=1)
     rx = ChunkReceiver(w.dst, m, dest)
     [(header, payload), *_] = w.t.poll("data")

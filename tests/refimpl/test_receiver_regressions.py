@@ -16,25 +16,18 @@ import pytest
 import torch
 
 from refimpl.blocks import BlockStatus
-from refimpl.chunks import ChunkReceiver, accept_manifest, build_manifest, freeze, send_chunks
+from refimpl.chunks import ChunkReceiver, accept_manifest
 from refimpl.demo.handoff import Worker, handoff
 from refimpl.errors import CapacityError, ChecksumError, ChunkError, IncompleteError
 from refimpl.model import TinyConfig, TinyDecoder
 from refimpl.pool import KVPool, PoolGeometry
 from refimpl.transport import Fault, InProcessTransport
-from tests.refimpl.test_transport_chunks import LOCAL, world
-
-
-def _offer(w, t: InProcessTransport):  # type: ignore[no-untyped-def]
-    snap = freeze(w.src, "r", 1)
-    m = build_manifest(snap, LOCAL, token_ids=range(12), dst_tp=1, dst_cp=1)
-    send_chunks(t, "data", snap)
-    return snap, m
+from tests.refimpl.test_transport_chunks import LOCAL, offer, world
 
 
 def test_1_pool_of_another_geometry_is_refused_when_the_receiver_is_built() -> None:
     w = world()
-    _, m = _offer(w, w.t)
+    _, m = offer(w)
     wrong = KVPool(6, replace(PoolGeometry.of_local(LOCAL), head_dim=4))
     dest = wrong.allocator.reserve("r", 3, epoch=1)
     with pytest.raises(ChunkError, match="cannot be installed into pool blocks"):
@@ -47,7 +40,7 @@ def test_1_a_failed_install_is_not_counted_and_commit_refuses(
     overlap: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = world()
-    _, m = _offer(w, w.t)
+    _, m = offer(w)
     dest = w.dst.allocator.reserve("r", 3, epoch=1)
     rx = ChunkReceiver(w.dst, m, dest)
     real = w.dst.write_block_bytes
@@ -72,7 +65,7 @@ def test_1_a_failed_install_is_not_counted_and_commit_refuses(
 def test_2_corrupt_chunk_fails_commit_naming_the_block_and_abort_frees() -> None:
     w = world()
     w.t.inject("data", Fault.CORRUPT, skip=2)  # block 2's bytes flipped in transit
-    _, offered = _offer(w, w.t)
+    _, offered = offer(w)
     m, _ = accept_manifest({"manifest": offered.to_json_dict()}, LOCAL)
     dest = w.dst.allocator.reserve("r", 3, epoch=1)
     rx = ChunkReceiver(w.dst, m, dest)

@@ -74,6 +74,13 @@ def start(w: World, epoch: int = 1, first_block: int = 0) -> tuple[Snapshot, Man
     return snap, m
 
 
+def offer(w: World, channel: str = "data") -> tuple[Snapshot, Manifest]:
+    """``start`` (epoch 1), then every chunk sent on ``channel``."""
+    snap, m = start(w)
+    send_chunks(w.t, channel, snap)
+    return snap, m
+
+
 def receiver(w: World, epoch: int = 1, local: LocalConfig = LOCAL) -> ChunkReceiver:
     [(header, _)] = w.t.poll(CTRL)
     m, verdict = accept_manifest(header, local)
