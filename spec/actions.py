@@ -181,6 +181,16 @@ _ARG_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def check_arg_keys(name: str, shape: str, args: dict[str, Any]) -> None:
+    """ValueError naming the arguments that an action of argument ``shape`` ("req",
+    "msg", "worker", "global") does not take."""
+    extra = sorted(str(k) for k in args if k not in _ARG_KEYS[shape])
+    if extra:
+        shown = ", ".join(repr(k[:40]) for k in extra[:3])
+        takes = ", ".join(_ARG_KEYS[shape]) or "no arguments"
+        raise ValueError(f"{name}: unknown argument {shown} (it takes: {takes})")
+
+
 def decode_args(name: str, args: dict[str, Any]) -> tuple[int, int]:
     """Inverse of ``encode_args``; raises ValueError naming what is wrong."""
     a = ACTIONS.get(name)
@@ -193,11 +203,7 @@ def decode_args(name: str, args: dict[str, Any]) -> tuple[int, int]:
             raise ValueError(f"{name}: argument {key!r} must be a non-negative int, got {v!r}")
         return v
 
-    extra = sorted(str(k) for k in args if k not in _ARG_KEYS[a.arg])
-    if extra:
-        shown = ", ".join(repr(k[:40]) for k in extra[:3])
-        takes = ", ".join(_ARG_KEYS[a.arg]) or "no arguments"
-        raise ValueError(f"{name}: unknown argument {shown} (it takes: {takes})")
+    check_arg_keys(name, a.arg, args)
     if a.arg == "worker":
         wk = args.get("worker")
         if wk not in WORKERS:

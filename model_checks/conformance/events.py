@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from model_checks.conformance.jsonline import LogError, cut, loads_line, show, text_lines
-from spec.actions import ACTIONS, WORKERS, Action, decode_args
+from spec.actions import ACTIONS, WORKERS, Action, check_arg_keys, decode_args
 from spec.config import Config, get_config
 from spec.state import MSG_NAMES, REPLICA_NAMES, SENDER_NAMES, STATUS_NAMES, msg_kind
 
@@ -97,9 +97,10 @@ def _now(line: int, obj: dict[str, Any]) -> Event:
     wk = args.get("worker")
     if wk not in WORKERS:
         raise LogError(line, f"Now: argument 'worker' must be one of {WORKERS}, got {show(wk)}")
-    if len(args) > 1:
-        extra = next(k for k in args if k != "worker")
-        raise LogError(line, f"Now: unknown argument {show(extra)} (it takes: worker)")
+    try:
+        check_arg_keys(NOW, "worker", args)
+    except ValueError as exc:
+        raise LogError(line, cut(str(exc))) from None
     if "observed" in obj:
         raise LogError(line, "Now: an event that does nothing has no 'observed'")
     return Event(line, None, 0, WORKERS.index(wk), None, None, obj, wk)
