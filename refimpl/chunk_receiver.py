@@ -24,7 +24,7 @@ from refimpl.errors import (
     StaleError,
 )
 from refimpl.pool import KVPool, PoolGeometry
-from refimpl.transport import Payload, Transport
+from refimpl.transport import Payload, Transport, epoch_of
 from spec.manifest import Manifest
 
 CHUNK = "chunk"
@@ -127,7 +127,7 @@ class ChunkReceiver:
         if self.cancelled:
             raise CancelledError(f"{m.request_id!r} epoch {m.epoch} is cancelled")
         idx, checksum = header.get("block_index"), header.get("checksum")
-        if header.get("request_id") != m.request_id or header.get("epoch") != m.epoch:
+        if header.get("request_id") != m.request_id or epoch_of(header) != m.epoch:
             raise StaleError(
                 f"chunk of {header.get('request_id')!r} epoch "
                 f"{header.get('epoch')!r}; expecting {m.request_id!r} {m.epoch}"
@@ -177,6 +177,9 @@ class ChunkReceiver:
         installs: list[tuple[int, Future[None]]] = []
         try:
             for header, payload in transport.poll(channel):
+                if not isinstance(header, dict):
+                    report.malformed += 1  # not a header: ignored
+                    continue
                 if header.get("type") != CHUNK:
                     report.other.append(header)
                     continue

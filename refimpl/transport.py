@@ -11,7 +11,8 @@ three calls:
 
 Delivery is at most once per message unless a fault says otherwise; order is FIFO unless
 a fault reorders. The receiver must verify payloads itself (checksums) and fence stale
-ones (epochs): a transport promises nothing about content.
+ones (epochs, read with ``epoch_of``: an int only): a transport promises nothing about
+content.
 
 ``InProcessTransport`` round-trips every header through ``json.dumps``/``json.loads``, so a
 header holding anything but JSON fails at ``send``. Payloads are passed by reference by
@@ -110,6 +111,12 @@ class InProcessTransport:
 
     def in_flight(self, channel: str) -> int:
         return len(self._queues.get(channel, ())) + (channel in self._held)
+
+
+def epoch_of(header: Mapping[str, Any]) -> int | None:
+    """A peer's epoch if it is an int (``true`` and ``1.0`` are not epoch 1), else None."""
+    e = header.get("epoch")
+    return e if type(e) is int else None
 
 
 def _flip_a_byte(data: Payload) -> bytes:

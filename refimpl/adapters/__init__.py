@@ -1,9 +1,11 @@
 """Adapters between engines' cache layouts and kvown blocks (batched tensor copies).
 
-``hf``: transformers ``DynamicCache`` and legacy ``((k, v), ...)`` tuples, plus the
+``hf``: transformers ``DynamicCache`` and legacy ``((k, v), ...)`` tuples (a layer that
+dropped tokens, as a sliding window does, is refused by name), plus the
 geometry, identity and RoPE of a transformers config (``KVGeometry.from_hf_config``).
-``vllm``: the paged ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` per layer,
-with block tables. ``sglang``: the token-indexed ``k_buffer``/``v_buffer`` per layer.
+``vllm``: the paged ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` per layer
+(or block-first ``[num_blocks, 2, ...]``; ``layout=`` where the shape fits both), with
+block tables. ``sglang``: the token-indexed ``k_buffer``/``v_buffer`` per layer.
 Each moves one request between the engine's tensors and a kvown request's blocks; the
 handoff itself is ``refimpl.api.handoff``.
 """

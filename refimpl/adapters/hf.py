@@ -10,6 +10,15 @@ A cache is a ``DynamicCache`` (``cache.layers[i].keys/values``, transformers >= 
 the legacy per-layer tuple ``((k, v), ...)``; each tensor is ``[batch, kv_heads, T,
 head_dim]`` (after RoPE for keys). One batch row is one request. Nothing here imports
 transformers at module import; ``blocks_to_cache`` does, when called.
+
+kvown blocks hold a request's tokens from the first, so every layer must hold all of
+them. A sliding-window layer (``DynamicSlidingWindowLayer``: Mistral, or the sliding
+layers of a hybrid model) keeps only the last ``sliding_window - 1`` tokens once the
+prompt is longer: ``cache_to_blocks`` refuses it by name (as any layer holding fewer or
+other tokens than it has seen, or layers of different lengths). Prefill into a plain
+``DynamicCache()`` to keep every token, and rebuild the decode side's cache with
+``blocks_to_cache(..., config=config)``: its sliding layers keep their window again,
+and decoding is the same as from the model's own sliding-window cache.
 """
 
 from __future__ import annotations
@@ -66,13 +75,49 @@ def identity_from_hf_config(
 
 
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(k, v) per layer, each [batch, kv_heads, T, head_dim], of either cache form."""
+    """(k, v) per layer, each [batch, kv_heads, T, head_dim], of either cache form.
+
+    Raises ValueError naming the layer unless every layer holds every token it has seen,
+    tokens 0 .. T-1 (see the module docstring on sliding-window and hybrid caches)."""
     layers = getattr(cache, "layers", None)
     if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    if isinstance(cache, (tuple, list)) and all(len(x) == 2 for x in cache):
-        return [(k, v) for k, v in cache]
-    raise TypeError(f"{type(cache).__name__} is neither a DynamicCache nor ((k, v), ...)")
+        out = [(layer.keys, layer.values) for layer in layers]
+        for i, layer in enumerate(layers):
+            _check_layer(i, layer)
+    elif isinstance(cache, (tuple, list)) and all(len(x) == 2 for x in cache):
+        out = [(k, v) for k, v in cache]
+    else:
+        raise TypeError(f"{type(cache).__name__} is neither a DynamicCache nor ((k, v), ...)")
+    for i, (k, v) in enumerate(out):
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+            raise ValueError(f"layer {i} holds no KV tensors ({type(k).__name__})")
+        n, n0 = int(k.shape[-2]), int(out[0][0].shape[-2])
+        if n != n0 or int(v.shape[-2]) != n:
+            raise ValueError(
+                f"layer {i} holds {n} tokens, layer 0 holds {n0}: a hybrid or sliding-window "
+                "cache; kvown blocks need every token of every layer"
+            )
+    return out
+
+
+def _check_layer(i: int, layer: Any) -> None:
+    """Refuse a cache layer that holds fewer (or other) tokens than it has seen."""
+    keys, seen = getattr(layer, "keys", None), getattr(layer, "get_seq_length", None)
+    if not isinstance(keys, torch.Tensor) or seen is None:
+        return  # no tensors: reported by the caller
+    held, total = int(keys.shape[-2]), int(seen())
+    if held == total:
+        return
+    name = type(layer).__name__
+    if getattr(layer, "is_sliding", False):
+        window = getattr(layer, "sliding_window", None) or getattr(layer, "max_cache_len", "?")
+        raise ValueError(
+            f"layer {i} is a sliding-window layer ({name}, sliding_window={window}): it holds "
+            f"the last {held} of {total} tokens, and kvown blocks hold a request from its "
+            "first token; prefill into a plain DynamicCache() to keep every token, and "
+            "rebuild with blocks_to_cache(..., config=config)"
+        )
+    raise ValueError(f"layer {i} ({name}) holds {held} token slots for {total} tokens seen")
 
 
 def cache_to_blocks(
@@ -94,8 +139,14 @@ def blocks_to_legacy(pools: RankPools, blocks: Sequence[int], num_tokens: int) -
     return tuple((kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0]))
 
 
-def blocks_to_cache(pools: RankPools, blocks: Sequence[int], num_tokens: int) -> Any:
-    """The tokens held in ``blocks`` as a transformers ``DynamicCache`` (batch 1)."""
+def blocks_to_cache(
+    pools: RankPools, blocks: Sequence[int], num_tokens: int, *, config: Any = None
+) -> Any:
+    """The tokens held in ``blocks`` as a transformers ``DynamicCache`` (batch 1).
+
+    ``config``: the model's config, so that its sliding-window layers are sliding again
+    (they keep their window of the tokens given); default: every layer keeps every token.
+    """
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=blocks_to_legacy(pools, blocks, num_tokens))
+    return DynamicCache(ddp_cache_data=blocks_to_legacy(pools, blocks, num_tokens), config=config)

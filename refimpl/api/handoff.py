@@ -36,9 +36,10 @@ def handoff(
     token_ids: Sequence[int],
     *,
     blocks: Sequence[int] | None = None,
-    epoch: int = 1,
+    epoch: int | None = None,
     decode_room: int = 0,
     prefix: Sequence[int] = (),
+    prefix_tokens: Sequence[int] | None = None,
     free_source: bool = True,
     max_idle_rounds: int = 1,
 ) -> HandoffResult:
@@ -46,7 +47,10 @@ def handoff(
 
     ``decode_room``: tokens of room the receiver reserves after the prompt. ``prefix``:
     blocks the receiver already holds for the leading tokens (its block size); their
-    tokens must be whole blocks on both sides. ``free_source``: the sender frees the
+    tokens must be whole blocks on both sides, and ``prefix_tokens`` are the token ids
+    whose KV they hold (refused unless the manifest starts with them). ``epoch``: default
+    the sender's next one for the request, so a retry never shares an old attempt's
+    epoch. ``free_source``: the sender frees the
     request's blocks once the receiver acknowledged. Raises the refusal or failure after
     both ends gave back everything they held for the attempt.
     """
@@ -54,7 +58,7 @@ def handoff(
     if len(prefix) * rx_bs % tx_bs:
         raise ValueError(f"a prefix of {len(prefix)} x {rx_bs} tokens is not whole {tx_bs}-blocks")
     receiver.forget(request_id)
-    receiver.expect(request_id, decode_room=decode_room, prefix=prefix)
+    receiver.expect(request_id, decode_room=decode_room, prefix=prefix, prefix_tokens=prefix_tokens)
     sender.offer(
         request_id,
         token_ids,
@@ -66,7 +70,7 @@ def handoff(
         free_source=free_source,
     )
     rounds = idle = 0
-    while not (sender.state(request_id).final and _final(receiver.state(request_id))):
+    while not (sender.state(request_id).final and receiver.state(request_id).final):
         rounds += 1
         moved = receiver.poll(request_id) + sender.poll(request_id)
         idle = 0 if moved else idle + 1
@@ -84,7 +88,3 @@ def handoff(
     if err is not None:
         raise err
     raise CancelledError(f"{request_id!r}: sender ended {sender.reasons(request_id)}")
-
-
-def _final(state: State | None) -> bool:
-    return state is not None and state.final

@@ -2,25 +2,26 @@
 
     rx = Receiver(pools, geometry, transport, model)     # geometry checked against pools
     rx.expect("req-1", decode_room=64)                   # optional: room, prefix held here
-    while not rx.state("req-1").final: rx.poll("req-1")  # or let handoff() drive it
+    while not rx.state("req-1").final: rx.poll("req-1")  # WAITING until the manifest
     got = rx.result("req-1")                             # Received, or raises why not
 
 On the manifest: parse (hostile input), ``check_compatible`` against this side's
-``LocalConfig``, then reserve the target blocks; any refusal (``ManifestError``,
-``CapacityError``, ...) answers ``nack`` with the reasons and keeps nothing.
+``LocalConfig``, the prefix held here against the manifest's first token ids, reserve
+the target blocks, the staging copy (another block size) no larger than this side's
+pool (``CapacityError``), and only then allocate it. Any refusal or failure answers
+``nack`` with the reasons and keeps nothing; ``poll`` never raises on a peer's message.
 
-Per chunk: request + epoch (else fenced and counted), rank and index, the payload size,
-xxh3(payload) == the header's (else ``ChecksumError`` naming the block and rank), then the
-install, and only after the install returned is the chunk counted as landed. Same block
-size on both sides: the chunk lands straight in its target block (TP heads and axis order
-converted by ``land_shard``); another block size: it lands in a private staging copy of
-the sender's geometry, resharded into the target blocks at the end.
+Per chunk: request + epoch (an int, else fenced and counted), rank and index, the payload
+size, xxh3(payload) == the header's (else ``ChecksumError`` naming block and rank), then
+the install; only once it returned is the chunk counted. Same block size on both sides:
+it lands straight in its target block (TP heads and axis order by ``land_shard``); else
+in a private staging copy of the sender's geometry, resharded into the targets at the end.
 
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
-checksum (else ``ChecksumError`` naming the block), then commit (RESERVED -> OWNED) and
-``ack``. Any failure after the reservation aborts: the reserved blocks go back to the pool
-(quarantine, then free, since every install here is synchronous), the chunks still in
-flight are dropped, and the sender gets a ``nack`` naming the error.
+checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any
+failure after the reservation aborts: the reserved blocks go back to the pool (quarantine,
+then free: installs are synchronous), chunks in flight are dropped, and the sender gets a
+``nack`` naming the error.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, READY, State, channels
 from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
 from refimpl.errors import (
     CancelledError,
+    CapacityError,
     ChecksumError,
     ChunkError,
     InUseError,
@@ -63,6 +66,7 @@ class Received:
 class _Expect:
     decode_room: int = 0  # tokens of room to reserve after the prompt
     prefix: tuple[int, ...] = ()  # blocks held here (own block size) that are not sent
+    prefix_tokens: tuple[int, ...] = ()  # the token ids whose KV those blocks hold
 
 
 @dataclass
@@ -108,17 +112,18 @@ class Receiver:
         self.pools, self.geometry, self.transport, self.model = pools, geometry, transport, model
         self.stage, self.manifest_gate = stage, "ManifestGate" not in set(disabled_guards)
         self.local = geometry.to_local_config(model)
+        self.pool_bytes = pools.alloc.capacity * pools.tp * pools.geometry.block_bytes
         self._expect: dict[str, _Expect] = {}
         self._att: dict[str, _Attempt] = {}
         self._errors: dict[str, OwnershipError] = {}  # refusals before any attempt began
 
     # ------------------------------------------------------------ queries
-    def state(self, request_id: str) -> State | None:
-        """None before a manifest arrived; REFUSED if it was refused before reserving."""
+    def state(self, request_id: str) -> State:
+        """WAITING (not final) before a manifest; REFUSED if refused before reserving."""
         a = self._att.get(request_id)
         if a is not None:
             return a.state
-        return State.REFUSED if request_id in self._errors else None
+        return State.REFUSED if request_id in self._errors else State.WAITING
 
     def error(self, request_id: str) -> OwnershipError | None:
         a = self._att.get(request_id)
@@ -144,16 +149,32 @@ class Receiver:
         return {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
 
     # ------------------------------------------------------------ commands
-    def expect(self, request_id: str, *, decode_room: int = 0, prefix: Sequence[int] = ()) -> None:
-        """Say how much decode room to reserve and which prefix blocks this side holds."""
-        if decode_room < 0:
-            raise ValueError(f"decode_room={decode_room} must be >= 0")
-        self._expect[request_id] = _Expect(decode_room, tuple(prefix))
+    def expect(
+        self,
+        request_id: str,
+        *,
+        decode_room: int = 0,
+        prefix: Sequence[int] = (),
+        prefix_tokens: Sequence[int] | None = None,
+    ) -> None:
+        """Decode room to reserve, and the prefix blocks held here with the token ids whose
+        KV they hold (whole blocks); a manifest whose first tokens differ is refused."""
+        if type(decode_room) is not int or decode_room < 0:
+            raise ValueError(f"decode_room={decode_room!r} must be an int >= 0")
+        tokens = () if prefix_tokens is None else tuple(prefix_tokens)
+        if len(tokens) != len(prefix) * self.geometry.block_size:  # which KV the prefix holds
+            raise ValueError(
+                f"{request_id!r}: prefix_tokens: {len(tokens)} token ids for {len(prefix)} "
+                f"blocks of {self.geometry.block_size} held here"
+            )
+        self._expect[request_id] = _Expect(decode_room, tuple(prefix), tokens)
 
     def poll(self, request_id: str) -> int:
         """Handle every message that arrived; returns the number read."""
         msgs = self.transport.poll(channels(request_id).to_receiver)
         for header, payload in msgs:
+            if not isinstance(header, dict):
+                continue  # not a header: ignored
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
@@ -163,8 +184,8 @@ class Receiver:
                 continue  # nothing to do with it: before a manifest, or after the end
             elif kind == CHUNK:
                 self._on_chunk(a, header, payload)
-            elif kind == ABORT and header.get("epoch") == a.m.epoch:
-                reasons = header.get("reasons", [])
+            elif kind == ABORT and wire.epoch_of(header) == a.m.epoch:
+                reasons = wire.reasons_of(header)
                 self._fail(a, CancelledError(f"sender aborted: {reasons}"), answer=False)
             else:
                 a.stale += 1
@@ -200,11 +221,13 @@ class Receiver:
             self._att.pop(rid, None)  # this one replaces its record (else it is refused)
         try:
             a = self._accept(rid, header)
-        except OwnershipError as e:
+        except Exception as e:  # a peer's message: every failure is a nack, never raised
+            if not isinstance(e, OwnershipError):
+                e = CapacityError(f"{rid!r}: manifest not taken: {type(e).__name__}: {e}")
             self._errors[rid] = e
             reasons = e.reasons if isinstance(e, SpecManifestError) else [str(e)]
             mf = header.get("manifest")
-            epoch = mf.get("epoch") if isinstance(mf, dict) else None
+            epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
             self._send(rid, {"type": NACK, "epoch": epoch, "reasons": reasons})
             return
         self._att[rid] = a
@@ -230,21 +253,33 @@ class Receiver:
                 f"prefix_blocks: {m.prefix_blocks} x {m.block_size} tokens, but "
                 f"{len(ex.prefix)} x {g.block_size} are held here"
             )
+        elif m.token_ids[: len(ex.prefix_tokens)] != ex.prefix_tokens:
+            pairs = zip(m.token_ids, ex.prefix_tokens, strict=False)
+            at = next((i for i, (x, y) in enumerate(pairs) if x != y), len(m.token_ids))
+            reasons.append(
+                f"prefix_tokens: the {len(ex.prefix)} prefix blocks held here hold other "
+                f"tokens than the manifest's first {len(ex.prefix_tokens)} (from token {at})"
+            )
         if reasons:
             raise ManifestError(reasons)
         if alloc.blocks_of(rid):
             raise InUseError(f"{rid!r} already holds blocks {alloc.blocks_of(rid)} here")
         src = KVGeometry.from_manifest_source(m)
         need = sm.blocks_needed(m.num_tokens + ex.decode_room, g.block_size) - len(ex.prefix)
-        staging = None
-        if m.block_size != g.block_size or self.stage:
-            staging = src.make_pools(max(1, len(m.sent_blocks)))
-            staging.alloc.reserve(rid, len(m.sent_blocks), epoch=m.epoch)
+        stage = m.block_size != g.block_size or self.stage
+        staged = len(m.sent_blocks) * src.rank_pool_geometry().block_bytes * src.tp
         alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
+        staging = None
         try:
             own = alloc.reserve(rid, max(0, need), epoch=m.epoch)
-        except OwnershipError:
-            alloc.free(rid)  # the prefix references just taken
+            if stage and staged > self.pool_bytes:  # checked before anything is allocated
+                raise CapacityError(f"staging {staged} bytes > the pool's {self.pool_bytes}")
+            if stage:  # checked and reserved: only now allocated
+                staging = src.make_pools(max(1, len(m.sent_blocks)))
+                staging.alloc.reserve(rid, len(m.sent_blocks), epoch=m.epoch)
+        except Exception:  # give back the prefix references and the reservation just taken
+            alloc.quarantine(rid)  # nothing was written: free at once
+            alloc.unquarantine_and_free(rid, m.epoch)
             raise
         plan = sm.tp_reshard_plan(m.kv_heads, m.src_tp, g.tp)
         ranks = [r for r in range(m.src_tp) if sm.tp_is_primary(m.kv_heads, m.src_tp, r)]
@@ -254,7 +289,7 @@ class Receiver:
     # ------------------------------------------------------------ chunks
     def _on_chunk(self, a: _Attempt, header: Mapping[str, Any], payload: Payload) -> None:
         m = a.m
-        if header.get("request_id") != m.request_id or header.get("epoch") != m.epoch:
+        if header.get("request_id") != m.request_id or wire.epoch_of(header) != m.epoch:
             a.stale += 1  # another attempt's chunk: fenced, changes nothing
             return
         rank, idx = header.get("rank"), header.get("block_index")
@@ -359,8 +394,6 @@ class Receiver:
 
 def _newer(header: Mapping[str, Any], a: _Attempt | None) -> bool:
     """A manifest starts an attempt unless one of this or a later epoch already ran."""
-    if a is None:
-        return True
     mf = header.get("manifest")
-    epoch = mf.get("epoch") if isinstance(mf, dict) else None
-    return type(epoch) is int and epoch > a.m.epoch
+    epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
+    return a is None or (epoch is not None and epoch > a.m.epoch)

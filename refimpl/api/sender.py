@@ -8,7 +8,10 @@
 ``ceil(len(token_ids) / block_size)`` blocks the request holds, so room reserved for
 decoding is neither pinned nor sent) and hashes each canonical block (every head,
 heads_major) for the manifest. Every end of the attempt (ack, nack, abort, timeout)
-drops the pin; ``held()`` says what an attempt still holds.
+drops the pin; ``held()`` says what an attempt still holds. Each offer of a request is a
+new attempt at a higher epoch (default: one after this sender's last for it), so a late
+message of an old attempt is fenced by the new one. A reply counts only with this
+attempt's epoch as an int; a malformed ``nack`` still ends the attempt (``wire``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.wire import ABORT, ACK, MANIFEST, NACK, READY, State, channels
+from refimpl.api.wire import (
+    ABORT,
+    ACK,
+    MANIFEST,
+    NACK,
+    READY,
+    State,
+    channels,
+    epoch_of,
+    reasons_of,
+)
 from refimpl.checksum import block_checksum
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.engine.data import RankPools
@@ -75,7 +88,7 @@ class Sender:
         token_ids: Sequence[int],
         *,
         blocks: Sequence[int] | None = None,
-        epoch: int = 1,
+        epoch: int | None = None,
         dst_tp: int = 1,
         dst_cp: int = 1,
         prefix_blocks: int = 0,
@@ -85,10 +98,20 @@ class Sender:
 
         ``blocks``: the request's blocks holding ``token_ids`` (logical order, from block
         0); ``prefix_blocks`` of them the receiver already has and are not sent.
+        ``epoch``: this attempt's, above every earlier one of the request here; default:
+        the next one (1 for a request this sender has not offered).
         """
         old = self._offers.get(request_id)
         if old is not None and not old.state.final:
             raise ValueError(f"{request_id!r} already has an attempt in state {old.state.value}")
+        last = old.epoch if old is not None else 0
+        if epoch is None:
+            epoch = last + 1
+        if type(epoch) is not int or epoch <= last:
+            raise ValueError(
+                f"{request_id!r}: epoch {epoch!r} is not after its last attempt's epoch {last}; "
+                "a retry needs a new epoch (leave epoch=None for the next one)"
+            )
         alloc, g = self.pools.alloc, self.geometry
         need = g.blocks_for(len(token_ids))
         if blocks is None:
@@ -133,8 +156,10 @@ class Sender:
         msgs = self.transport.poll(channels(request_id).to_sender)
         o = self._offers.get(request_id)
         for header, _ in msgs:
-            if o is None or o.state.final or header.get("epoch") != o.epoch:
-                continue  # another attempt's reply, or one after the end: fenced
+            if not isinstance(header, dict) or o is None or o.state.final:
+                continue  # not a header, or one after the end: ignored
+            if epoch_of(header) != o.epoch:
+                continue  # another attempt's reply (or an epoch that is not an int): fenced
             kind = header.get("type")
             if kind == READY and o.state is State.OFFERED:
                 self._send_chunks(o)
@@ -144,7 +169,7 @@ class Sender:
                     self.pools.alloc.free(request_id)
             elif kind in (NACK, ABORT):
                 final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
-                self._end(o, final, [str(x) for x in header.get("reasons", [])])
+                self._end(o, final, reasons_of(header))
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:

@@ -17,12 +17,23 @@ Per request, two channels (``channels(rid)``), JSON headers, byte payloads only:
 Every failure ends the attempt on the side that sees it, gives back what it held, and
 answers the peer (``nack`` from the receiver, ``abort`` from the sender), so the peer
 gives back its part too. A side that hears nothing ends it with ``abort(rid, "timeout")``.
+
+A peer's message is checked before it is used: a header that is not an object is
+ignored; an epoch counts only as an int (``true`` and ``1.0`` are not epoch 1), else the
+message is another attempt's and fenced; a ``nack`` or ``abort`` whose ``reasons`` is not
+a list of strings still ends the attempt, with one reason naming the malformed field.
+Each retry of a request is a new attempt with a higher epoch (``Sender.offer`` picks the
+next one by default), so nothing of an old attempt is taken by the new one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
+
+from refimpl.transport import epoch_of as epoch_of
 
 MANIFEST, CHUNK, READY, NACK, ACK, ABORT = "manifest", "chunk", "ready", "nack", "ack", "abort"
 
@@ -48,7 +59,19 @@ class State(Enum):
     DONE = "done"  # committed (receiver) / acknowledged and released (sender)
     REFUSED = "refused"  # the receiver said no before reserving anything kept
     ABORTED = "aborted"  # failed or cancelled after it began; everything given back
+    WAITING = "waiting"  # receiver: no manifest for the request yet (or forgotten)
 
     @property
     def final(self) -> bool:
         return self in (State.DONE, State.REFUSED, State.ABORTED)
+
+
+MAX_REASONS, MAX_REASON_CHARS = 64, 1000  # what a peer's reasons may fill, at most
+
+
+def reasons_of(header: Mapping[str, Any]) -> list[str]:
+    """A nack's or abort's reasons, or one reason naming why they are malformed."""
+    r = header.get("reasons", [])
+    if isinstance(r, list) and len(r) <= MAX_REASONS and all(type(x) is str for x in r):
+        return [x[:MAX_REASON_CHARS] for x in r]
+    return [f"malformed {header.get('type')!s:.20}: reasons {r!r:.80} is not a list of strings"]

@@ -184,7 +184,17 @@ def handoff(
     tx = Sender(src.rp, src.geometry, t, src.identity)
     guards = ("ManifestGate",) if mismatch_installed else ()
     rx = Receiver(dst.rp, dst.geometry, t, dst.identity, stage=True, disabled_guards=guards)
-    res = api_handoff(tx, rx, rid, token_ids, epoch=epoch, decode_room=decode_room, prefix=prefix)
+    held = token_ids[: len(prefix) * dst.block_size]  # the chain hashes of these tokens hit
+    res = api_handoff(
+        tx,
+        rx,
+        rid,
+        token_ids,
+        epoch=epoch,
+        decode_room=decode_room,
+        prefix=prefix,
+        prefix_tokens=held,
+    )
     m = res.received.manifest
     return Handoff(
         manifest=m,
