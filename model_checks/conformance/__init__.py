@@ -12,7 +12,14 @@ corpus issue #21 measures).
 
 from model_checks.conformance.blame import UNMODELLED
 from model_checks.conformance.checker import ASSUMABLE, DEFAULT_MAX_GAP, Checker
-from model_checks.conformance.events import DEFAULT_SKEW_S, NOW, Event, EventLog, LineParser, parse_log
+from model_checks.conformance.events import (
+    DEFAULT_SKEW_S,
+    NOW,
+    Event,
+    EventLog,
+    LineParser,
+    parse_log,
+)
 from model_checks.conformance.jsonline import LogError
 from model_checks.conformance.monitor import Monitor, check_file, check_log, check_text
 from model_checks.conformance.verdict import Verdict
