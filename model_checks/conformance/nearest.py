@@ -76,6 +76,7 @@ def detail(
     line: int,
     repeat_of: int | None = None,
     observed: str | None = None,
+    used_at: int | None = None,
 ) -> dict[str, Any]:
     """The missing behaviour, for the verdict's ``unmodelled`` key: ``kind`` is one of
     ``observed`` (the step is the spec's, its observed effect is not), ``repeat``,
@@ -97,6 +98,7 @@ def detail(
         why = f"the spec's {name} gives {observed}, and no step of the spec leads there"
     elif lost and _acts(probe, c, m, name, i, arg):
         kind, why = "not_in_flight", f"{msg_str(arg)} is not in flight on {who}"
+        why += f" (line {used_at} consumed it)" if used_at else " (no logged step sent it)"
         needs = [f"{msg_str(arg)} in flight"]
     elif needs:
         kind = "guard"
@@ -117,6 +119,7 @@ def detail(
         "kind": kind,
         "needs": needs,
         "repeat_of": repeat_of,
+        "consumed_at": used_at if lost else None,
         "enabled": enabled,
         "missing": missing,
     }
