@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"Unmodelled: {r['unmodelled']} of {r['verdicts']} verdicts ({100 * r['share']:.1f}%)")
     print("verdicts by property: " + ", ".join(f"{p} {n}" for p, n in r["properties"].items()))
-    print(f"\n| count | action at the failing line | reason | example |\n|---|---|---|---|")
+    print("\n| count | action at the failing line | reason | example |\n|---|---|---|---|")
     for g in r["groups"][: a.top]:
         print(f"| {g['count']} | {g['action']} | {g['reason']} | {g['example']} |")
     print(f"\n{r['seconds']} s")

@@ -173,20 +173,7 @@ class Checker:
         if props == [UNMODELLED]:
             why += "; no property of the spec explains it (a finding about the spec)"
             if act is not None:
-                rep = self.done.get(act)
-                rep = rep if rep is not None and rep < line else None
-                used = [n for k, n in self.done.items() if k[1:] == act[1:] and n < line]
-                msg = ACTIONS[act[0]].arg == "msg"
-                gap = detail(
-                    pre,
-                    self.c,
-                    self.m,
-                    act,
-                    line,
-                    rep,
-                    observed,
-                    max(used, default=None) if msg else None,
-                )
+                gap = detail(pre, self.c, self.m, act, line, self.done, observed)
                 why += f": {gap['missing']}"
         self.verdict = Verdict(
             self.c.name,

@@ -74,16 +74,20 @@ def detail(
     m: Mutants,
     act: tuple[str, int, int],
     line: int,
-    repeat_of: int | None = None,
+    done: dict[tuple[str, int, int], int],
     observed: str | None = None,
-    used_at: int | None = None,
 ) -> dict[str, Any]:
     """The missing behaviour, for the verdict's ``unmodelled`` key: ``kind`` is one of
     ``observed`` (the step is the spec's, its observed effect is not), ``repeat``,
     ``not_in_flight``, ``guard`` (one-field changes that enable it are in ``needs``) or
-    ``no_path`` (none does); ``missing`` says it in one sentence."""
+    ``no_path`` (none does); ``missing`` says it in one sentence. ``done``: each step
+    replayed so far -> the last line that took it."""
     name, i, arg = act
     a = ACTIONS[name]
+    repeat_of = done.get(act)
+    repeat_of = repeat_of if repeat_of is not None and repeat_of < line else None
+    used = [n for k, n in done.items() if k[1:] == act[1:] and n < line]
+    used_at = max(used, default=None) if a.arg == "msg" else None
     per_req = a.arg in ("req", "msg")
     who = f"r{i}" if per_req else "the world"
     state = describe(w.reqs[i]) if per_req else ", ".join(f"{f}={getattr(w, f)}" for f in _FLAGS)
