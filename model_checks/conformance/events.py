@@ -174,10 +174,11 @@ class LineParser:
     """Feed physical lines in order; ``feed`` returns the line's ``Event`` (None for a
     header or blank line). ``finish`` refuses a log without events."""
 
-    def __init__(self, config: str | None = None) -> None:
+    def __init__(self, config: str | None = None, timeout_s: float | None = None) -> None:
         self.config_name = config
         self.c: Config | None = None
-        self.timeout: float | None = None
+        self.timeout_given = timeout_s  # the caller's timeout wins over the header's
+        self.timeout: float | None = timeout_s
         self.skew = DEFAULT_SKEW_S
         self.owners: dict[str, str] = {}  # a declared process clock -> the worker owning it
         self.clocks: dict[str, tuple[float, int]] = {}  # clock -> (last t, its line)
@@ -203,6 +204,8 @@ class LineParser:
         if ts is not None and (not _num(ts) or ts == 0):
             raise LogError(n, f"'timeout_s' must be a positive number <= {MAX_T:g}, got {show(ts)}")
         self.timeout = None if ts is None else float(ts)
+        if self.timeout_given is not None:
+            self.timeout = self.timeout_given
         sk = obj.get("clock_skew_s", DEFAULT_SKEW_S)
         if not _num(sk):
             raise LogError(n, f"'clock_skew_s' must be a number in 0..{MAX_T:g}, got {show(sk)}")
@@ -263,7 +266,7 @@ class LineParser:
         if t is not None and not _num(t):
             raise LogError(n, f"'t' must be a number of seconds in 0..{MAX_T:g}, got {show(t)}")
         if t is None and (self.timeout is not None or e.action is None):
-            why = "a Now event" if e.action is None else "the header sets timeout_s, so every event"
+            why = "a Now event" if e.action is None else "timeout_s is set, so every event"
             raise LogError(n, f"{why} needs 't'")
         if t is not None:
             prev = self.clocks.get(e.clock)

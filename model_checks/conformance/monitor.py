@@ -32,8 +32,7 @@ class Monitor:
         open_end: bool = False,
         **kw: Any,
     ) -> None:
-        self.parser = LineParser(config)
-        self._timeout = timeout_s
+        self.parser = LineParser(config, timeout_s)
         self._open = open_end
         self._kw = kw
         self.checker: Checker | None = None
@@ -44,10 +43,9 @@ class Monitor:
         if ck is None:
             p = self.parser
             assert p.c is not None
-            timeout = self._timeout if self._timeout is not None else p.timeout
             ck = self.checker = Checker(
                 p.c,
-                timeout_s=timeout,
+                timeout_s=p.timeout,
                 clock_skew_s=p.skew,
                 clocks=p.owners,
                 open_end=self._open,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from model_checks.conformance import LogError, check_text
+from model_checks.conformance import LogError, Monitor, check_text
 from model_checks.conformance.events import DEFAULT_SKEW_S
 
 
@@ -153,3 +153,18 @@ def test_hostile_header_values_are_refused(name: str) -> None:
         check_text(_log(*STALL, **head))
     assert ei.value.line == 1 and frag in ei.value.msg, ei.value.msg
     assert len(ei.value.msg) <= 200 and "\n" not in ei.value.msg
+
+
+def test_a_monitors_timeout_judges_like_the_headers() -> None:
+    """``Monitor(timeout_s=...)`` is the header's ``timeout_s``: the same deadlines, the
+    same time-order check across clocks."""
+    m = Monitor("handoff_two", timeout_s=30, open_end=True)
+    for e in [*STALL, _now("prefill", 45.0)]:
+        v = m.feed(e)
+    assert v is not None and (v.line, v.violated) == (11, "BoundedExit")  # no header line
+    m = Monitor("handoff_two", timeout_s=30)
+    assert m.feed(_e("PrefillAdmit", 40.0)) is None  # prefill's clock at 40
+    with pytest.raises(LogError, match="further apart than clock_skew_s=0.1"):
+        m.feed(_now("decode", 1.0))
+    m = Monitor("handoff_two")  # no timeout: no duration is read, so no time order either
+    assert m.feed(_e("PrefillAdmit", 40.0)) is None and m.feed(_now("decode", 1.0)) is None
