@@ -39,6 +39,7 @@ def measure(prefixes: tuple[str, ...], epochs: bool) -> dict[str, Any]:
     verdicts = malformed = conforming = 0
     props: Counter[str] = Counter()
     groups: Counter[tuple[str, str]] = Counter()
+    kinds: Counter[str] = Counter()  # (the detail's kind, the edit)
     example: dict[tuple[str, str], str] = {}
     for name, what, text in corpus(prefixes, epochs=epochs):
         try:
@@ -55,6 +56,7 @@ def measure(prefixes: tuple[str, ...], epochs: bool) -> dict[str, Any]:
             d = v.unmodelled
             key = (d["action"] if d else str((v.event or {}).get("action")), _reason(d))
             groups[key] += 1
+            kinds[f"{d['kind'] if d else '?'} after {what.split()[0]}"] += 1
             example.setdefault(key, f"{name} {what}")
     unmodelled = props[UNMODELLED]
     return {
@@ -65,6 +67,7 @@ def measure(prefixes: tuple[str, ...], epochs: bool) -> dict[str, Any]:
         "unmodelled": unmodelled,
         "share": unmodelled / verdicts if verdicts else 0.0,
         "properties": dict(props.most_common()),
+        "kinds": dict(kinds.most_common()),
         "groups": [
             {"action": a, "reason": r, "count": n, "example": example[(a, r)]}
             for (a, r), n in groups.most_common()
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"Unmodelled: {r['unmodelled']} of {r['verdicts']} verdicts ({100 * r['share']:.1f}%)")
     print("verdicts by property: " + ", ".join(f"{p} {n}" for p, n in r["properties"].items()))
+    print("Unmodelled by kind and edit: " + ", ".join(f"{k} {n}" for k, n in r["kinds"].items()))
     print("\n| count | action at the failing line | reason | example |\n|---|---|---|---|")
     for g in r["groups"][: a.top]:
         print(f"| {g['count']} | {g['action']} | {g['reason']} | {g['example']} |")

@@ -36,27 +36,34 @@ def _acts(w: World, c: Config, m: Mutants, name: str, i: int, arg: int) -> bool:
     return type(ACTIONS[name].fn(w, c, m, i, arg)) is World
 
 
+def _tries(r: Req) -> list[tuple[str, str, int]]:
+    out = [(f, names[v], v) for f, names in PROBED.items() for v in range(len(names))]
+    out += [(f, str(getattr(r, f) + d), getattr(r, f) + d) for f in _EPOCHS for d in (1, -1)]
+    return [(f, shown, v) for f, shown, v in out if v >= 0 and getattr(r, f) != v]
+
+
 def _needs(w: World, c: Config, m: Mutants, name: str, i: int, arg: int) -> list[str]:
-    """The one-field changes of ``w`` under which ``name`` acts."""
+    """The one-field changes of ``w`` under which ``name`` acts; if there are none, the
+    two-field changes of the request (``p=writable+ps=idle``)."""
     out: list[str] = []
     a = ACTIONS[name]
-    if a.arg in ("req", "msg"):
-        r = w.reqs[i]
-        tries: list[tuple[str, str, int]] = [
-            (f, names[v], v) for f, names in PROBED.items() for v in range(len(names))
-        ]
-        tries += [(f, str(getattr(r, f) + d), getattr(r, f) + d) for f in _EPOCHS for d in (1, -1)]
-        for f, shown, v in tries:
-            if v < 0 or getattr(r, f) == v:
-                continue
-            r2 = Req._make(v if g == f else getattr(r, g) for g in Req._fields)
-            w2 = w._replace(reqs=(*w.reqs[:i], r2, *w.reqs[i + 1 :]))
-            if _acts(w2, c, m, name, i, arg):
-                out.append(f"{f}={shown}")
+
+    def acts(changes: tuple[tuple[str, int], ...]) -> bool:
+        r, ch = w.reqs[i], dict(changes)
+        r2 = Req._make(ch.get(g, getattr(r, g)) for g in Req._fields)
+        return _acts(w._replace(reqs=(*w.reqs[:i], r2, *w.reqs[i + 1 :])), c, m, name, i, arg)
+
+    tries = _tries(w.reqs[i]) if a.arg in ("req", "msg") else []
+    out += [f"{f}={shown}" for f, shown, v in tries if acts(((f, v),))]
     for f in _FLAGS:
         w2 = World._make(not getattr(w, g) if g == f else getattr(w, g) for g in World._fields)
         if _acts(w2, c, m, name, i, arg):
             out.append(f"{f}={not getattr(w, f)}")
+    if not out:
+        for k, (f, s1, v1) in enumerate(tries):
+            for g, s2, v2 in tries[k + 1 :]:
+                if g != f and acts(((f, v1), (g, v2))) and len(out) < MAX_LISTED:
+                    out.append(f"{f}={s1}+{g}={s2}")
     return out
 
 
