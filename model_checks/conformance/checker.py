@@ -11,8 +11,9 @@ a BFS over assumable steps finds the fewest that enable it. When no candidate ex
 a line and an earlier line was explained only by assuming a delivery that this line
 shows had not happened yet, the verdict moves to that earlier line, judged without the
 assumption, and the explanation tried is reported. Every verdict names a property
-(``blame``), or ``Unmodelled``. Timestamps are compared per worker clock
-(``BoundedExit``); at the end of the log a stall with blocks held is ``NoDeadlock``.
+(``blame``), or ``Unmodelled`` with what had no path (``nearest``). Waits are timed on
+per-worker clocks with a stated skew bound (``clocks``: ``BoundedExit``); at the end of
+the log a stall with blocks held is ``NoDeadlock``.
 """
 
 from __future__ import annotations
