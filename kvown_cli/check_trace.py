@@ -50,6 +50,12 @@ def format_verdict(v: Verdict) -> str:
     """The human-readable verdict: what, where, why, the state before, what was assumed."""
     head = f"config {v.config}, {v.events} events, {len(v.assumed)} assumed steps"
     lines = [("CONFORMS: " if v.conforms else "VIOLATION: ") + head]
+    if v.timeout_s is not None:
+        named = ", ".join(f"{k} ({w})" for k, w in v.clocks.items())
+        lines.append(
+            f"  time: timeout_s={v.timeout_s:g}, clock_skew_s={v.clock_skew_s:g}"
+            + (f", process clocks {named}" if named else "")
+        )
     if not v.conforms:
         lines.append(f"  line {v.line}: {json.dumps(v.event)}")
         lines.append(f"  property: {', '.join(v.properties) or v.violated}")

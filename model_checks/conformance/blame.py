@@ -6,6 +6,9 @@ only says "not enabled" is judged here, from the state the engine acted in:
 - **StickyEnd**: a step that makes progress on a request that has ended (finished,
   cancelled or failed): a validate after an abort, a step after finish, and so on;
 - **Fencing**: a step of a crashed worker, or a message of another attempt;
+- **CapacityRefcount**: a step that frees a side's blocks where the request holds none
+  there (a double free: the ids it frees are free, or another request's), or one that
+  allocates a side's blocks where the request already holds some (the first set leaks);
 - **the engine's state**: the event's *unguarded effect* (what the engine did anyway:
   freed the source on a release without an Ack, freed decode's blocks on aborting a
   healthy attempt, wrote blocks it does not hold) is applied to the request and the
@@ -23,9 +26,11 @@ from collections.abc import Callable, Iterable
 from spec.config import Config
 from spec.properties import violated_safety
 from spec.state import (
+    AWAIT_ACK,
     AWAIT_READY,
     CHUNKS,
     COMPLETE,
+    DF_FENCED,
     ENDED,
     FILLING,
     FINISHED,
@@ -89,6 +94,23 @@ _PROGRESS = frozenset(
 )
 
 
+# The pool sides a step frees, and the side a step allocates (spec/SPEC.md's action table).
+_FREES: dict[str, tuple[str, ...]] = {
+    "PrefillRelease": ("p",),
+    "PrefillTimeout": ("p",),
+    "PrefillQuiesce": ("p", "h"),
+    "PrefillFinish": ("p",),
+    "PrefillPreempt": ("p",),
+    "PrefillOffloadCommit": ("p",),
+    "DecodeFinish": ("d",),
+    "DecodeAbort": ("d",),
+    "DecodeTimeout": ("d",),
+    "DecodeReclaim": ("d",),
+}
+_ALLOCS = {"PrefillAdmit": "p", "PrefillReloadBegin": "p", "PrefillOffloadBegin": "h"}
+_ALLOCS["DecodeReserve"] = "d"
+
+
 def ordered(props: Iterable[str]) -> list[str]:
     """Distinct property IDs, most specific first (unknown IDs last, in given order)."""
     seen: dict[str, None] = dict.fromkeys(props)
@@ -141,6 +163,9 @@ def _order_props(r: Req, name: str, arg: int, msg: bool) -> list[str]:
         out.append("NoReuseUnderIO")  # writes before decode said which blocks it holds
     if name == "PrefillSendChunk" and r.ps == IDLE and r.p == WRITABLE:
         out.append("FrozenSnapshot")  # sends a source that is still written
+    if name == "PrefillSendChunk" and r.ps == AWAIT_ACK and r.dep == r.ep:
+        if r.d not in _HELD_FOR_WRITES and not r.dfl & DF_FENCED:
+            out.append("NoReuseUnderIO")  # writes past its last item into blocks not held
     if name == "DecodeCommit" and r.d in (RESERVED, FILLING):
         out.append("NoPartialUse")  # installs what was never validated
     if name == "DecodeStep" and r.d == COMPLETE:
@@ -148,6 +173,18 @@ def _order_props(r: Req, name: str, arg: int, msg: bool) -> list[str]:
     if name == "PrefillResume" and msg and arg not in r.net:
         out.append("SingleWriter")  # thaws the source while the attempt may still commit
     return out
+
+
+def _pool_props(r: Req, name: str) -> list[str]:
+    """A free of blocks the request does not hold, or an allocation on top of blocks it
+    holds: the pool's accounting is wrong from this step on."""
+    sides = _FREES.get(name)
+    if sides is not None and all(getattr(r, s) == NONE for s in sides):
+        return ["CapacityRefcount"]  # a double free
+    side = _ALLOCS.get(name)
+    if side is not None and getattr(r, side) != NONE:
+        return ["CapacityRefcount"]  # allocates again: the blocks it holds leak
+    return []
 
 
 def _effect_props(w: World, c: Config, name: str, i: int) -> list[str]:
@@ -190,6 +227,7 @@ def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: boo
                 if not (r.dep == e and r.d in _HELD_FOR_WRITES):
                     props.append("NoReuseUnderIO")  # a write no one holds blocks for lands
         props.extend(_order_props(r, name, arg, msg))
+        props.extend(_pool_props(r, name))
         return ordered(props) + [p for p in ordered(_effect_props(w, c, name, i)) if p not in props]
     return ordered(props)
 

@@ -11,8 +11,9 @@ a BFS over assumable steps finds the fewest that enable it. When no candidate ex
 a line and an earlier line was explained only by assuming a delivery that this line
 shows had not happened yet, the verdict moves to that earlier line, judged without the
 assumption, and the explanation tried is reported. Every verdict names a property
-(``blame``), or ``Unmodelled``. Timestamps are compared per worker clock
-(``BoundedExit``); at the end of the log a stall with blocks held is ``NoDeadlock``.
+(``blame``), or ``Unmodelled`` with what had no path (``nearest``). Waits are timed on
+per-worker clocks with a stated skew bound (``clocks``: ``BoundedExit``); at the end of
+the log a stall with blocks held is ``NoDeadlock``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from model_checks.conformance.blame import UNMODELLED, blame, blame_state, ordered
-from model_checks.conformance.events import OBSERVABLE, Event, Observed
+from model_checks.conformance.clocks import Deadlines
+from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
+from model_checks.conformance.nearest import detail
 from model_checks.conformance.verdict import Chain, Verdict, chain_steps, describe_world
 from model_checks.explicit.trace import describe
 from spec import state as S
@@ -40,7 +43,6 @@ MAX_SEARCH = 20_000  # states one gap search may visit
 ASSUMABLE: frozenset[str] = frozenset(
     a.name for a in ACTIONS.values() if a.kind == "recv" or (a.kind == "fault" and a.arg == "msg")
 )
-_D_WAIT = (S.RESERVED, S.FILLING, S.QUARANTINED)  # spec.properties.decode_waiting, per request
 _MOVES = frozenset({"local", "recv"})  # kinds that move a stalled state without a timeout
 
 
@@ -67,6 +69,8 @@ class Checker:
         assumable: frozenset[str] = ASSUMABLE,
         mutants: Mutants = frozenset(),
         timeout_s: float | None = None,
+        clock_skew_s: float = DEFAULT_SKEW_S,
+        clocks: dict[str, str] | None = None,
         open_end: bool = False,
     ) -> None:
         unknown = assumable - ACTIONS.keys()
@@ -75,16 +79,17 @@ class Checker:
         if max_gap < 0:
             raise ValueError(f"max_gap must be >= 0, got {max_gap}")
         self.c, self.m, self.k, self.timeout = c, mutants, max_gap, timeout_s
+        self.skew = clock_skew_s
+        self.clocks = dict(clocks or {})  # the header's named process clocks -> their worker
         self.open_end = open_end
         acts = [ACTIONS[n] for n in sorted(assumable)]
         self._req = [a for a in acts if a.arg == "req"]
         self._glob = [a for a in acts if a.arg in ("global", "worker")]
         self._by_kind = {k: [a for a in acts if a.arg == "msg" and k in a.msgs] for k in MSG_NAMES}
         self.frontier: list[Node] = [(c.initial(), None)]
-        # (side, request) -> (epoch, start t or None: no reading of side's clock yet,
-        # the line of that reading, the line the wait began, the clock of the reading)
-        self.waits: dict[tuple[str, int], tuple[int, float | None, int, int, str]] = {}
+        self.waits = Deadlines(c.n_reqs, timeout_s or 0.0, clock_skew_s)
         self.verdict: Verdict | None = None
+        self.done: dict[tuple[str, int, int], int] = {}  # a step -> the last line that took it
         self.n = 0
         self.last: Event | None = None
 
@@ -161,10 +166,16 @@ class Checker:
         pre: World,
         ch: Chain | None,
         refuted_by: int | None = None,
+        act: tuple[str, int, int] | None = None,
+        observed: str | None = None,
     ) -> bool:
         props = props or [UNMODELLED]
+        gap: dict[str, Any] | None = None
         if props == [UNMODELLED]:
             why += "; no property of the spec explains it (a finding about the spec)"
+            if act is not None:
+                gap = detail(pre, self.c, self.m, act, line, self.done, observed)
+                why += f": {gap['missing']}"
         self.verdict = Verdict(
             self.c.name,
             self.n,
@@ -177,6 +188,10 @@ class Checker:
             chain_steps(ch),
             props,
             refuted_by,
+            unmodelled=gap,
+            clocks=self.clocks,
+            timeout_s=self.timeout,
+            clock_skew_s=self.skew,
         )
         return False
 
@@ -222,7 +237,7 @@ class Checker:
         )
         if props:
             why += f": it breaks {', '.join(props)}"
-        self._fail(line, link.obj, props, why, link.pre, link, refuted_by=e.line)
+        self._fail(line, link.obj, props, why, link.pre, link, e.line, link.event)
         return True
 
     def _refusal(self, e: Event, best: _Best | None) -> bool:
@@ -234,7 +249,7 @@ class Checker:
             why = f"not enabled (within {self.k} assumed steps)"
             if props:
                 why += f": the engine's step breaks {', '.join(props)}"
-            return self._fail(e.line, e.obj, props, why, w0, ch0)
+            return self._fail(e.line, e.obj, props, why, w0, ch0, act=self._act(e))
         _, prop, pre, ch = best
         props = [prop] + [p for p in self._blame(pre, e) if p != prop]
         why = f"refused by the spec: it would break {prop}"
@@ -256,6 +271,7 @@ class Checker:
                 s = a.fn(w, self.c, self.m, e.i, e.arg)
                 if type(s) is World and (s is w or not blame_state(s, self.c)):
                     self.frontier = [(s, ch)]
+                    self.done[(a.name, e.i, e.arg)] = e.line
                     return self.timeout is None or self._deadlines(e)
         pairs: list[tuple[World, Node]] = []
         best: _Best | None = None
@@ -283,6 +299,7 @@ class Checker:
                     why = f"the step breaks {', '.join(bad)}"
                     return self._fail(e.line, e.obj, bad, why, pre, ch)
         self._set_frontier([p[1] for p in pairs])
+        self.done[(a.name, e.i, e.arg)] = e.line
         return self._deadlines(e)
 
     @staticmethod
@@ -303,7 +320,13 @@ class Checker:
         seen = " ".join(f"{f}={OBSERVABLE[f][v]}" for f, v in fields)
         why = f"r{ri}: observed {seen}, the spec's step gives {spec}"
         why += f"; the observed state breaks {', '.join(bad)}" if bad else ""
-        return self._fail(e.line, e.obj, bad, why, pre, ch)
+        note = f"{spec} on r{ri}, the engine observed {seen}"
+        return self._fail(e.line, e.obj, bad, why, pre, ch, act=self._act(e), observed=note)
+
+    @staticmethod
+    def _act(e: Event) -> tuple[str, int, int]:
+        assert e.action is not None
+        return (e.action.name, e.i, e.arg)
 
     def _set_frontier(self, nodes: list[Node]) -> None:
         if len(nodes) == 1:
@@ -317,37 +340,10 @@ class Checker:
     # -- time and the end of the log ------------------------------------------------
 
     def _deadlines(self, e: Event) -> bool:
-        """BoundedExit, timed per worker clock: decode may not hold blocks for an attempt,
-        nor prefill's sender wait, past ``timeout_s`` on its own clock. A wait begun at
-        another worker's event starts at this worker's next reading (causality gives the
-        order, never a duration across clocks)."""
+        """BoundedExit (``clocks.Deadlines``): a wait past ``timeout_s``."""
         if self.timeout is None or e.t is None:
             return True
-        late: list[str] = []
-        mine = e.clock.split("/", 1)[0]  # the worker whose clock stamped e
-        for i in range(self.c.n_reqs):
-            for side in ("decode", "prefill"):
-                rs = [w.reqs[i] for w, _ in self.frontier]
-                if side == "decode":
-                    eps = {r.dep if r.d in _D_WAIT else -1 for r in rs}
-                else:
-                    eps = {r.ep if r.ps != S.IDLE else -1 for r in rs}
-                ep = eps.pop() if len(eps) == 1 else -1
-                old = self.waits.pop((side, i), None)
-                if ep < 0:
-                    continue
-                if old is None or old[0] != ep:
-                    old = (ep, None, e.line, e.line, "")
-                if old[1] is None and mine == side:
-                    old = (ep, e.t, e.line, old[3], e.clock)
-                self.waits[(side, i)] = old
-                t0 = old[1]
-                if e.clock == old[4] and t0 is not None and e.t - t0 > self.timeout:
-                    late.append(
-                        f"{side} has waited on r{i} (epoch {ep}) since line {old[3]}"
-                        f" ({side} clock t={t0:g} at line {old[2]}), {e.t - t0:g}s"
-                        f" > timeout_s={self.timeout:g}"
-                    )
+        late = self.waits.observe(e, [w for w, _ in self.frontier])
         if late:
             w0, ch0 = self.frontier[0]
             return self._fail(e.line, e.obj, ["BoundedExit"], "; ".join(late), w0, ch0)
@@ -388,4 +384,12 @@ class Checker:
     def result(self) -> Verdict:
         if self.verdict is not None:
             return self.verdict
-        return Verdict(self.c.name, self.n, assumed=chain_steps(self.frontier[0][1]))
+        assumed = chain_steps(self.frontier[0][1])
+        return Verdict(
+            self.c.name,
+            self.n,
+            assumed=assumed,
+            timeout_s=self.timeout,
+            clock_skew_s=self.skew,
+            clocks=self.clocks,
+        )

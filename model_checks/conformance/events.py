@@ -8,14 +8,19 @@ Malformed input raises ``LogError`` naming the line, never anything else.
 Clocks are per worker: an event is stamped by its actor's clock (``prefill``,
 ``decode``, or ``env``/``client`` for the orchestrator's and the router's events;
 ``Now`` names its worker), or by the process the line names (``clock``, or a cluster
-log's ``proc``: one clock per process). A clock that goes backwards is an input error.
+log's ``proc``: one clock per process), which the header must declare with the worker
+that owns it (``clocks``): a fresh clock name could otherwise hide a stall. A clock that
+goes backwards is an input error. The header's ``clock_skew_s`` bounds how far two
+clocks may disagree (default ``DEFAULT_SKEW_S``); with ``timeout_s`` set, a reading more
+than that below an earlier line's reading of another clock is an input error too (the
+log is not merged by time, or its clocks are not synchronised as stated).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from model_checks.conformance.jsonline import LogError, cut, loads_line, show, text_lines
@@ -27,7 +32,13 @@ OBSERVABLE = {"st": STATUS_NAMES, "p": REPLICA_NAMES, "d": REPLICA_NAMES, "h": R
 OBSERVABLE["ps"] = SENDER_NAMES
 NOW = "Now"  # a log event, not a spec action: a worker marks the time without acting
 CLOCKS = {"P": "prefill", "D": "decode", "env": "env", "client": "client"}
+OWNERS = ("prefill", "decode", "env", "client")  # the workers that own clocks
 MAX_T = 1e12  # seconds; larger timestamps and timeouts are refused
+# NTP keeps the hosts of one cluster within milliseconds of each other: 0.1 s is a
+# generous bound for them, and far below any engine's transfer timeout.
+DEFAULT_SKEW_S = 0.1
+MAX_CLOCKS = 64  # named process clocks a header may declare
+_EPS = 1e-9  # float slack when comparing readings of two clocks
 
 Observed = tuple[int, tuple[tuple[str, int], ...]]  # (request, ((field, value), ...))
 
@@ -40,7 +51,7 @@ class Event(NamedTuple):
     t: float | None  # timestamp in seconds, on ``clock``
     obs: Observed | None  # the engine's view of one request after the event
     obj: dict[str, Any]  # the line as parsed (what a verdict quotes)
-    clock: str  # prefill, decode, env or client; "/<name>" added when the line names its clock
+    clock: str  # the owning worker (prefill, decode, env, client), "/<name>" for a named clock
 
     @property
     def name(self) -> str:
@@ -52,6 +63,8 @@ class EventLog:
     config: Config
     events: list[Event]
     timeout_s: float | None = None
+    clock_skew_s: float = DEFAULT_SKEW_S
+    clocks: dict[str, str] = field(default_factory=dict)  # named process clock -> its worker
 
 
 def _num(v: object) -> bool:
@@ -90,6 +103,21 @@ def _args(line: int, name: str, obj: dict[str, Any]) -> dict[str, Any]:
         if k in args and type(args[k]) is not str:
             raise LogError(line, f"{name}: argument {k!r} must be a string, got {show(args[k])}")
     return args
+
+
+def _declared(n: int, obj: dict[str, Any]) -> dict[str, str]:
+    """The header's named process clocks, each with the worker that owns it."""
+    ck = obj.get("clocks", {})
+    if not isinstance(ck, dict) or len(ck) > MAX_CLOCKS:
+        why = f"an object of at most {MAX_CLOCKS} process names, each with its worker"
+        raise LogError(n, f"'clocks' must be {why}, got {show(ck)}")
+    for name, owner in ck.items():
+        if not 0 < len(name) <= 64 or not name.isprintable() or name in OWNERS:
+            why = f"a printable name of 1..64 characters, other than {list(OWNERS)}"
+            raise LogError(n, f"'clocks': a process name must be {why}, got {show(name)}")
+        if type(owner) is not str or owner not in OWNERS:
+            raise LogError(n, f"'clocks': {show(name)} must be owned by one of {list(OWNERS)}")
+    return dict(ck)
 
 
 def _now(line: int, obj: dict[str, Any]) -> Event:
@@ -146,11 +174,15 @@ class LineParser:
     """Feed physical lines in order; ``feed`` returns the line's ``Event`` (None for a
     header or blank line). ``finish`` refuses a log without events."""
 
-    def __init__(self, config: str | None = None) -> None:
+    def __init__(self, config: str | None = None, timeout_s: float | None = None) -> None:
         self.config_name = config
         self.c: Config | None = None
-        self.timeout: float | None = None
+        self.timeout_given = timeout_s  # the caller's timeout wins over the header's
+        self.timeout: float | None = timeout_s
+        self.skew = DEFAULT_SKEW_S
+        self.owners: dict[str, str] = {}  # a declared process clock -> the worker owning it
         self.clocks: dict[str, tuple[float, int]] = {}  # clock -> (last t, its line)
+        self.top: tuple[float, str, int] | None = None  # the highest reading: (t, clock, line)
         self.last = 0
         self.n_events = 0
 
@@ -172,7 +204,44 @@ class LineParser:
         if ts is not None and (not _num(ts) or ts == 0):
             raise LogError(n, f"'timeout_s' must be a positive number <= {MAX_T:g}, got {show(ts)}")
         self.timeout = None if ts is None else float(ts)
+        if self.timeout_given is not None:
+            self.timeout = self.timeout_given
+        sk = obj.get("clock_skew_s", DEFAULT_SKEW_S)
+        if not _num(sk):
+            raise LogError(n, f"'clock_skew_s' must be a number in 0..{MAX_T:g}, got {show(sk)}")
+        self.skew = float(sk)
+        self.owners = _declared(n, obj)
         return c
+
+    def _clock(self, n: int, e: Event, sub: object) -> Event:
+        """The clock that stamped ``e``: its worker's, or the declared process ``sub``."""
+        if type(sub) is not str or not 0 < len(sub) <= 64:
+            raise LogError(n, f"'clock' must be a short string, got {show(sub)}")
+        owner = sub if sub in OWNERS else self.owners.get(sub)
+        if owner is None:
+            known = sorted(self.owners) or "none"
+            raise LogError(
+                n,
+                f"clock {show(sub)} is not declared (the header's 'clocks' names each process"
+                f" clock and its worker; declared: {cut(str(known), 60)})",
+            )
+        if e.clock in WORKERS and owner != e.clock:  # env/client events: any process logs them
+            raise LogError(n, f"{e.name} is a {e.clock} event, but clock {show(sub)} is {owner}'s")
+        return e._replace(clock=owner if sub == owner else f"{owner}/{sub}")
+
+    def _order(self, n: int, clock: str, t: float) -> None:
+        """With a timeout, durations are read across clocks: the log must be in time order
+        up to the stated skew."""
+        top = self.top
+        if top is not None and top[1] != clock and t < top[0] - self.skew - _EPS:
+            raise LogError(
+                n,
+                f"the {clock} clock reads t={t:g} after the {top[1]} clock read t={top[0]:g}"
+                f" at line {top[2]}: further apart than clock_skew_s={self.skew:g}"
+                " (merge the log by time, or state the clocks' real skew)",
+            )
+        if top is None or t > top[0]:
+            self.top = (t, clock, n)
 
     def feed(self, n: int, raw: bytes | str) -> Event | None:
         """One physical line (numbered ``n``); None for a blank or header line."""
@@ -192,14 +261,12 @@ class LineParser:
         e = _event(n, obj, self.c)
         sub = obj.get("clock", obj.get("proc"))
         if sub is not None:
-            if type(sub) is not str or not 0 < len(sub) <= 64:
-                raise LogError(n, f"'clock' must be a short string, got {show(sub)}")
-            e = e._replace(clock=f"{e.clock}/{sub}")
+            e = self._clock(n, e, sub)
         t = obj.get("t")
         if t is not None and not _num(t):
             raise LogError(n, f"'t' must be a number of seconds in 0..{MAX_T:g}, got {show(t)}")
         if t is None and (self.timeout is not None or e.action is None):
-            why = "a Now event" if e.action is None else "the header sets timeout_s, so every event"
+            why = "a Now event" if e.action is None else "timeout_s is set, so every event"
             raise LogError(n, f"{why} needs 't'")
         if t is not None:
             prev = self.clocks.get(e.clock)
@@ -210,6 +277,8 @@ class LineParser:
                     f" at line {prev[1]}",
                 )
             self.clocks[e.clock] = (float(t), n)
+            if self.timeout is not None:
+                self._order(n, e.clock, float(t))
             e = e._replace(t=float(t))
         self.n_events += 1
         return e
@@ -231,4 +300,4 @@ def parse_log(data: bytes | str, config: str | None = None) -> EventLog:
     p = LineParser(config)
     events = list(p.events(text_lines(data)))
     assert p.c is not None
-    return EventLog(p.c, events, p.timeout)
+    return EventLog(p.c, events, p.timeout, p.skew, p.owners)

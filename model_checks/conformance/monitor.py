@@ -32,8 +32,7 @@ class Monitor:
         open_end: bool = False,
         **kw: Any,
     ) -> None:
-        self.parser = LineParser(config)
-        self._timeout = timeout_s
+        self.parser = LineParser(config, timeout_s)
         self._open = open_end
         self._kw = kw
         self.checker: Checker | None = None
@@ -44,8 +43,14 @@ class Monitor:
         if ck is None:
             p = self.parser
             assert p.c is not None
-            timeout = self._timeout if self._timeout is not None else p.timeout
-            ck = self.checker = Checker(p.c, timeout_s=timeout, open_end=self._open, **self._kw)
+            ck = self.checker = Checker(
+                p.c,
+                timeout_s=p.timeout,
+                clock_skew_s=p.skew,
+                clocks=p.owners,
+                open_end=self._open,
+                **self._kw,
+            )
         return ck
 
     def feed(self, obj: dict[str, Any]) -> Verdict | None:
@@ -81,7 +86,14 @@ class Monitor:
 
 def check_log(log: EventLog, *, open_end: bool = False, **kw: Any) -> Verdict:
     """Check a parsed log; ``kw``: ``max_gap``, ``assumable``, ``mutants`` (see Checker)."""
-    ck = Checker(log.config, timeout_s=log.timeout_s, open_end=open_end, **kw)
+    ck = Checker(
+        log.config,
+        timeout_s=log.timeout_s,
+        clock_skew_s=log.clock_skew_s,
+        clocks=log.clocks,
+        open_end=open_end,
+        **kw,
+    )
     for e in log.events:
         if not ck.step(e):
             break

@@ -27,6 +27,11 @@ class Verdict:
     assumed: list[dict[str, Any]] = field(default_factory=list)  # the explanation tried
     properties: list[str] = field(default_factory=list)  # all broken, most specific first
     refuted_by: int | None = None  # a later line that ruled the last explanation out
+    # Unmodelled: the event that had no path, why, and the nearest actions (nearest.py)
+    unmodelled: dict[str, Any] | None = None
+    timeout_s: float | None = None  # the header's timing: BoundedExit's bound,
+    clock_skew_s: float | None = None  # the most two clocks may disagree,
+    clocks: dict[str, str] = field(default_factory=dict)  # each named clock's worker
 
     def to_json(self) -> dict[str, Any]:
         """The five keys first (conforms, violated, line, event, assumed_steps), then the rest."""

@@ -128,8 +128,15 @@ def dumps(e: dict[str, Any]) -> str:
     return json.dumps(e, separators=(",", ":")) + "\n"
 
 
+def owner(proc: str) -> str:
+    """The worker whose clock a cluster process keeps (``p<r>``, ``d0``, ``router``)."""
+    return {"p": "prefill", "d": "decode"}.get(proc[:1], "env")
+
+
 def render(config: str, events: Sequence[dict[str, Any]]) -> str:
-    header = {"format": "kvown-eventlog", "version": 1, "config": config}
+    """The per-request log: the header declares each process clock that stamps a line."""
+    clocks = {e["proc"]: owner(e["proc"]) for e in events if "proc" in e}
+    header = {"format": "kvown-eventlog", "version": 1, "config": config, "clocks": clocks}
     return json.dumps(header) + "\n" + "".join(dumps(e) for e in events)
 
 

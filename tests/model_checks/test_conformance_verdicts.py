@@ -11,33 +11,22 @@ from typing import Any
 import pytest
 
 from model_checks.conformance import UNMODELLED, LogError, check_text
+from model_checks.conformance.corpus import edits
 from spec.properties import PROPERTIES
 
 TRACES = Path(__file__).resolve().parents[2] / "repro" / "traces"
 OK = sorted(p.name for p in TRACES.glob("*.jsonl") if not p.name.startswith(("bug_", "incident")))
 
 
-def _mutants(lines: list[str]) -> list[tuple[str, list[str]]]:
-    """Each event line dropped, doubled, or swapped with the next one."""
-    out: list[tuple[str, list[str]]] = []
-    for k in range(1, len(lines)):
-        out.append((f"drop {k + 1}", lines[:k] + lines[k + 1 :]))
-        out.append((f"double {k + 1}", lines[: k + 1] + lines[k:]))
-        if k + 1 < len(lines):
-            swapped = [*lines[:k], lines[k + 1], lines[k], *lines[k + 2 :]]
-            out.append((f"swap {k + 1}", swapped))
-    return out
-
-
 @pytest.mark.parametrize("name", OK)
 def test_no_verdict_lacks_a_property(name: str) -> None:
     lines = (TRACES / name).read_text().splitlines()
     seen: Counter[str] = Counter()
-    for what, text in _mutants(lines):
+    for what, text in edits(lines):
         try:
             v = check_text("\n".join(text))
-        except LogError as exc:  # a swap of timed lines can turn a clock back
-            assert "clock goes backwards" in exc.msg, (what, exc.msg)
+        except LogError as exc:  # a swap of timed lines can turn a clock back, or apart
+            assert "clock goes backwards" in exc.msg or "clock_skew_s" in exc.msg, (what, exc.msg)
             continue
         if v.conforms:
             continue
@@ -84,9 +73,10 @@ def test_a_refuted_assumption_moves_the_verdict_back() -> None:
 
 
 def _timed(prefill_skew: float) -> str:
-    """incident 7's shape with prefill's clock shifted by ``prefill_skew`` seconds."""
+    """incident 7's shape with prefill's clock shifted by ``prefill_skew`` seconds, and a
+    header that states that skew bound."""
     raw = (TRACES / "incident7_sglang_31800.jsonl").read_text().splitlines()
-    out = [raw[0]]
+    out = [json.dumps({**json.loads(raw[0]), "clock_skew_s": max(prefill_skew, 0.1)})]
     for line in raw[1:]:
         e = json.loads(line)
         if e["action"].startswith("Prefill"):
@@ -101,6 +91,15 @@ def test_clocks_are_compared_per_worker(skew: float) -> None:
     assert (v.line, v.violated) == (15, "BoundedExit")  # decode's own clock: 30.1 s
 
 
+def test_clocks_further_apart_than_the_stated_skew_are_bad_input() -> None:
+    raw = _timed(25.0).splitlines()
+    head = json.loads(raw[0])
+    del head["clock_skew_s"]  # the default bound, 0.1 s: prefill runs 25 s ahead
+    with pytest.raises(LogError, match="clock_skew_s=0.1") as ei:
+        check_text("\n".join([json.dumps(head), *raw[1:]]))
+    assert ei.value.line == 5  # decode's first reading, 24.9 s behind prefill's
+
+
 def test_now_marks_time_and_the_end_is_checked() -> None:
     events = [*START, _m("PrefillRecvReady", "Ready"), _s("PrefillSendChunk")]
     timed = [{**e, "t": 0.1 * k} for k, e in enumerate(events)]
@@ -109,11 +108,11 @@ def test_now_marks_time_and_the_end_is_checked() -> None:
     assert ok.conforms  # a write in flight, 19.7 s on decode's clock: may still land
     v = check_text(_log("handoff_two", *timed, {**tick, "t": 31}, timeout_s=30))
     assert (v.line, v.violated) == (8, "BoundedExit")
-    # prefill's clock times prefill's own wait (its sender), never decode's
+    # prefill's clock times prefill's own wait (its sender), and decode's past the skew
     ptick = {"action": "Now", "args": {"worker": "prefill"}, "t": 99}
     v = check_text(_log("handoff_two", *timed, ptick, timeout_s=30))
     assert (v.line, v.violated) == (8, "BoundedExit")
-    assert "prefill has waited on r0" in v.reason and "decode has waited" not in v.reason
+    assert "prefill has waited on r0" in v.reason and "decode has waited on r0" in v.reason
 
 
 def test_a_silent_stall_is_caught_at_the_last_line() -> None:

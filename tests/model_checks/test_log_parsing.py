@@ -114,9 +114,10 @@ def test_the_line_cap_refuses_without_reading_the_rest() -> None:
 
 
 def test_clocks_are_per_worker() -> None:
-    """Decode's clock may run behind prefill's: only each clock must not go backwards."""
+    """Decode's clock may run behind prefill's by the stated skew: each clock must not go
+    backwards, and two clocks may not be further apart than ``clock_skew_s``."""
     text = (
-        '{"config": "handoff_two", "timeout_s": 30}\n'
+        '{"config": "handoff_two", "timeout_s": 30, "clock_skew_s": 100}\n'
         + ADMIT
         + ', "t": 100}\n'
         + '{"action": "PrefillRun", "args": {"req": 0}, "t": 101}\n'
@@ -125,6 +126,9 @@ def test_clocks_are_per_worker() -> None:
         + ' "idx": 0}, "t": 3}\n'
     )
     assert check_text(text, open_end=True).conforms
+    with pytest.raises(LogError, match="further apart than clock_skew_s=0.1") as ei:
+        check_text(text.replace(', "clock_skew_s": 100', ""), open_end=True)
+    assert ei.value.line == 5
 
 
 def test_cli_malformed_is_exit_2_with_one_line(
@@ -149,6 +153,7 @@ def test_monitor_refuses_a_malformed_object() -> None:
 
 def test_a_named_process_has_its_own_clock() -> None:
     """Two prefill ranks are two processes: their clocks are compared apart."""
+    H = '{"config": "handoff_two", "clocks": {"p0": "prefill", "p1": "prefill"}}\n'
     p0 = '{"action": "PrefillAdmit", "args": {"req": 0}, "t": 15.1, "proc": "p0"}'
     p1 = '{"action": "PrefillRun", "args": {"req": 0}, "t": 15.0, "clock": "p1"}'
     assert check_text(H + p0 + "\n" + p1, open_end=True).conforms
