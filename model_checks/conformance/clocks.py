@@ -7,7 +7,10 @@ at every reading after: on the waiting worker's own clock the bound is ``timeout
 each step to another clock (the start read on another worker's clock, or the reading
 now) adds ``clock_skew_s``, the most two clocks may disagree. So a wait on decode is
 judged even when decode logs no timestamp after it began, and a reading of another
-worker's clock never judges a wait early.
+worker's clock never judges a wait early. Two clocks that are seen to disagree by more
+than ``clock_skew_s`` (a later line reads one of them lower; a log that states its skew
+is refused for that by the parser) are not compared any more: from then on a wait is
+judged across that pair by neither.
 """
 
 from __future__ import annotations
@@ -28,9 +31,20 @@ class Deadlines:
         self.n, self.timeout, self.skew = n_reqs, timeout_s, clock_skew_s
         # (side, request) -> (epoch, the line the wait began, the first reading of each clock)
         self.waits: dict[tuple[str, int], tuple[int, int, Starts]] = {}
+        self.last: dict[str, float] = {}  # each clock's latest reading
+        self.apart: set[frozenset[str]] = set()  # pairs of clocks seen further apart than skew
+
+    def _sync(self, e: Event) -> None:
+        """Note the pairs of clocks that ``e``'s reading shows to disagree beyond the skew."""
+        assert e.t is not None
+        for k, t in self.last.items():
+            if k != e.clock and t > e.t + self.skew + 1e-9:
+                self.apart.add(frozenset((k, e.clock)))
+        self.last[e.clock] = e.t
 
     def observe(self, e: Event, frontier: Sequence[World]) -> list[str]:
         """The waits past their deadline at ``e``'s reading, each said in one phrase."""
+        self._sync(e)
         late: list[str] = []
         for i in range(self.n):
             for side in ("decode", "prefill"):
@@ -57,6 +71,8 @@ class Deadlines:
     def _late(self, side: str, e: Event, starts: Starts) -> str:
         assert e.t is not None
         for clock, (t0, line) in starts.items():
+            if frozenset((clock, e.clock)) in self.apart:
+                continue
             own = clock.split("/", 1)[0] == side
             steps = (0 if own else 1) + (0 if own and clock == e.clock else 1)
             if e.t - t0 <= self.timeout + steps * self.skew:

@@ -180,6 +180,8 @@ class LineParser:
         self.timeout_given = timeout_s  # the caller's timeout wins over the header's
         self.timeout: float | None = timeout_s
         self.skew = DEFAULT_SKEW_S
+        self.skew_stated = False  # the header states clock_skew_s: then it is a promise
+        self.implicit: dict[str, str] = {}  # an undeclared process clock -> its first worker
         self.owners: dict[str, str] = {}  # a declared process clock -> the worker owning it
         self.clocks: dict[str, tuple[float, int]] = {}  # clock -> (last t, its line)
         self.top: tuple[float, str, int] | None = None  # the highest reading: (t, clock, line)
@@ -210,6 +212,7 @@ class LineParser:
         if not _num(sk):
             raise LogError(n, f"'clock_skew_s' must be a number in 0..{MAX_T:g}, got {show(sk)}")
         self.skew = float(sk)
+        self.skew_stated = "clock_skew_s" in obj
         self.owners = _declared(n, obj)
         return c
 
@@ -218,6 +221,10 @@ class LineParser:
         if type(sub) is not str or not 0 < len(sub) <= 64:
             raise LogError(n, f"'clock' must be a short string, got {show(sub)}")
         owner = sub if sub in OWNERS else self.owners.get(sub)
+        if owner is None and e.clock in WORKERS and not self.owners:
+            # no 'clocks' in the header: a process clock named on a prefill or decode
+            # line is that worker's (it is one of its processes, as a TP rank is)
+            owner = self.implicit.setdefault(sub, e.clock)
         if owner is None:
             known = sorted(self.owners) or "none"
             raise LogError(
@@ -230,10 +237,17 @@ class LineParser:
         return e._replace(clock=owner if sub == owner else f"{owner}/{sub}")
 
     def _order(self, n: int, clock: str, t: float) -> None:
-        """With a timeout, durations are read across clocks: the log must be in time order
-        up to the stated skew."""
+        """With a timeout and a stated ``clock_skew_s``, durations are read across clocks:
+        the log must be in time order up to that skew. Without a stated skew the log
+        promises nothing across clocks; ``clocks.Deadlines`` stops comparing two clocks
+        once they disagree by more than the default skew."""
         top = self.top
-        if top is not None and top[1] != clock and t < top[0] - self.skew - _EPS:
+        if (
+            self.skew_stated
+            and top is not None
+            and top[1] != clock
+            and t < top[0] - self.skew - _EPS
+        ):
             raise LogError(
                 n,
                 f"the {clock} clock reads t={t:g} after the {top[1]} clock read t={top[0]:g}"

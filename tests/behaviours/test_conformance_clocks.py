@@ -106,14 +106,47 @@ def test_a_start_read_on_another_clock_costs_two_skews() -> None:
 
 def test_an_undeclared_clock_is_refused() -> None:
     hidden = _now("decode", 45.0, clock="d9")
+    declared = {"d0": "decode"}
     with pytest.raises(LogError, match="clock 'd9' is not declared") as ei:
-        check_text(_log(*STALL, hidden))
+        check_text(_log(*STALL, hidden, clocks=declared))
     assert ei.value.line == 12
     with pytest.raises(LogError, match="'d9' is not declared"):  # a cluster log's proc too
-        check_text(_log(*STALL, {**hidden, "proc": "d9"}))
+        check_text(_log(*STALL, {**hidden, "proc": "d9"}, clocks=declared))
     # declared, the same line is read, and judges the stall
     v = check_text(_log(*STALL, hidden, clocks={"d9": "decode"}))
     assert (v.line, v.violated, v.clocks) == (12, "BoundedExit", {"d9": "decode"})
+    # a header without 'clocks' (the older format): a process clock named on a decode
+    # line is one of decode's processes; it cannot hide the stall, which it judges
+    v = check_text(_log(*STALL, hidden))
+    assert (v.line, v.violated) == (12, "BoundedExit")
+    assert "decode/d9 clock t=45 now" in v.reason
+    # but an event of no worker (the orchestrator's) names a clock no worker owns
+    lose = {**STALL[8], "clock": "x1"}
+    with pytest.raises(LogError, match="clock 'x1' is not declared") as ei:
+        check_text(_log(*STALL[:8], lose, *STALL[9:]))
+    assert ei.value.line == 10
+    # and a name first seen on a prefill line is prefill's, not decode's
+    with pytest.raises(LogError, match="Now is a decode event, but clock 'd9' is prefill's"):
+        check_text(_log(*STALL[:4], {**STALL[4], "clock": "d9"}, hidden))
+
+
+def test_clocks_seen_apart_are_not_compared_unless_the_skew_is_stated() -> None:
+    """Without a stated skew the log promises no synchrony: a pair of clocks seen further
+    apart than the default skew is no longer compared, so a clock running ahead cannot
+    judge the other's wait; with the skew stated, the same log is refused."""
+    ahead = [_e("PrefillAdmit", 100.0), _now("decode", 0.25)]  # prefill ~100 s ahead
+    rest = [
+        {**e, "t": e["t"] + 100} if e["action"].startswith("Prefill") else e for e in STALL[1:9]
+    ]
+    v = check_text(_log(*ahead, *rest, _now("prefill", 120.0)), open_end=True)
+    assert v.conforms, v.reason  # 120 - 0.5 on two clocks seen apart: not compared
+    # the same clock still measures a wait it saw begin: prefill's reading at line 7
+    # (t=100.625) came after decode's reservation, so t=131 on it is past the deadline
+    v = check_text(_log(*ahead, *rest, _now("prefill", 131.0)), open_end=True)
+    assert (v.line, v.violated) == (12, "BoundedExit")
+    assert "prefill clock t=100.625 at line 7" in v.reason
+    with pytest.raises(LogError, match="further apart than clock_skew_s=0.1"):
+        check_text(_log(*ahead, clock_skew_s=0.1))
 
 
 def test_a_clock_of_another_worker_is_refused() -> None:
@@ -162,7 +195,8 @@ def test_a_monitors_timeout_judges_like_the_headers() -> None:
     for e in [*STALL, _now("prefill", 45.0)]:
         v = m.feed(e)
     assert v is not None and (v.line, v.violated) == (11, "BoundedExit")  # no header line
-    m = Monitor("handoff_two", timeout_s=30)
+    m = Monitor(timeout_s=30)
+    assert m.feed({"config": "handoff_two", "clock_skew_s": 0.1}) is None
     assert m.feed(_e("PrefillAdmit", 40.0)) is None  # prefill's clock at 40
     with pytest.raises(LogError, match="further apart than clock_skew_s=0.1"):
         m.feed(_now("decode", 1.0))
