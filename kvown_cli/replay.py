@@ -8,7 +8,8 @@ The file is what ``kvown check --cex-dir DIR`` writes (``DIR/<config>[.<mutant>]
 
 Each step is applied to the spec of ``config`` with the file's mutants switched on (the
 bug that made the trace); after each one, every safety property is checked on the state
-and every transition predicate on the step. The first violation is reported with its step.
+and every transition predicate on the step. The first step that breaks one is reported, with every property it breaks
+(``violated``: the file's own property when that is among them).
 ``--without-mutants`` replays on the correct spec instead: the step the bug allowed is
 refused, naming the property its guard protects.
 
@@ -104,9 +105,11 @@ def replay_cex(doc: dict[str, Any], with_mutants: bool = True) -> dict[str, Any]
         i, arg = decode_args(st["action"], st.get("args", {}))
         broken = check_step(pre, st["action"], i, arg, post, c) + violated_safety(post, c)
         if broken:
-            why = f"step {k} {st['action']} breaks {', '.join(dict.fromkeys(broken))}"
-            return {**out, "reproduced": True, "violated": broken[0], "step": k,
-                    "action": st["action"], "why": why}  # fmt: skip
+            broken = list(dict.fromkeys(broken))
+            first = out["expected"] if out["expected"] in broken else broken[0]
+            why = f"step {k} {st['action']} breaks {', '.join(broken)}"
+            return {**out, "reproduced": True, "violated": first, "violated_all": broken,
+                    "step": k, "action": st["action"], "why": why}  # fmt: skip
     if doc.get("violated") in {p.id for p in LIVENESS} and mutants:
         why = (f"every step replays; the end state is where the state-graph check flags"
                f" {doc['violated']} (liveness: judged on the graph by `kvown check`)")  # fmt: skip
