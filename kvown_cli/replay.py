@@ -8,8 +8,8 @@ The file is what ``kvown check --cex-dir DIR`` writes (``DIR/<config>[.<mutant>]
 
 Each step is applied to the spec of ``config`` with the file's mutants switched on (the
 bug that made the trace); after each one, every safety property is checked on the state
-and every transition predicate on the step. The first step that breaks one is reported, with every property it breaks
-(``violated``: the file's own property when that is among them).
+and every transition predicate on the step. The first step that breaks one is reported,
+with every property it breaks (``violated``: the file's own one when it is among them).
 ``--without-mutants`` replays on the correct spec instead: the step the bug allowed is
 refused, naming the property its guard protects.
 
