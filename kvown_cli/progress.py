@@ -25,6 +25,7 @@ from rich.console import Console
 WIDE = 240  # columns of a piped table: every id and name of the tables fits
 DEFAULT_EVERY = 20.0  # seconds between two plain progress lines
 _CURRENT: list[Progress] = []
+_INTERRUPTED: list[str] = []  # the line of a progress that Ctrl-C ended (for main's summary)
 
 
 def console(stderr: bool = False) -> Console:
@@ -56,7 +57,9 @@ def duration(seconds: float) -> str:
 
 def partial() -> str | None:
     """The running command's progress as one line (for the Ctrl-C summary), or None."""
-    return _CURRENT[-1].body(final=True) if _CURRENT else None
+    if _CURRENT:
+        return _CURRENT[-1].body(final=True)
+    return _INTERRUPTED.pop() if _INTERRUPTED else None
 
 
 class Progress:
@@ -88,6 +91,7 @@ class Progress:
 
     # ---- the two views
     def __enter__(self) -> Progress:
+        _INTERRUPTED.clear()
         _CURRENT.append(self)
         if not self.enabled:
             return self
@@ -116,6 +120,8 @@ class Progress:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            _INTERRUPTED[:] = [self.body(final=True)]
         self.close(ended=kind is None)
 
     def close(self, ended: bool = True) -> None:
