@@ -23,6 +23,7 @@ from model_checks.explicit.runner import (
 from model_checks.explicit.trace import pretty, to_dot
 from spec.config import SUITES, get_config
 from spec.mutants import MUTANTS, get_mutant
+from spec.strict_json import short
 
 HELP = "explore the spec exhaustively (default suite)"
 DOT_MAX_STATES = 5000  # to_dot's limit on a whole graph
@@ -46,8 +47,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cex-dir",
         metavar="DIR",
-        help="on a violation, write its counterexample there as JSON and DOT (CI artifacts)",
+        help="on a violation, write its counterexample there as JSON (kvown replay reads it)"
+        " and DOT; the folder is made when missing",
     )
+
+
+def _make_dir(path: str) -> None:
+    """The counterexample folder, made when missing (``--cex-dir cex`` in a fresh checkout)."""
+    if not path or "\0" in path:
+        raise UsageError("--cex-dir: empty or invalid path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--cex-dir: cannot make {short(path)}: {exc.strerror or exc}") from None
 
 
 def _err(args: argparse.Namespace, msg: str) -> int:
@@ -59,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         output_path(args.dot, "--dot")
         output_path(args.junit, "--junit")
         if args.cex_dir is not None:
+            _make_dir(args.cex_dir)
             output_path(os.path.join(args.cex_dir, "cex.json"), "--cex-dir")
     except UsageError as exc:
         return _err(args, str(exc))
