@@ -70,6 +70,15 @@ def load(path: str) -> dict[str, Any]:
     return {**doc, "mutants": mutants}
 
 
+def cex_hint(path: str) -> str:
+    """For ``check-trace`` given a counterexample: ``; ... use kvown replay``, else ``""``."""
+    try:
+        load(path)
+    except UsageError:
+        return ""
+    return f"; this is a saved counterexample: `kvown replay {path}` replays it"
+
+
 def replay_cex(doc: dict[str, Any], with_mutants: bool = True) -> dict[str, Any]:
     """The verdict: ``reproduced``, ``violated``, ``step`` (1-based), ``action``, ``why``."""
     from model_checks.explicit.trace import TraceError, replay

@@ -132,3 +132,11 @@ def test_a_bad_file_is_bad_input(
 def test_a_missing_file_is_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc, out, err = kvown(capsys, "replay", str(tmp_path / "none.json"), "--json")
     assert rc == 2 and "error" in json.loads(out) and err.startswith("error: kvown replay")
+
+
+def test_check_trace_given_a_counterexample_points_to_replay(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = saved(capsys, tmp_path, "free_on_cancel_in_flight")
+    rc, _, err = kvown(capsys, "check-trace", str(path))
+    assert rc == 2 and f"`kvown replay {path}` replays it" in err
