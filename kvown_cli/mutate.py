@@ -206,11 +206,11 @@ def _run_spec(args: argparse.Namespace) -> int:
     suites = tuple(args.suite or ["default"])
     pool = spec_target.mutants()
     n = len(args.only) if args.only else min(args.sample or SPEC_SAMPLE, len(pool))
+    known = {m.id: m for m in pool}
+    missing = [i for i in args.only if i not in known]
+    if missing:  # before the plan: bad input is one error line
+        return _err(f"unknown spec mutant ids: {', '.join(missing)}")
     if args.list:
-        known = {m.id: m for m in pool}
-        missing = [i for i in args.only if i not in known]
-        if missing:
-            return _err(f"unknown spec mutant ids: {', '.join(missing)}")
         picked = [known[i] for i in args.only] or sample(pool, n, args.seed)
         for m in picked:
             print(f"{m.id}  {m.file}:{m.line}  {m.description}")
