@@ -10,8 +10,10 @@ Each step is applied to the spec of ``config`` with the file's mutants switched 
 bug that made the trace); after each one, every safety property is checked on the state
 and every transition predicate on the step. The first step that breaks one is reported,
 with every property it breaks (``violated``: the file's own one when it is among them).
-``--without-mutants`` replays on the correct spec instead: the step the bug allowed is
-refused, naming the property its guard protects.
+``--without-mutants`` replays on the correct spec instead. ``--engine`` also replays the
+steps on the torch reference engine (``refimpl``, real KV tensors, the same mutants as bug
+switches) and reports whether it follows the spec step by step, which properties its
+end state breaks and which replicas' bytes differ from the truth (``engine`` in the JSON).
 
 Exit codes: 1 the violation is reproduced (a property broken on replay; for a liveness
 property, the trace replays to the state the state-graph check flagged); 0 it is not
@@ -38,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--without-mutants",
         action="store_true",
         help="replay on the correct spec (shows the guard that refuses the bug's step)",
+    )
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="also replay it on the torch reference engine (real KV tensors, same mutants)",
     )
     p.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
 
@@ -128,12 +135,41 @@ def replay_cex(doc: dict[str, Any], with_mutants: bool = True) -> dict[str, Any]
     return {**out, "reproduced": False, "violated": None, "step": None, "action": None, "why": why}
 
 
+def on_engine(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
+    """The replayed steps (up to the verdict's step) on the torch engine, step by step."""
+    from model_checks.explicit.trace import replay
+    from refimpl.engine import Engine
+    from refimpl.errors import OwnershipError
+    from spec.config import get_config
+    from spec.properties import violated_safety
+
+    c, m = get_config(verdict["config"]), frozenset(verdict["mutants"])
+    steps = doc["trace"][: verdict["step"] or len(doc["trace"])]
+    if not verdict["reproduced"] and verdict.get("action") is not None:
+        steps = steps[: verdict["step"] - 1]  # the spec refused the last one
+    worlds, e = replay(c, m, steps), Engine(c, mutants=m)
+    out: dict[str, Any] = {"steps": len(steps), "follows_spec": True, "refused": None}
+    for k, st in enumerate(steps):
+        try:
+            e.step(st["action"], st.get("args", {}))
+        except OwnershipError as exc:
+            out.update(follows_spec=False, refused=f"step {k + 1}: {type(exc).__name__}: {exc}")
+            break
+        if e.abstract() != worlds[k + 1]:
+            out.update(follows_spec=False, refused=f"step {k + 1}: the engine's state differs")
+            break
+    out.update(violated=violated_safety(e.abstract(), c), damaged=e.damaged())
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         doc = load(args.file)
         verdict = replay_cex(doc, with_mutants=not args.without_mutants)
     except UsageError as exc:
         return refuse("replay", str(exc), args.json)
+    if args.engine:
+        verdict["engine"] = on_engine(doc, verdict)
     if args.json:
         print(json.dumps(verdict))
         return 1 if verdict["reproduced"] else 0
@@ -152,4 +188,10 @@ def run(args: argparse.Namespace) -> int:
         c = get_config(verdict["config"])
         text = pretty(c, frozenset(verdict["mutants"]), shown, verdict["violated"])
         print(text)
+    if args.engine:
+        eng = verdict["engine"]
+        follows = "follows the spec" if eng["follows_spec"] else f"departs: {eng['refused']}"
+        print(f"on the torch engine: {eng['steps']} steps, {follows}; end state breaks"
+              f" {', '.join(eng['violated']) or 'nothing'}; bytes off the truth:"
+              f" {', '.join(eng['damaged']) or 'none'}")  # fmt: skip
     return 1 if verdict["reproduced"] else 0

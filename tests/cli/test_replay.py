@@ -140,3 +140,19 @@ def test_check_trace_given_a_counterexample_points_to_replay(
     path = saved(capsys, tmp_path, "free_on_cancel_in_flight")
     rc, _, err = kvown(capsys, "check-trace", str(path))
     assert rc == 2 and f"`kvown replay {path}` replays it" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "broken"), [((), ["NoReuseUnderIO"]), (("--without-mutants",), [])]
+)
+def test_the_counterexample_replays_on_the_torch_engine(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: tuple[str, ...], broken: list[str]
+) -> None:
+    path = saved(capsys, tmp_path, "free_on_cancel_in_flight")
+    rc, out, _ = kvown(capsys, "replay", str(path), "--engine", "--json", *flags)
+    eng = json.loads(out)["engine"]
+    assert rc == (1 if broken else 0)
+    assert eng["follows_spec"] is True and eng["steps"] == len(
+        json.loads(path.read_text())["trace"]
+    )
+    assert eng["violated"] == broken
