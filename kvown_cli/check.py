@@ -7,11 +7,10 @@ import json
 import os
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvown_cli.junit import Case, write_junit
+from kvown_cli.progress import Progress, console
 from kvown_cli.usage import UsageError, output_path, refuse
 from model_checks.explicit.explore import Progress as ProgressFn
 from model_checks.explicit.runner import (
@@ -24,6 +23,7 @@ from model_checks.explicit.runner import (
 from model_checks.explicit.trace import pretty, to_dot
 from spec.config import SUITES, get_config
 from spec.mutants import MUTANTS, get_mutant
+from spec.strict_json import short
 
 HELP = "explore the spec exhaustively (default suite)"
 DOT_MAX_STATES = 5000  # to_dot's limit on a whole graph
@@ -47,8 +47,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cex-dir",
         metavar="DIR",
-        help="on a violation, write its counterexample there as JSON and DOT (CI artifacts)",
+        help="on a violation, write its counterexample there as JSON (kvown replay reads it)"
+        " and DOT; the folder is made when missing",
     )
+
+
+def _make_dir(path: str) -> None:
+    """The counterexample folder, made when missing (``--cex-dir cex`` in a fresh checkout)."""
+    if not path or "\0" in path:
+        raise UsageError("--cex-dir: empty or invalid path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--cex-dir: cannot make {short(path)}: {exc.strerror or exc}") from None
 
 
 def _err(args: argparse.Namespace, msg: str) -> int:
@@ -60,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         output_path(args.dot, "--dot")
         output_path(args.junit, "--junit")
         if args.cex_dir is not None:
+            _make_dir(args.cex_dir)
             output_path(os.path.join(args.cex_dir, "cex.json"), "--cex-dir")
     except UsageError as exc:
         return _err(args, str(exc))
@@ -91,32 +103,18 @@ def _pinned_states(name: str) -> int:
     return int(pinned.get("distinct_states", 0))
 
 
-def _progress_bar(console: Console, enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed} states"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not enabled,
-    )
-
-
 def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
-    err = Console(stderr=True)
     results: list[ConfigResult] = []
-    with _progress_bar(err, not args.json) as bar:
+    with Progress("check", len(names), "configs") as bar:
         for name in names:
-            task = bar.add_task(f"exploring {name}", total=None)
+            bar.update(note=f"exploring {name}")
 
-            def tick(n: int, frontier: int, task: Any = task) -> None:
-                bar.update(task, completed=n)
+            def tick(n: int, frontier: int, name: str = name) -> None:
+                bar.update(note=f"exploring {name}: {n:,} states")
 
             fn: ProgressFn = tick
-            res = check_config(name, progress=fn)
-            bar.update(task, completed=res.graph.n_states, visible=False)
-            results.append(res)
+            results.append(check_config(name, progress=fn))
+            bar.advance()
     rows = property_rows(results)
     violated = next((r for r in rows if not r["holds"]), None)
     if args.dot:
@@ -145,7 +143,7 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
             out.update(violated=first.prop, config=first.config, trace=first.steps)
         print(json.dumps(out))
         return 1 if first is not None else 0
-    con = Console()
+    con = console()
     ct = Table(title="configs")
     for col in ("config", "distinct states", "edges", "depth", "seconds", "states/s"):
         ct.add_column(col, justify="right" if col != "config" else "left")
@@ -182,17 +180,22 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
 
 
 def _suite_cases(results: list[ConfigResult]) -> list[Case]:
-    """One testcase per property x config; a failure carries the pretty counterexample."""
+    """One testcase per property x config; a failure carries the pretty counterexample.
+
+    The properties of a config are checked together, in one exploration: each testcase
+    gets an equal share of its config's time, so the suite's time is the run's."""
     from spec.properties import LIVENESS, SAFETY
 
     cases = []
+    props = (*SAFETY, *LIVENESS)
     for r in results:
         c = get_config(r.name)
-        for p in (*SAFETY, *LIVENESS):
+        share = r.seconds / len(props)
+        for p in props:
             v = r.violations.get(p.id)
             text = None if v is None else pretty(c, frozenset(), v.steps, p.id)
             msg = f"{p.id} violated on {r.name}" if v is not None else ""
-            cases.append(Case(f"kvown.check.{r.name}", p.id, r.seconds, text, msg))
+            cases.append(Case(f"kvown.check.{r.name}", p.id, share, text, msg))
     return cases
 
 
@@ -247,11 +250,13 @@ def _mutant(args: argparse.Namespace) -> int:
             "violated_all": r.violated,
             "trace": r.trace.steps if r.trace is not None else [],
             "trace_length": r.trace_length,
+            "incident": MUTANTS[r.name].seed_failure,
         }
         print(json.dumps(out))
         return 1 if r.violated else 0
-    con = Console()
+    con = console()
     con.print(f"mutant {r.name}: {MUTANTS[r.name].doc}", markup=False)
+    con.print(f"the failure it is: {MUTANTS[r.name].seed_failure}", markup=False)
     if r.trace is None:
         con.print(f"NOT CAUGHT: {r.expected} holds on {r.config}", markup=False)
         return 0
@@ -261,14 +266,12 @@ def _mutant(args: argparse.Namespace) -> int:
 
 
 def _all_mutants(args: argparse.Namespace) -> int:
-    err = Console(stderr=True)
     results: list[MutantResult] = []
-    with _progress_bar(err, not args.json) as bar:
-        task = bar.add_task("mutants", total=len(MUTANTS))
+    with Progress("check", len(MUTANTS), "mutants") as bar:
         for name in MUTANTS:
-            bar.update(task, description=f"mutant {name}")
+            bar.update(note=f"mutant {name}")
             results.append(check_mutant(name))
-            bar.advance(task)
+            bar.advance()
     ok = all(r.caught for r in results)
     if args.junit:
         write_junit(args.junit, "kvown check --all-mutants", [_mutant_case(r) for r in results])
@@ -303,5 +306,5 @@ def _all_mutants(args: argparse.Namespace) -> int:
             r.config,
             f"{r.seconds:.2f}",
         )
-    Console().print(t)
+    console().print(t)
     return 0 if ok else 1

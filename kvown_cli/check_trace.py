@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
             open_end=args.open,
         )
     except LogError as exc:
-        return _malformed(args, exc.msg, exc.line)
+        from kvown_cli.replay import cex_hint  # a saved counterexample is not an event log
+
+        return _malformed(args, exc.msg + cex_hint(args.file), exc.line)
     if args.junit:
         text = None if verdict.conforms else format_verdict(verdict)
         msg = f"line {verdict.line}: {verdict.violated}"

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-tp", type=int, default=2, help="prefill TP ranks (processes)")
     p.add_argument("--decode-tp", type=int, default=1, help="decode TP ranks (only 1)")
     p.add_argument(
-        "--kill", default=None, help="random | prefill:RANK@P%% | decode@P%% (SIGKILL a worker)"
+        "--kill", help="random | prefill:RANK@P%% | decode@P%% (SIGKILL a worker; default: none)"
     )
     p.add_argument("--cancel", type=float, default=0.05, help="probability a request is cancelled")
     p.add_argument("--delay", type=float, default=0.05, help="probability a control msg is delayed")
@@ -36,14 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop", type=float, default=0.02, help="probability a Ready is dropped")
     p.add_argument("--timeout", type=float, default=3.0, help="dead-peer / transfer timeout (s)")
     p.add_argument("--deadline", type=float, default=600.0, help="the whole run's bound (s)")
-    p.add_argument("--mutant", default=None, help="switch a refimpl mutant on in the workers")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mutant", help="switch a refimpl mutant on in the workers (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="the workload's and the faults' seed")
     p.add_argument("--steps", type=int, default=4, help="decode steps per request")
     p.add_argument("--max-inflight", type=int, default=4, help="requests admitted at once")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=8)
-    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--layers", type=int, default=2, help="layers of the tiny model")
+    p.add_argument("--kv-heads", type=int, default=2, help="KV heads (query heads: 4x)")
+    p.add_argument("--head-dim", type=int, default=8, help="head dimension")
+    p.add_argument("--block-size", type=int, default=8, help="tokens per KV block")
     p.add_argument("--no-raw", action="store_true", help="skip the raw send/recv baseline")
     p.add_argument("--log-dir", default="kvown-cluster-logs", help="event logs go here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -91,25 +91,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"kvown cluster: {e}", file=sys.stderr)
         return 2
-    from rich.console import Console
-    from rich.progress import Progress
     from rich.table import Table
 
+    from kvown_cli.progress import Progress, console
     from refimpl.cluster.router import run_cluster
 
-    con = Console(stderr=True)
-    if args.json:
-        rep = run_cluster(cfg)
-        print(json.dumps(rep.to_json()))
-        return 0 if rep.ok else 1
-    with Progress(console=con, transient=True) as bar:
-        task = bar.add_task("requests", total=cfg.requests)
+    with Progress("cluster", cfg.requests, "requests") as bar:
 
         def progress(done: int, total: int, counts: dict[str, int]) -> None:
             line = " ".join(f"{k}={v}" for k, v in counts.items() if k != "lost")
-            bar.update(task, completed=done, description=f"requests ({line})")
+            bar.update(done, note=line)
 
         rep = run_cluster(cfg, progress)
+    if args.json:
+        print(json.dumps(rep.to_json()))
+        return 0 if rep.ok else 1
     j = rep.to_json()
     t = Table(title=f"kvown cluster: {cfg.requests} requests, prefill TP={cfg.prefill_tp} -> "
               f"decode TP={cfg.decode_tp}, {rep.backend}")  # fmt: skip
@@ -131,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     for row in rows:
         t.add_row(*row)
-    out = Console()
+    out = console()
     out.print(t)
     for v in j["violations"]:
         out.print(

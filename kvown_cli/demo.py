@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
 from rich.table import Table
 
+from kvown_cli.progress import console
 from kvown_cli.usage import MAX_SEED, MAX_STEPS, int_in, refuse
 
 HELP = "the data path on a real attention model: handoff paths and their logits"
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         diff = f"{r.max_abs_diff:.3g}" + ("" if r.logits_equal else "  DIFFERS")
         row = (r.name, str(r.blocks_moved), str(r.bytes_moved), str(r.checksums_verified))
         t.add_row(*row, diff, r.note, style=None if r.logits_equal else "red")
-    con = Console()
+    con = console()
     con.print(t)
     con.print("every path bit-exact (torch.equal)" if ok else "[red]some path differs[/red]")
     return 0 if ok else 1
@@ -85,7 +85,7 @@ def _mismatch(args: argparse.Namespace) -> int:
         diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
         pool = "unchanged" if r.dst_unchanged else "written"
         t.add_row(r.name, check, outcome, diff, pool, str(r.leaked_blocks))
-    con = Console()
+    con = console()
     con.print(t)
     con.print("as expected" if ok else "[red]unexpected outcome[/red]")
     return 0 if ok else 1

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvown_cli.junit import Case, write_junit
+from kvown_cli.progress import Progress, console
 from kvown_cli.usage import (
     MAX_EXAMPLES,
     MAX_SECONDS,
@@ -108,25 +109,28 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     results: list[RunResult] = []
     shares: dict[str, tuple[int, int]] = {}
     err = Console(stderr=True)
-    for name in names:
-        cov = Coverage(states=set())
-        if not args.json:
-            err.print(f"fuzzing {name} ...", highlight=False)
-        res = hunt(
-            adapter,
-            name,
-            profile=args.profile,
-            examples=args.examples,
-            seconds=seconds,
-            coverage=cov,
-        )
-        results.append(res)
-        total.merge(cov)
-        if res.failed:
-            break
-        if args.coverage or _small(name):
-            assert cov.states is not None
-            shares[name] = state_share(cov.states, get_config(name))
+    with Progress("fuzz", len(names), "configs") as bar:
+        for name in names:
+            cov = Coverage(states=set())
+            bar.update(note=f"fuzzing {name}")
+            if not args.json:
+                err.print(f"fuzzing {name} ...", highlight=False)
+            res = hunt(
+                adapter,
+                name,
+                profile=args.profile,
+                examples=args.examples,
+                seconds=seconds,
+                coverage=cov,
+            )
+            results.append(res)
+            total.merge(cov)
+            bar.advance()
+            if res.failed:
+                break
+            if args.coverage or _small(name):
+                assert cov.states is not None
+                shares[name] = state_share(cov.states, get_config(name))
     failed = next((r for r in results if r.failed), None)
     detail = _failure_text(adapter, failed) if failed is not None else None
     if args.junit:
@@ -199,7 +203,7 @@ def _print_fuzz(
     shares: dict[str, tuple[int, int]],
     detail: str | None,
 ) -> None:
-    con = Console()
+    con = console()
     t = Table(title="fuzzing the correct engine")
     for col in ("config", "examples", "steps", "seconds", "verdict"):
         t.add_column(col, justify="left" if col in ("config", "verdict") else "right")
@@ -239,12 +243,26 @@ def _print_coverage(con: Console, cov: Coverage, shares: dict[str, tuple[int, in
 def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) -> int:
     err = Console(stderr=True)
     kills: list[Kill] = []
-    for name in names:
-        if not args.json:
-            err.print(f"hunting {name} ...", highlight=False)
-        kills.append(
-            kill(adapter, name, profile=args.profile, examples=args.examples, seconds=args.seconds)
-        )
+
+    def so_far() -> str:
+        got = Counter("n/a" if k.killed is None else str(k.killed) for k in kills)
+        return f"killed {got['True']}, survived {got['False']}"
+
+    with Progress("fuzz", len(names), "switches", summary=so_far) as bar:
+        for name in names:
+            bar.update(note=f"hunting {name}")
+            if not args.json:
+                err.print(f"hunting {name} ...", highlight=False)
+            kills.append(
+                kill(
+                    adapter,
+                    name,
+                    profile=args.profile,
+                    examples=args.examples,
+                    seconds=args.seconds,
+                )
+            )
+            bar.advance()
     ok = all(k.killed for k in kills if k.applicable)
     if args.junit:
         write_junit(args.junit, "kvown fuzz --mutant", [_kill_case(k) for k in kills])
@@ -266,7 +284,7 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
             f"{k.seconds:.1f}",
             k.caught or k.message,
         )
-    con = Console(width=max(Console().width, 150))
+    con = console()
     con.print(t)
     tally = Counter("n/a" if k.killed is None else str(k.killed) for k in kills)
     con.print(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
 from rich.table import Table
 
+from kvown_cli.progress import console
 from spec.actions import ACTIONS
 from spec.config import CONFIGS, DEFAULT_SUITE, SCALE
 from spec.mutants import MUTANTS
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(v))
         return 0
-    con = Console()
+    con = console()
     for key, cols in (
         ("actions", ("name", "actor", "kind")),
         ("properties", ("id", "kind", "doc")),

@@ -12,7 +12,10 @@ One exit-code contract for every command (the README's table):
   (``KVOWN_DEBUG=1`` shows the traceback instead);
 - 130: interrupted (Ctrl-C): one line, every child process ended.
 
-A closed stdout (``kvown list | head -1``) ends quietly with 0.
+A closed stdout (``kvown list | head -1``, ``kvown list >&-``) ends quietly with 0: the
+output is dropped, the exit code is the command's. ``kvown --version`` prints the version;
+a bare ``kvown`` prints the usage on stderr and exits 2 (as argparse does for a missing
+subcommand). Ctrl-C during a long command also prints what was done so far.
 """
 
 from __future__ import annotations
@@ -46,8 +49,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvown_cli.mutate",
         "one-edit mutants of the spec or refimpl, judged by the checkers",
     ),
+    "replay": ("kvown_cli.replay", "replay a saved counterexample (check --cex-dir) on the spec"),
 }
 EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Every option's help shows its default, unless the help names it already or there is
+    none to show (a flag, or an option whose absence the help explains)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or any(d is x for x in (None, False, True, argparse.SUPPRESS))
+            or d == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
 def _usage() -> str:
     lines = ["usage: kvown COMMAND [options]", "", "commands:"]
     lines += [f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines.append("\n`kvown COMMAND --help` for a command's options.")
+    lines.append("\n`kvown COMMAND --help` for a command's options; `kvown --version`.")
     lines.append("exit codes: 0 holds, 1 violation, 2 bad input, 3 internal error, 130 Ctrl-C")
     return "\n".join(lines)
 
@@ -98,8 +119,14 @@ def _mute_stderr() -> None:
     _REAL_STDERR.append(saved)
 
 
-def _say_interrupted(name: str) -> None:
-    line = f"kvown {name}: interrupted\n"
+def _partial() -> str | None:
+    """What the interrupted command had done (its progress line), if it had a progress."""
+    progress = sys.modules.get("kvown_cli.progress")
+    return None if progress is None else progress.partial()
+
+
+def _say_interrupted(name: str, done: str | None = None) -> None:
+    line = f"kvown {name}: interrupted" + (f" after {done}" if done else "") + "\n"
     if not _REAL_STDERR:
         print(line, end="", file=sys.stderr)
         return
@@ -154,12 +181,51 @@ def _silence_stdout() -> None:
         pass
 
 
+def version() -> str:
+    """The installed package's version; from a checkout not installed, pyproject's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("kvown")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        try:
+            return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+        except (OSError, KeyError, ValueError):
+            return "unknown"
+
+
+def _reopen_closed_std() -> None:
+    """A closed fd 1 or 2 (``kvown list >&-``): Python set sys.stdout/err to None. Point the
+    fd at /dev/null, so the command runs, its output is dropped and its exit code stands."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115
+        except OSError:
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _reopen_closed_std()
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(_usage())
         return EXIT_OK
+    if args and args[0] in ("-V", "--version"):
+        print(f"kvown {version()}")
+        return EXIT_OK
     if not args:
+        print(_usage(), file=sys.stderr)
         return _fail("", f"no command; valid commands: {', '.join(COMMANDS)}", False)
     name = args[0]
     as_json = "--json" in args[1:]
@@ -176,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _mute_stderr()
         _end_children()
-        _say_interrupted(name)
+        _say_interrupted(name, _partial())
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. piped into `head`: the reader has what it wanted
         _silence_stdout()
@@ -230,7 +296,7 @@ def _dispatch(name: str, argv: list[str], as_json: bool) -> int:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"not available ({exc})") from None
-    parser = _Parser(prog=f"kvown {name}", description=help_)
+    parser = _Parser(prog=f"kvown {name}", description=help_, formatter_class=_Formatter)
     module.add_arguments(parser)
     try:
         ns = parser.parse_args(argv)

@@ -15,6 +15,15 @@ A target names the files, the checks and the reviewed equivalents (``TARGETS``; 
 ``model_checks/mutation/target.py`` to add one). Each mutant runs in its own process on
 a temporary copy of the repository, ``--jobs`` at a time.
 
+Before it starts, a plan on stderr (how many mutants, checks, jobs), then an estimate of
+the whole run from the first mutants measured; progress lines as each mutant ends (and,
+in a log, at least once a minute); Ctrl-C prints the tally so far.
+
+``--target spec`` generates one-edit mutants of the spec's actions from their source (AST
+edits: drop a conjunct, negate or flip a comparison, shift a constant, drop an update,
+swap two effects...), judges each by the model check of the chosen suites in its own
+process; equivalent mutants are those on the reviewed list ``spec/equivalent_mutants.json``.
+
 Exit codes: 0 the kill rate (killed / (killed + survived), equivalents and timeouts
 apart) is at least ``--min-kill``; 1 it is below; 2 misuse.
 """
@@ -26,32 +35,49 @@ import importlib
 import json
 import math
 import sys
+import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
-from model_checks.mutation import MutantResult, Target, run_mutants, sample, summarise
+from kvown_cli.progress import Progress, duration
+from model_checks.mutation import Check, MutantResult, Target, run_mutants, sample, summarise
 from model_checks.mutation.runner import MAX_JOBS
 from spec.config import SUITES
 
 HELP = "one-edit mutants of the code, each judged by the checkers"
 TARGETS: dict[str, str] = {  # target name -> module with ``target(**options) -> Target``
     "refimpl": "refimpl.testing.mutate",
-    "spec": "kvown_cli.mutate_spec",  # judged by the model check: its own runner (run_spec)
+    "spec": "model_checks.mutation.spec_target",  # judged by the model check (_run_spec)
 }
+SPEC_SAMPLE = 120  # spec mutants sampled when --sample is not given
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="refimpl", help=f"one of {', '.join(TARGETS)}")
-    p.add_argument("--sample", type=int, metavar="N", help="run N mutants (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="which N (default 0)")
+    p.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help=f"run N mutants (default: all for refimpl, {SPEC_SAMPLE} for spec)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="which N")
     p.add_argument("--jobs", type=int, default=2, help=f"parallel mutants, 1..{MAX_JOBS}")
-    p.add_argument("--examples", type=int, metavar="N", help="fuzz examples per world")
+    p.add_argument(
+        "--examples", type=int, metavar="N", help="fuzz examples per world (default: the target's)"
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per check")
     p.add_argument("--no-unit", action="store_true", help="skip the unit-test column")
     p.add_argument("--min-kill", type=float, default=0.9, help="exit 1 below this kill rate")
     p.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     spec = p.add_argument_group("--target spec")
-    spec.add_argument("--suite", choices=sorted(SUITES), action="append", help="suites that judge")
+    spec.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        action="append",
+        help="suites that judge (repeatable; default: default)",
+    )
     spec.add_argument("--only", metavar="ID", action="append", default=[], help="these mutant ids")
     spec.add_argument(
         "--no-prefilter", action="store_true", help="model-check even mutants that change no step"
@@ -89,9 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.min_kill <= 1:
         return _err("--min-kill must be between 0 and 1")
     if args.target == "spec":
-        from kvown_cli.mutate_spec import run_spec
-
-        return run_spec(args)
+        return _run_spec(args)
     target = _build(args)
     mutants = target.mutants()
     picked = sample(mutants, args.sample, args.seed) if args.sample else mutants
@@ -100,19 +124,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"{m.id}  {m.file}:{m.line}  {m.description}")
         return 0
     equivalents = target.load_equivalents()
-
-    def progress(r: MutantResult) -> None:
-        cols = " ".join(f"{k}={v}" for k, v in r.outcomes.items())
-        print(f"{r.mutant.id}  {cols}  ({r.seconds:.0f} s)", file=sys.stderr, flush=True)
-
-    results = run_mutants(
-        target.root,
-        picked,
-        target.checks,
-        copy=target.copy,
-        jobs=args.jobs,
-        on_result=progress,
-    )
+    judge = ", ".join(c.name for c in target.checks)
+    with _Tally(len(picked), len(mutants), args.jobs, judge, target.checks) as tally:
+        results = run_mutants(
+            target.root,
+            picked,
+            target.checks,
+            copy=target.copy,
+            jobs=args.jobs,
+            on_result=tally.add,
+        )
     report = summarise(results, equivalents, target.checks)
     report = {"target": target.name, "generated": len(mutants), **report}
     report["results"] = [  # per mutant: each check's outcome and its last output line
@@ -128,11 +149,113 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+class _Tally:
+    """The plan before the run, the estimate after the first ``jobs`` mutants, a line per
+    mutant, the progress (and Ctrl-C's tally so far): one place for both targets."""
+
+    def __init__(
+        self, n: int, generated: int, jobs: int, judge: str, checks: Sequence[Check] | None = None
+    ) -> None:
+        self.n, self.jobs, self.checks = n, min(jobs, max(1, n)), checks
+        self.counts: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.progress = Progress("mutate", n, "mutants", summary=self.summary)
+        print(
+            f"kvown mutate: plan: {n} of {generated} mutants, {self.jobs} at a time,"
+            f" judged by {judge}; the time estimate follows the first {self.jobs}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self) -> _Tally:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def summary(self) -> str:
+        with self.lock:
+            return ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+
+    def add(self, r: MutantResult) -> None:
+        with self.lock:
+            status = r.status(self.checks)
+            self.counts[status] = self.counts.get(status, 0) + 1
+            done = sum(self.counts.values())
+        cols = " ".join(f"{k}={v}" for k, v in r.outcomes.items())
+        print(f"{r.mutant.id}  {cols}  ({r.seconds:.0f} s)", file=sys.stderr, flush=True)
+        if done == self.jobs and self.n > done:
+            each = (time.monotonic() - self.t0) / done * self.jobs  # wall per mutant per job
+            left = each * (self.n - done) / self.jobs
+            print(
+                f"kvown mutate: estimate: {each:.0f} s per mutant (the first {done}),"
+                f" about {duration(left)} more for the other {self.n - done}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.progress.advance()
+
+
+def _run_spec(args: argparse.Namespace) -> int:
+    """``--target spec``: sampled spec mutants, each judged by the model check."""
+    from model_checks.mutation import spec_target
+    from model_checks.mutation.equivalents import EquivalentsError
+
+    suites = tuple(args.suite or ["default"])
+    pool = spec_target.mutants()
+    n = len(args.only) if args.only else min(args.sample or SPEC_SAMPLE, len(pool))
+    known = {m.id: m for m in pool}
+    missing = [i for i in args.only if i not in known]
+    if missing:  # before the plan: bad input is one error line
+        return _err(f"unknown spec mutant ids: {', '.join(missing)}")
+    if args.list:
+        picked = [known[i] for i in args.only] or sample(pool, n, args.seed)
+        for m in picked:
+            print(f"{m.id}  {m.file}:{m.line}  {m.description}")
+        return 0
+    judge = f"the model check of {', '.join(suites)}"
+    try:
+        with _Tally(n, len(pool), args.jobs, judge) as tally:
+            report, results = spec_target.run(
+                suites,
+                n=args.sample or SPEC_SAMPLE,
+                seed=args.seed,
+                jobs=args.jobs,
+                timeout_s=args.timeout,
+                only=args.only,
+                prefilter=not args.no_prefilter,
+                coverage=not args.no_coverage,
+                on_result=tally.add,
+            )
+    except (ValueError, EquivalentsError) as exc:
+        return _err(str(exc))
+    rate = report.get("kill_rate")
+    ok = rate is None or float(rate) >= args.min_kill  # type: ignore[arg-type]
+    if args.json:
+        print(json.dumps(report))
+        return 0 if ok else 1
+    print(
+        f"{report['mutants']} mutants (of {report['generated']} generated) on"
+        f" {', '.join(report['suites'])}: {report['killed']} killed,"  # type: ignore[arg-type]
+        f" {len(report['survivors'])} survived, {report['timed_out']} timed out,"  # type: ignore[arg-type]
+        f" {report['equivalent']} equivalent (reviewed); kill rate {rate}"
+    )
+    for r in results:
+        detail = next(iter(r.details.values()), "")
+        print(f"  {r.status():8s} {r.mutant.id}  {r.mutant.description}  [{detail}]")
+    for s in report["survivors"]:  # type: ignore[attr-defined]
+        print(f"\nsurvivor {s['id']} ({s['file']}:{s['line']})\n{s['diff']}")
+    return 0 if ok else 1
+
+
 def _print(report: dict[str, Any], results: list[MutantResult]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from kvown_cli.progress import console
+
+    con = console()
     rate = report["kill_rate"]
     con.print(
         f"[bold]{report['target']}[/]: {report['mutants']} of {report['generated']} mutants run; "

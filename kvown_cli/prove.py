@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvown_cli.junit import Case, write_junit
+from kvown_cli.progress import Progress, console
 from kvown_cli.usage import MAX_JOBS, UsageError, int_in, output_path, refuse
 
 HELP = "z3: BMC of mutants, inductive invariants, layouts"
@@ -56,10 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _console() -> Console:
     """No emoji codes (``layout:bug:...`` is an id), and room for the ids in a pipe."""
-    con = Console(emoji=False, highlight=False)
-    if not con.is_terminal:
-        con.width = max(con.width, 140)
-    return con
+    return console()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,19 +82,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _claims(args: argparse.Namespace) -> int:
-    from model_checks.symbolic.claims import GROUPS, Claim, run_all
+    from model_checks.symbolic.claims import GROUPS, Claim, run_all, tasks
 
     t0 = time.perf_counter()
-    err = Console(stderr=True)
-    done = 0
+    groups = tuple(args.only or GROUPS)
+    n_tasks = len(tasks(groups, args.quick))  # the z3 tasks; a task gives one claim or more
+    with Progress("prove", n_tasks, "z3 tasks") as bar:
 
-    def tick(got: list[Claim]) -> None:
-        nonlocal done
-        done += len(got)
-        if not args.json:
-            err.print(f"[dim]{done} claims, {time.perf_counter() - t0:.0f}s[/dim]", end="\r")
+        def tick(got: list[Claim]) -> None:
+            bar.advance(note=f"last: {got[0].id}" if got else None)
 
-    claims = run_all(tuple(args.only or GROUPS), args.quick, max(1, args.jobs), tick)
+        claims = run_all(groups, args.quick, max(1, args.jobs), tick)
     wall = time.perf_counter() - t0
     ok = all(c.ok for c in claims)
     if args.junit:
@@ -107,7 +103,8 @@ def _claims(args: argparse.Namespace) -> int:
         print(json.dumps({"claims": out, "ok": ok, "wall_seconds": round(wall, 3)}))
         return 0 if ok else 1
     con = _console()
-    table = Table(title=f"kvown prove: {len(claims)} claims in {wall:.1f}s wall")
+    title = f"kvown prove: {len(claims)} claims (from {n_tasks} z3 tasks) in {wall:.1f}s wall"
+    table = Table(title=title)
     for col in ("claim", "method", "verdict", "seconds", "detail"):
         just: Any = "right" if col == "seconds" else "left"
         table.add_column(col, justify=just, no_wrap=col != "detail", overflow="fold")

@@ -5,8 +5,12 @@
     kvown repro --all [--json]         run every script; --json: {"repros": [...]}
 
 Each script is imported from its file and its ``run(out)`` returns a result record
-``{name, property, damage, prevented, ok}``; nothing is shelled out. Exit codes: 0 every
-reproduction behaved as documented, 1 some did not, 2 misuse (unknown name, no name).
+``{name, property, damage, prevented, ok}``; nothing is shelled out. A script that does
+not apply on this machine (it says ``n/a ...`` as its damage and its prevention, e.g. a
+CUDA-stream failure on CPU) is reported as skipped (``"skipped": REASON``), not as ok.
+
+Exit codes: 0 every reproduction that ran behaved as documented, 1 some did not, 2
+misuse (unknown name, no name).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kvown_cli.progress import Progress
 from kvown_cli.usage import refuse
 from spec.strict_json import short
 
@@ -75,7 +80,10 @@ def run_one(name: str, narrate: bool) -> dict[str, object]:
     from refimpl.replay import guarded
 
     res = guarded(name, m.PROPERTY, m.run, print if narrate else None)
-    return res.record()
+    rec = res.record()
+    if res.ok and res.damage == res.prevented and res.damage.startswith("n/a"):
+        rec["skipped"] = res.damage  # e.g. "n/a on CPU": it did not run here
+    return rec
 
 
 def _list(as_json: bool) -> int:
@@ -108,20 +116,27 @@ def run(args: argparse.Namespace) -> int:
         from refimpl.replay import prefetch
 
         prefetch(m.MUTANT for m in mods if m.MUTANT)
-    records = []
-    for n in names:
-        rec = run_one(n, narrate)
-        records.append(rec)
-        if not args.json and args.all:
-            mark = "ok  " if rec["ok"] else "FAIL"
-            print(f"{mark} {n}: {rec['property']}\n     damage:    {rec['damage']}")
-            print(f"     prevented: {rec['prevented']}")
+    records: list[dict[str, object]] = []
+    with Progress("repro", len(names), "scripts") as bar:
+        for n in names:
+            bar.update(note=f"running {n}")
+            rec = run_one(n, narrate)
+            records.append(rec)
+            bar.advance()
+            if not args.json and args.all:
+                mark = "skip" if "skipped" in rec else "ok  " if rec["ok"] else "FAIL"
+                print(f"{mark} {n}: {rec['property']}\n     damage:    {rec['damage']}")
+                print(f"     prevented: {rec['prevented']}")
     bad = [r["name"] for r in records if not r["ok"]]
+    skipped = [r["name"] for r in records if "skipped" in r]
     if args.json:
         print(json.dumps({"repros": records}))
     elif args.all:
         took = time.perf_counter() - t0
-        print(f"{len(records) - len(bad)} of {len(records)} behave as documented ({took:.1f} s)")
+        ran = len(records) - len(skipped)
+        print(f"{ran - len(bad)} of {ran} behave as documented ({took:.1f} s)")
+        if skipped:
+            print(f"skipped (not applicable here): {', '.join(map(str, skipped))}")
         if bad:
             print(f"not as documented: {', '.join(map(str, bad))}")
     return 1 if bad else 0

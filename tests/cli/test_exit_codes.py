@@ -121,6 +121,9 @@ def test_bad_input_exits_2_with_one_error_line(
     rc, out, err = kvown(capsys, *full)
     assert rc == 2
     lines = err.strip().splitlines()
+    if not argv:  # a bare `kvown`: the usage first, as argparse tools do, then the error line
+        assert lines[0] == "usage: kvown COMMAND [options]" and "commands:" in lines, err
+        lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith("error:"), err
     assert "Traceback" not in err
     if full != argv:

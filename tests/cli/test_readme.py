@@ -50,6 +50,7 @@ def test_the_ci_example_script_and_workflow_run_the_same_kvown_steps() -> None:
     for step in (
         'kvown check --junit "$OUT_DIR/junit/check.xml" --cex-dir "$OUT_DIR/artifacts"',
         'kvown check-trace "$log" --json --junit "$OUT_DIR/junit/trace-$name.xml"',
-        'kvown fuzz --profile ci --json --junit "$OUT_DIR/junit/fuzz.xml"',
+        'kvown fuzz --profile ci --json --junit "$OUT_DIR/junit/fuzz.xml" "${cap[@]}"',
+        "cap=(--examples 100 --seconds",
     ):
         assert step in shell and step in workflow, step

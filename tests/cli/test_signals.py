@@ -84,7 +84,8 @@ def test_ctrl_c_is_one_line_exit_130_and_no_worker_left(
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C sends: the whole group
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130
-    assert err.decode().strip().splitlines() == [f"kvown {argv[0]}: interrupted"]
+    (line,) = err.decode().strip().splitlines()  # one line: what was done so far, if anything
+    assert line.startswith(f"kvown {argv[0]}: interrupted"), line
     assert _group(p.pid) == []
 
 
