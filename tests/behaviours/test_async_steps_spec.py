@@ -120,7 +120,8 @@ def test_the_config_holds_every_property() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["free_with_step_in_flight", "freeze_with_step_in_flight", "preempt_with_step_in_flight"]
+    "name",
+    ["free_with_step_in_flight", "freeze_with_step_in_flight", "preempt_with_step_in_flight"],
 )
 def test_each_mutant_is_caught_with_its_property(name: str) -> None:
     r = check_mutant(name)
