@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import z3
 
+from model_checks.symbolic.behaviours.async_steps import step_held
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from model_checks.symbolic.props import ZPROPS
 from spec.state import (
@@ -351,6 +352,13 @@ STRENGTHENING: dict[str, Conj] = {
             " before Ready, and before the sender's position",
             _landed,
         ),
+        _r(
+            "StepHeld",
+            "a step register is 0 or 1, and 0 without async steps; a prefill step in"
+            " flight has its writable, unfrozen replica on a live prefill, a decode step"
+            " its writable replica on a live decode",
+            step_held,
+        ),
     )
 }
 
@@ -380,9 +388,16 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "SingleWriter": _HANDOFF,
     "NoPartialUse": (),
     "NothingLost": (*_HANDOFF, "SingleWriter"),
-    "FrozenSnapshot": (),
+    "FrozenSnapshot": ("StepHeld",),
     "Fencing": (),
-    "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
+    "NoReuseUnderIO": (
+        *_HANDOFF,
+        *_IO,
+        "SingleWriter",
+        "NothingLost",
+        "NoPartialUse",
+        "StepHeld",
+    ),
     "StickyEnd": (),
     "ManifestGate": (),
     "CapacityRefcount": (*_HANDOFF, "SingleWriter"),

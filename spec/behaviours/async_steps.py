@@ -76,9 +76,9 @@ def PrefillStepDispatch(w: World, c: Config, m: Mutants, i: int, arg: int) -> Re
     """Dispatch a step on prefill: the forward pass of a prefilling request, or a decode
     step of a running request whose prefill replica is writable and not in a handoff."""
     r = w.reqs[i]
-    if not c.async_steps or not w.p_up or r.pstep or r.p != WRITABLE:
+    if not c.async_steps or not w.p_up or r.pstep or r.p != WRITABLE or r.ps != IDLE:
         return NOT_ENABLED
-    if r.st == PREFILLING or (r.st == RUNNING and r.ps == IDLE and r.h == NONE):
+    if r.st == PREFILLING or (r.st == RUNNING and r.h == NONE):
         return put(w, i, r._replace(pstep=1))
     return NOT_ENABLED
 
