@@ -51,11 +51,12 @@ class AsyncStepActions(EnvActions):
         del self.inflight[(i, "p")]
         if s.forward:
             kv = self._compute_kv(i)
-            if r.status == PREFILLING:  # its output is used: the request runs
+            if self.p_status(i) == WRITABLE:  # into its own blocks (an ended one: discarded)
                 self.P.write_full(self.rid(i), s.blocks, kv)
-                self.truth[i] = kv
-                r.status, r.computed = RUNNING, True
-            else:  # ended meanwhile: the kernel wrote anyway; the output is discarded
+                self.truth[i], r.computed = kv, True
+                if r.status == PREFILLING:
+                    r.status = RUNNING
+            else:  # its blocks were taken from under it: the kernel writes anyway
                 self.P.write_full_raw(s.blocks, kv)
             return
         self._complete_token(i, s, "p")
@@ -78,12 +79,13 @@ class AsyncStepActions(EnvActions):
         self._complete_token(i, s, "d")
 
     def _complete_token(self, i: int, s: InFlight, worker: str) -> None:
-        """A token step's write lands through its block table. Its output is used when
-        the request still runs on the replica it was dispatched on (still writable);
-        otherwise it is discarded, and the bytes land where the table points."""
-        r, pools = self.req[i], self.P if worker == "p" else self.D
+        """A token step's write lands through its block table: in the request's own
+        writable replica (the token of an ended request is discarded, its bytes are its
+        own), or, where the blocks were freed or frozen under it, wherever the table
+        points."""
+        pools = self.P if worker == "p" else self.D
         live = self.p_status(i) == WRITABLE if worker == "p" else self.rx[i].phase == RX_COMMITTED
-        if r.status == RUNNING and live:
+        if live:
             self._append_token(i, pools, s.blocks, self.rid(i))
             return
         if s.slot is not None:
