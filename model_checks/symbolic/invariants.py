@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import z3
 
-from model_checks.symbolic.behaviours.async_steps import step_held
+from model_checks.symbolic.behaviours.async_steps import STEP_HELD_DOC, step_held
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from model_checks.symbolic.props import ZPROPS
 from spec.state import (
@@ -352,13 +352,7 @@ STRENGTHENING: dict[str, Conj] = {
             " before Ready, and before the sender's position",
             _landed,
         ),
-        _r(
-            "StepHeld",
-            "a step register is 0 or 1, and 0 without async steps; a prefill step in"
-            " flight has its writable, unfrozen replica on a live prefill, a decode step"
-            " its writable replica on a live decode",
-            step_held,
-        ),
+        _r("StepHeld", STEP_HELD_DOC, step_held),
     )
 }
 
@@ -381,6 +375,7 @@ _IO = (
     "ChunkOnce",
     "LandedSent",
     "ChunksHaveHome",
+    "StepHeld",
 )
 # Per property: the conjuncts its proof uses (from minimized unsat cores, closed under
 # the same relation; spec/INVARIANTS.md explains each). Property IDs may support others.
@@ -390,14 +385,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "NothingLost": (*_HANDOFF, "SingleWriter"),
     "FrozenSnapshot": ("StepHeld",),
     "Fencing": (),
-    "NoReuseUnderIO": (
-        *_HANDOFF,
-        *_IO,
-        "SingleWriter",
-        "NothingLost",
-        "NoPartialUse",
-        "StepHeld",
-    ),
+    "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
     "StickyEnd": (),
     "ManifestGate": (),
     "CapacityRefcount": (*_HANDOFF, "SingleWriter"),

@@ -79,6 +79,13 @@ def steps_write_writable(x: Ctx, r: RV) -> Z:
     )
 
 
+STEP_HELD_DOC = (
+    "a step register is 0 or 1, and 0 without async steps; a prefill step in flight has"
+    " its writable, unfrozen replica on a live prefill, a decode step its writable"
+    " replica on a live decode"
+)
+
+
 def step_held(x: Ctx, r: RV) -> Z:
     """The conjunct ``StepHeld``: the step registers are 0 or 1, and 0 without the
     switch; a prefill step in flight has its writable, unfrozen replica on a live
@@ -93,6 +100,7 @@ def step_held(x: Ctx, r: RV) -> Z:
 
 
 __all__ = [
+    "STEP_HELD_DOC",
     "DecodeStepComplete",
     "DecodeStepDispatch",
     "PrefillStepComplete",
