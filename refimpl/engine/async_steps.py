@@ -46,7 +46,7 @@ class AsyncStepActions(EnvActions):
     def PrefillStepComplete(self, req: int) -> None:
         i, r = req, self.req[req]
         s = self.inflight.get((i, "p"))
-        if not self.p_up or s is None:
+        if not self.config.async_steps or not self.p_up or s is None:
             raise self._ne("PrefillStepComplete", i)
         del self.inflight[(i, "p")]
         if s.forward:
@@ -73,7 +73,7 @@ class AsyncStepActions(EnvActions):
     def DecodeStepComplete(self, req: int) -> None:
         i = req
         s = self.inflight.get((i, "d"))
-        if not self.d_up or s is None:
+        if not self.config.async_steps or not self.d_up or s is None:
             raise self._ne("DecodeStepComplete", i)
         del self.inflight[(i, "d")]
         self._complete_token(i, s, "d")

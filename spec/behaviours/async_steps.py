@@ -87,7 +87,7 @@ def PrefillStepComplete(w: World, c: Config, m: Mutants, i: int, arg: int) -> Re
     """The step's output is processed: the blocks it wrote are the request's again; a
     prefilled request runs; an ended one keeps its status (the output is discarded)."""
     r = w.reqs[i]
-    if not w.p_up or not r.pstep:
+    if not c.async_steps or not w.p_up or not r.pstep:
         return NOT_ENABLED
     if r.st == PREFILLING:
         return put(w, i, r._replace(pstep=0, st=RUNNING))
@@ -105,7 +105,7 @@ def DecodeStepDispatch(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
 def DecodeStepComplete(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """The decode step's output is processed (an ended request's output is discarded)."""
     r = w.reqs[i]
-    if not w.d_up or not r.dstep:
+    if not c.async_steps or not w.d_up or not r.dstep:
         return NOT_ENABLED
     return put(w, i, r._replace(dstep=0))
 

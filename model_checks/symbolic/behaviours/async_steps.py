@@ -43,7 +43,7 @@ def PrefillStepDispatch(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 def PrefillStepComplete(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("PrefillStepComplete")
-    R.no(O(N(x.p_up), r.pstep == 0))
+    R.no(O(N(x.c.async_steps), N(x.p_up), r.pstep == 0))
     R.go(r.st == PREFILLING, pstep=0, st=RUNNING)
     R.go(pstep=0)
     return R
@@ -58,7 +58,7 @@ def DecodeStepDispatch(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 def DecodeStepComplete(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeStepComplete")
-    R.no(O(N(x.d_up), r.dstep == 0))
+    R.no(O(N(x.c.async_steps), N(x.d_up), r.dstep == 0))
     R.go(dstep=0)
     return R
 
