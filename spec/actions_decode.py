@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from spec.behaviours.async_steps import step_blocks_free
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -166,7 +167,7 @@ def DecodeCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def DecodeStep(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
-    if not w.d_up or r.d != WRITABLE or r.st != RUNNING:
+    if c.async_steps or not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
     return w
 
@@ -175,6 +176,8 @@ def DecodeFinish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
+    if (busy := step_blocks_free(c, r, "d", m)) is not None:
+        return busy
     return _free(w, i, r._replace(st=FINISHED))
 
 
@@ -188,6 +191,8 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     invalid = r.d in _WAITING and r.dfl & (DF_CORRUPT | DF_MISMATCH)
     if r.st == RUNNING and not invalid:
         return NOT_ENABLED
+    if (busy := step_blocks_free(c, r, "d", m)) is not None:
+        return busy
     net = r.net if r.d == WRITABLE else send(w, r.net, msg(M_NACK, r.dep))
     if r.d in _WAITING and r.landed != full_chunks(c, r.hit):  # a writer may still land
         if invalid and r.st == RUNNING:  # a bad attempt: fence its writes, free now

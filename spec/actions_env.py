@@ -126,6 +126,7 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
                     ps=IDLE,
                     sent=0,
                     phit=0,
+                    pstep=0,
                     net=tuple(
                         x for x in r.net if msg_kind(x) not in CHUNKS and msg_kind(x) in TO_DECODE
                     ),
@@ -144,6 +145,7 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
                     rmask=0,
                     rcnt=0,
                     dfl=0,
+                    dstep=0,
                     net=tuple(x for x in r.net if msg_kind(x) in TO_PREFILL),
                 ),
                 r.d,

@@ -7,6 +7,11 @@ message code for actions that consume a message (0 otherwise), ``m`` the mutants
 
 from __future__ import annotations
 
+from spec.behaviours.async_steps import (
+    step_blocks_free,
+    step_blocks_freeze,
+    step_blocks_preempt,
+)
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -67,7 +72,7 @@ def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def PrefillRun(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
-    if not w.p_up or r.st != PREFILLING or r.p != WRITABLE:
+    if c.async_steps or not w.p_up or r.st != PREFILLING or r.p != WRITABLE:
         return NOT_ENABLED
     return put(w, i, r._replace(st=RUNNING))
 
@@ -75,7 +80,7 @@ def PrefillRun(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 def PrefillDecodeStep(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Append one token's KV to the writable replica (abstractly: a self-loop)."""
     r = w.reqs[i]
-    if not w.p_up or r.st != RUNNING:
+    if c.async_steps or not w.p_up or r.st != RUNNING:
         return NOT_ENABLED
     if r.p == WRITABLE and r.ps == IDLE:
         return w
@@ -90,6 +95,8 @@ def PrefillFinish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or r.st != RUNNING or r.p != WRITABLE or r.ps != IDLE or r.h != NONE:
         return NOT_ENABLED
+    if (busy := step_blocks_free(c, r, "p", m)) is not None:
+        return busy
     return put(w, i, r._replace(st=FINISHED, p=NONE))
 
 
@@ -99,6 +106,8 @@ def PrefillPreempt(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if not c.recompute or not w.p_up or r.st != RUNNING or r.ps != IDLE or r.mv >= c.max_moves:
         return NOT_ENABLED
     if r.p == WRITABLE and r.h == NONE:
+        if (busy := step_blocks_preempt(c, r, m)) is not None:
+            return busy
         return put(w, i, r._replace(st=PREEMPTED, p=NONE, mv=r.mv + 1))
     if r.p == COMPLETE and r.h == FILLING:  # an offload is still reading these blocks
         if "preempt_during_store" in m:
@@ -115,6 +124,8 @@ def PrefillOffloadBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Re
         return NOT_ENABLED
     if used_h(w, c) + c.blocks > c.cap_h:
         return refuse("CapacityRefcount")
+    if (busy := step_blocks_freeze(c, r, m)) is not None:
+        return busy
     return put(w, i, r._replace(p=COMPLETE, h=FILLING, hl=0, mv=r.mv + 1))
 
 
@@ -175,6 +186,8 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.h != NONE or r.ep >= c.max_attempts:
         return NOT_ENABLED
+    if (busy := step_blocks_freeze(c, r, m)) is not None:
+        return busy
     e = r.ep + 1
     net = send(w, r.net, msg(M_HANDOFF, e))
     return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net))
@@ -261,6 +274,8 @@ def PrefillQuiesce(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.ps != IDLE and chunks_in_flight(r, r.ep):
         return refuse("NoReuseUnderIO")
+    if (busy := step_blocks_free(c, r, "p", m)) is not None:
+        return busy
     net = send(w, r.net, msg(M_QUIESCED, r.ep)) if r.ps != IDLE else r.net
     return put(w, i, r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0, net=net))
 

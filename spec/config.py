@@ -35,6 +35,7 @@ class Config:
     fault_kinds: frozenset[str] = field(default_factory=frozenset)
     max_attempts: int = 2  # handoff epochs per request
     max_moves: int = 1  # offloads + preemptions per request
+    async_steps: bool = False  # steps are dispatched, then complete (spec/behaviours/async_steps)
 
     def __post_init__(self) -> None:
         problems = []
@@ -190,6 +191,22 @@ NEW_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in NEW_WORLDS)
 
+# Worlds of the engine behaviours of issue #21 (spec/behaviours), one per behaviour.
+BEHAVIOUR_WORLDS: tuple[Config, ...] = (
+    Config(
+        name="async_handoff",
+        doc="one request, 1 block, async steps (dispatch, then complete) on both workers;"
+        " handoff, cancel, recompute preemption",
+        blocks=1,
+        cap_p=1,
+        cap_d=1,
+        recompute=True,
+        max_attempts=1,
+        async_steps=True,
+    ),
+)
+CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
+
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -197,6 +214,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "offload_contend",
     "prefix_share",
     "handoff_two",
+    "async_handoff",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
 # ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured

@@ -141,6 +141,28 @@ MUTANTS: dict[str, Mutant] = {
             "sglang #31800 (no timeout in the Transferring state)",
             "DecodeTimeout fires only before the first chunk lands.",
         ),
+        Mutant(
+            "free_with_step_in_flight",
+            "NoReuseUnderIO",
+            ("async_handoff",),
+            "async scheduling: abort/finish frees blocks an in-flight step still writes"
+            " (vllm async scheduling, SGLang overlap scheduler)",
+            "A finish, abort or quiesce frees the blocks while a dispatched step writes them.",
+        ),
+        Mutant(
+            "freeze_with_step_in_flight",
+            "FrozenSnapshot",
+            ("async_handoff",),
+            "async scheduling: the handoff snapshot is frozen while a dispatched step writes it",
+            "PrefillFreeze freezes and sends the source while a dispatched step still writes it.",
+        ),
+        Mutant(
+            "preempt_with_step_in_flight",
+            "NoReuseUnderIO",
+            ("async_handoff",),
+            "async scheduling: a preemption frees blocks an in-flight step still writes",
+            "PrefillPreempt drops the blocks while a dispatched step still writes them.",
+        ),
     )
 }
 

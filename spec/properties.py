@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from spec.behaviours.async_steps import steps_drained, steps_held, steps_write_writable
 from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -67,7 +68,7 @@ def nothing_lost(w: World, c: Config) -> bool:
 
 
 def frozen_snapshot(w: World, c: Config) -> bool:
-    return all(not r.g & G_FROZEN_WRITE for r in w.reqs)
+    return all(not r.g & G_FROZEN_WRITE for r in w.reqs) and steps_write_writable(w, c)
 
 
 def fencing(w: World, c: Config) -> bool:
@@ -75,6 +76,8 @@ def fencing(w: World, c: Config) -> bool:
 
 
 def no_reuse_under_io(w: World, c: Config) -> bool:
+    if not steps_held(w, c):  # a step in flight writes blocks its worker freed
+        return False
     for r in w.reqs:
         if r.g & G_FOREIGN:
             return False
@@ -132,6 +135,8 @@ def quiescent_terminal(w: World, c: Config) -> bool:
     """Liveness goal: every request ended, no block held, nothing in flight."""
     for r in w.reqs:
         if r.st not in ENDED or r.p or r.d or r.h or r.ps != IDLE or r.net:
+            return False
+        if c.async_steps and not steps_drained(r):
             return False
     return w.pfx_ref == 0
 

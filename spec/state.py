@@ -129,6 +129,8 @@ class Req(NamedTuple):
     mv: int = 0  # offloads + preemptions so far (bounded by the config)
     g: int = 0  # ghost history flags (G_*)
     net: tuple[int, ...] = ()  # messages in flight, sorted (a multiset)
+    pstep: int = 0  # a step dispatched on prefill, not yet completed (async_steps)
+    dstep: int = 0  # a step dispatched on decode, not yet completed (async_steps)
 
 
 class World(NamedTuple):
@@ -200,6 +202,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("rmask", 0 <= r.rmask < (1 << src_tp)),
             ("hl/gl", 0 <= r.hl <= n_blocks and 0 <= r.gl <= n_blocks),
             ("net", list(r.net) == sorted(r.net)),
+            ("pstep/dstep", r.pstep in (0, 1) and r.dstep in (0, 1)),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

@@ -90,6 +90,8 @@ _PROGRESS = frozenset(
         "DecodeCommit",
         "DecodeStep",
         "DecodeFinish",
+        "PrefillStepDispatch",
+        "DecodeStepDispatch",
     }
 )
 
@@ -145,6 +147,8 @@ _EFFECT: dict[str, Callable[[Req], Req]] = {
     "DecodeAbort": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
     "DecodeTimeout": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
     "DecodeReclaim": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
+    "PrefillStepDispatch": lambda r: r._replace(pstep=1),  # async steps: a step now writes
+    "DecodeStepDispatch": lambda r: r._replace(dstep=1),
 }
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from model_checks.explicit.explore import Graph, Label
 from spec.actions import ACTIONS
+from spec.behaviours.async_steps import DISPATCHES
 from spec.properties import decode_waiting, prefill_waiting, quiescent_terminal
 from spec.state import NONE, RUNNING, WRITABLE, World
 
@@ -203,11 +204,14 @@ def _terminates_within(gr: Graph, ed: _Edges, m: int, what: str) -> LiveResult |
     return LiveResult("FairTermination", False, worst, _walk(par, worst), what)
 
 
-def sccs(gr: Graph) -> list[list[int]]:
+def sccs(gr: Graph, skip: frozenset[str] = frozenset()) -> list[list[int]]:
     """The strongly connected components of the explored graph that hold a cycle (two
-    or more states, or one state with a self-loop): iterative Tarjan on the arrays."""
+    or more states, or one state with a self-loop): iterative Tarjan on the arrays.
+    Edges of the actions named in ``skip`` are left out."""
     n = gr.n_states
     dst, fe, n_edges = gr.dst, gr.first_edge, gr.n_edges
+    if skip:  # a left-out edge points to a state that is never on the stack (-1)
+        dst = [-1 if lb[0] in skip else d for d, lb in zip(dst, gr.lab, strict=True)]
     ends = [*fe[1:], n_edges] if fe else []
     ends.extend([0] * (n - len(ends)))
     starts = [*fe, *([0] * (n - len(fe)))]
@@ -232,6 +236,8 @@ def sccs(gr: Graph) -> list[list[int]]:
             while e < end:
                 t = dst[e]
                 e += 1
+                if t < 0:
+                    continue
                 if index[t] == -1:
                     work[-1] = (v, e)
                     index[t] = low[t] = counter
@@ -265,7 +271,9 @@ def sccs(gr: Graph) -> list[list[int]]:
 
 def _fair_sccs(gr: Graph, ed: _Edges) -> LiveResult | None:
     worst: int | None = None
-    for comp in sccs(gr):
+    # finite output: a request dispatches finitely many async steps (the cycle of
+    # dispatch and completion is the async form of DecodeStep's self-loop)
+    for comp in sccs(gr, DISPATCHES if gr.config.async_steps else frozenset()):
         # a protocol action enabled in every state of the SCC, with an edge leaving it,
         # is forced by weak fairness: then no fair run stays in the SCC forever
         members = set(comp)

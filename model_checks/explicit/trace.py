@@ -97,7 +97,8 @@ def _field(name: str, v: int) -> str:
 def describe(r: Req) -> str:
     """A compact one-line rendering of a request."""
     parts = [f"{f}={_field(f, getattr(r, f))}" for f in ("st", "p", "d", "h", "ps")]
-    parts += [f"{f}={getattr(r, f)}" for f in ("ep", "dep", "landed", "rmask") if getattr(r, f)]
+    shown = ("ep", "dep", "landed", "rmask", "pstep", "dstep")
+    parts += [f"{f}={getattr(r, f)}" for f in shown if getattr(r, f)]
     if r.net:
         parts.append("net=[" + ", ".join(msg_str(x) for x in r.net) + "]")
     return " ".join(parts)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from model_checks.symbolic.actions_prefill import timeouts_allowed
+from model_checks.symbolic.behaviours.async_steps import busy_free
 from model_checks.symbolic.core import EQ, IN, ITE, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z, flag
 from spec.state import (
     CANCELLED,
@@ -177,7 +178,7 @@ def DecodeCommit(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 def DecodeStep(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeStep")
-    R.no(O(N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
+    R.no(O(x.c.async_steps, N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
     R.go()  # a self-loop
     return R
 
@@ -185,6 +186,7 @@ def DecodeStep(x: Ctx, r: RV, a: Msg | None) -> Rules:
 def DecodeFinish(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeFinish")
     R.no(O(N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
+    R.no(busy_free(x, r, "d"), "NoReuseUnderIO")
     R.go(st=FINISHED, **free(x, r))
     return R
 
@@ -194,6 +196,7 @@ def DecodeAbort(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.d_up), IN(r.d, (NONE, QUARANTINED))))
     invalid = A(IN(r.d, WAITING), O(flag(r.dfl, DF_CORRUPT), flag(r.dfl, DF_MISMATCH)))
     R.no(A(r.st == RUNNING, N(invalid)))
+    R.no(busy_free(x, r, "d"), "NoReuseUnderIO")
     net = [NetOp("send", M_NACK, r.dep, 0, when=r.d != WRITABLE)]
     in_flight = A(IN(r.d, WAITING), N(x.lfull(r.landed, r.hit)))  # a writer may still land
     fence = [*net, NetOp("drop", e=r.dep)]  # a bad attempt: fence its writes, free now
@@ -334,6 +337,7 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
         def lost_p(r: RV) -> dict[str, Z]:
             fails = A(IN(r.st, LIVE), N(IN(r.d, _HELD)))
             out = {"p": NONE, "h": NONE, "hl": 0, "gl": 0, "ps": IDLE, "sent": 0, "phit": 0}
+            out["pstep"] = 0
             out["st"] = ITE(fails, FAILED, r.st)
             out["g"] = ITE(fails, r.g | G_END_FAILED, r.g)
             return out
@@ -347,6 +351,7 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
         fails = A(IN(r.st, LIVE), lost)  # spec: _lost_with_decode
         out = {"d": NONE, "hit": 0, "landed": x.lempty(), "rmask": x.rzero(), "rcnt": 0}
         out["dfl"] = 0
+        out["dstep"] = 0
         out["st"] = ITE(fails, FAILED, r.st)
         out["g"] = ITE(fails, r.g | G_END_FAILED, r.g)
         return out

@@ -8,6 +8,7 @@ fields). Keep the two files side by side when editing either.
 
 from __future__ import annotations
 
+from model_checks.symbolic.behaviours.async_steps import busy_free, busy_freeze, busy_preempt
 from model_checks.symbolic.core import EQ, IN, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z
 from spec.state import (
     AWAIT_ACK,
@@ -55,14 +56,14 @@ def PrefillAdmit(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 def PrefillRun(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("PrefillRun")
-    R.no(O(N(x.p_up), r.st != PREFILLING, r.p != WRITABLE))
+    R.no(O(x.c.async_steps, N(x.p_up), r.st != PREFILLING, r.p != WRITABLE))
     R.go(st=RUNNING)
     return R
 
 
 def PrefillDecodeStep(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("PrefillDecodeStep")
-    R.no(O(N(x.p_up), r.st != RUNNING))
+    R.no(O(x.c.async_steps, N(x.p_up), r.st != RUNNING))
     R.go(A(r.p == WRITABLE, r.ps == IDLE))  # a self-loop
     frozen = A(r.p == COMPLETE, O(r.ps != IDLE, r.h == FILLING))
     if "source_writes_while_frozen" in x.m:
@@ -76,6 +77,7 @@ def PrefillDecodeStep(x: Ctx, r: RV, a: Msg | None) -> Rules:
 def PrefillFinish(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("PrefillFinish")
     R.no(O(N(x.p_up), r.st != RUNNING, r.p != WRITABLE, r.ps != IDLE, r.h != NONE))
+    R.no(busy_free(x, r, "p"), "NoReuseUnderIO")
     R.go(st=FINISHED, p=NONE)
     return R
 
@@ -83,7 +85,9 @@ def PrefillFinish(x: Ctx, r: RV, a: Msg | None) -> Rules:
 def PrefillPreempt(x: Ctx, r: RV, a: Msg | None) -> Rules:
     c, R = x.c, Rules("PrefillPreempt")
     R.no(O(N(c.recompute), N(x.p_up), r.st != RUNNING, r.ps != IDLE, r.mv >= c.max_moves))
-    R.go(A(r.p == WRITABLE, r.h == NONE), st=PREEMPTED, p=NONE, mv=r.mv + 1)
+    writable = A(r.p == WRITABLE, r.h == NONE)
+    R.no(A(writable, busy_preempt(x, r)), "NoReuseUnderIO")
+    R.go(writable, st=PREEMPTED, p=NONE, mv=r.mv + 1)
     under_io = A(r.p == COMPLETE, r.h == FILLING)
     if "preempt_during_store" in x.m:
         R.go(under_io, st=PREEMPTED, p=NONE, mv=r.mv + 1)
@@ -98,6 +102,7 @@ def PrefillOffloadBegin(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(c.offload), N(x.p_up), r.st != RUNNING, r.p != WRITABLE, r.ps != IDLE))
     R.no(O(r.h != NONE, r.mv >= c.max_moves))
     R.no(x.used_h() + c.blocks > c.cap_h, "CapacityRefcount")
+    R.no(busy_freeze(x, r), "FrozenSnapshot")
     R.go(p=COMPLETE, h=FILLING, hl=0, mv=r.mv + 1)
     return R
 
@@ -151,6 +156,7 @@ def PrefillFreeze(x: Ctx, r: RV, a: Msg | None) -> Rules:
     c, R = x.c, Rules("PrefillFreeze")
     R.no(O(N(c.handoff), N(x.p_up), r.st != RUNNING, r.p != WRITABLE, r.ps != IDLE))
     R.no(O(r.h != NONE, r.ep >= c.max_attempts))
+    R.no(busy_freeze(x, r), "FrozenSnapshot")
     e = r.ep + 1
     send = NetOp("send", M_HANDOFF, e, 0)
     R.go(net=[send], p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0)
@@ -232,6 +238,7 @@ def PrefillQuiesce(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.p_up), N(IN(r.st, ENDED))))
     R.no(A(r.p == NONE, r.h == NONE, r.ps == IDLE))
     R.no(A(r.ps != IDLE, N(r.net.no_chunks(r.ep))), "NoReuseUnderIO")
+    R.no(busy_free(x, r, "p"), "NoReuseUnderIO")
     send = NetOp("send", M_QUIESCED, r.ep, 0, when=r.ps != IDLE)
     R.go(net=[send], p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0)
     return R

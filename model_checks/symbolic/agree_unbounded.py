@@ -65,6 +65,7 @@ class UChecker:
             p.offload == c.offload,
             p.recompute == c.recompute,
             p.cancel == c.cancel,
+            p.async_steps == c.async_steps,
         ]
         fixed += [v == (k in c.fault_kinds) for k, v in p.fault_kinds.items()]
         if len(self.reqs) > 1:

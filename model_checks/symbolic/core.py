@@ -52,6 +52,8 @@ FIELDS: tuple[str, ...] = (
     "gl",
     "mv",
     "g",
+    "pstep",
+    "dstep",
 )
 GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
 BV_FIELDS = {"dfl": 3, "g": 6}  # flag words (rmask and landed: width from the domain)
@@ -246,6 +248,8 @@ class RV:
     mv: Z
     g: Z
     net: NetView
+    pstep: Z = 0  # async steps (spec/behaviours/async_steps): a step in flight on prefill
+    dstep: Z = 0  # ... and on decode
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -269,6 +273,7 @@ class Params:
     max_attempts: Z
     max_moves: Z
     fault_kinds: dict[str, Z]
+    async_steps: Z = False
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -287,6 +292,7 @@ class Params:
             max_attempts=c.max_attempts,
             max_moves=c.max_moves,
             fault_kinds={k: k in c.fault_kinds for k in sorted(FAULT_KINDS)},
+            async_steps=c.async_steps,
         )
 
 

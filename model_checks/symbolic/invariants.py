@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import z3
 
+from model_checks.symbolic.behaviours.async_steps import STEP_HELD_DOC, step_held
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from model_checks.symbolic.props import ZPROPS
 from spec.state import (
@@ -351,6 +352,7 @@ STRENGTHENING: dict[str, Conj] = {
             " before Ready, and before the sender's position",
             _landed,
         ),
+        _r("StepHeld", STEP_HELD_DOC, step_held),
     )
 }
 
@@ -373,6 +375,7 @@ _IO = (
     "ChunkOnce",
     "LandedSent",
     "ChunksHaveHome",
+    "StepHeld",
 )
 # Per property: the conjuncts its proof uses (from minimized unsat cores, closed under
 # the same relation; spec/INVARIANTS.md explains each). Property IDs may support others.
@@ -380,7 +383,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "SingleWriter": _HANDOFF,
     "NoPartialUse": (),
     "NothingLost": (*_HANDOFF, "SingleWriter"),
-    "FrozenSnapshot": (),
+    "FrozenSnapshot": ("StepHeld",),
     "Fencing": (),
     "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
     "StickyEnd": (),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from model_checks.symbolic.behaviours.async_steps import steps_held, steps_write_writable
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from spec.properties import SAFETY
 from spec.state import (
@@ -94,7 +95,10 @@ ZPROPS: dict[str, ZProp] = {
                 N(IN(r.st, (PREFILLING, RUNNING))), IN(r.p, HELD), IN(r.d, HELD), r.h == COMPLETE
             ),
         ),
-        ZProp("FrozenSnapshot", lambda x, r: N(flag(r.g, G_FROZEN_WRITE))),
+        ZProp(
+            "FrozenSnapshot",
+            lambda x, r: A(N(flag(r.g, G_FROZEN_WRITE)), steps_write_writable(x, r)),
+        ),
         ZProp("Fencing", lambda x, r: N(flag(r.g, G_STALE))),
         ZProp(
             "NoReuseUnderIO",
@@ -102,6 +106,7 @@ ZPROPS: dict[str, ZProp] = {
                 N(flag(r.g, G_FOREIGN)),
                 N(A(r.h == FILLING, r.p != COMPLETE)),
                 N(A(r.p == FILLING, N(IN(r.h, (COMPLETE, FILLING))))),
+                steps_held(x, r),
             ),
             msg=_reuse_msg,
             msg_kinds=frozenset(CHUNKS),

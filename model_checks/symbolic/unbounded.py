@@ -59,7 +59,9 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
     """Symbolic config bounds and the facts every config satisfies (named)."""
     i = {n: z3.Int(f"cfg_{n}") for n in ("blocks", "cap_p", "cap_d", "cap_h", "prefix")}
     j = {n: z3.Int(f"cfg_{n}") for n in ("faults", "max_attempts", "max_moves")}
-    b = {n: z3.Bool(f"cfg_{n}") for n in ("handoff", "offload", "recompute", "cancel")}
+    b = {
+        n: z3.Bool(f"cfg_{n}") for n in ("handoff", "offload", "recompute", "cancel", "async_steps")
+    }
     p = Params(
         blocks=i["blocks"],
         src_tp=src_tp,
@@ -75,6 +77,7 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         max_attempts=j["max_attempts"],
         max_moves=j["max_moves"],
         fault_kinds={k: z3.Bool(f"cfg_fault_{k}") for k in sorted(FAULT_KINDS)},
+        async_steps=b["async_steps"],
     )
     facts = [
         ("cfg: blocks >= 1", p.blocks >= 1),

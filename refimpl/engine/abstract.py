@@ -26,6 +26,7 @@ import torch
 from refimpl.blocks import BlockStatus
 from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.chunks import pin_name
+from refimpl.engine.async_steps import AsyncStepActions
 from refimpl.engine.base import (
     PREFIX_CACHE,
     RX_COMMITTED,
@@ -35,7 +36,6 @@ from refimpl.engine.base import (
     RX_WAITING,
 )
 from refimpl.engine.data import RankPools
-from refimpl.engine.env import EnvActions
 from refimpl.engine.wire import channel, parse
 from refimpl.errors import IntegrityError
 from spec.state import (
@@ -54,7 +54,7 @@ from spec.state import (
 CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
-class AbstractMap(EnvActions):
+class AbstractMap(AsyncStepActions):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
         codes = []
@@ -89,6 +89,8 @@ class AbstractMap(EnvActions):
                     mv=r.moves,
                     g=r.ghost,
                     net=self.net_of(i),
+                    pstep=self.step_registers(i)[0],
+                    dstep=self.step_registers(i)[1],
                 )
             )
         return World(

@@ -28,6 +28,7 @@ from refimpl.engine.base import (
     RankError,
 )
 from refimpl.engine.data import land_shard, token_chain
+from refimpl.engine.inflight import step_guard
 from refimpl.engine.prefill import PrefillActions
 from refimpl.engine.wire import parse
 from refimpl.errors import (
@@ -261,6 +262,8 @@ class DecodeActions(PrefillActions):
         i, x = req, self.rx[req]
         if not self.d_up or x.phase != RX_COMMITTED or self.req[i].status != RUNNING:
             raise self._ne("DecodeStep", i)
+        if self.config.async_steps:
+            raise self._ne("DecodeStep", i)
         logical = self.D.alloc.blocks_of(self.rid(i) + "#pfx") + x.own
         self._append_token(i, self.D, logical, self.rid(i))
 
@@ -268,6 +271,7 @@ class DecodeActions(PrefillActions):
         i, x = req, self.rx[req]
         if not self.d_up or x.phase != RX_COMMITTED or self.req[i].status != RUNNING:
             raise self._ne("DecodeFinish", i)
+        step_guard(self, i, "d", "free")
         self.req[i].status = FINISHED
         self._free_rx(i)
 
@@ -281,6 +285,7 @@ class DecodeActions(PrefillActions):
         invalid = x.phase == RX_WAITING and (x.corrupt or bool(x.mismatch))
         if self.req[i].status == RUNNING and not invalid:
             raise self._ne("DecodeAbort", i)
+        step_guard(self, i, "d", "free")
         if x.phase != RX_COMMITTED:
             self.send(i, "Nack", x.dep)
         if x.phase == RX_WAITING and x.landed != self._full_chunks(i):  # a writer may land

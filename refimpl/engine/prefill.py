@@ -21,6 +21,7 @@ from refimpl.engine.base import (
     UnpublishedError,
 )
 from refimpl.engine.data import RankPools
+from refimpl.engine.inflight import step_guard
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
 from refimpl.pool import copy_blocks
 from spec.state import (
@@ -107,7 +108,9 @@ class PrefillActions(EngineBase):
 
     def PrefillRun(self, req: int) -> None:
         i, r = req, self.req[req]
-        if not self.p_up or r.status != PREFILLING or self.p_status(i) != WRITABLE:
+        if self.config.async_steps or not self.p_up or r.status != PREFILLING:
+            raise self._ne("PrefillRun", i)
+        if self.p_status(i) != WRITABLE:
             raise self._ne("PrefillRun", i)
         kv = self._compute_kv(i)  # [n, layers, 2, H, bs, D]
         self.P.write_full(self.rid(i), self.P.alloc.blocks_of(self.rid(i)), kv)
@@ -116,7 +119,7 @@ class PrefillActions(EngineBase):
 
     def PrefillDecodeStep(self, req: int) -> None:
         i, r = req, self.req[req]
-        if not self.p_up or r.status != RUNNING:
+        if self.config.async_steps or not self.p_up or r.status != RUNNING:
             raise self._ne("PrefillDecodeStep", i)
         p = self.p_status(i)
         blocks = self.P.alloc.blocks_of(self.rid(i))
@@ -137,6 +140,7 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillFinish", i)
         if r.phase != IDLE or self.h_status(i) != NONE:
             raise self._ne("PrefillFinish", i)
+        step_guard(self, i, "p", "free")
         self.P.alloc.free(self.rid(i))
         r.status = FINISHED
 
@@ -148,6 +152,7 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillPreempt", i)
         p, h = self.p_status(i), self.h_status(i)
         if p == WRITABLE and h == NONE:
+            step_guard(self, i, "p", "preempt")
             self.P.alloc.free(self.rid(i))
         elif p == COMPLETE and h == FILLING:
             if "preempt_during_store" not in self.m:
@@ -169,6 +174,7 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillOffloadBegin", i)
         if not self.H.alloc.can_allocate(self.n):
             raise CapacityError(f"r{i} needs {self.n} host blocks, {self.H.alloc.num_free} free")
+        step_guard(self, i, "p", "freeze")
         rid = self.rid(i)
         self.P.alloc.incref(rid + "@store", self.P.alloc.blocks_of(rid))  # read-only now
         self.frozen_truth[i] = self.truth[i]  # shared until the next write
@@ -250,6 +256,7 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillFreeze", i)
         if self.h_status(i) != NONE or r.epoch >= c.max_attempts:
             raise self._ne("PrefillFreeze", i)
+        step_guard(self, i, "p", "freeze")
         rid, e = self.rid(i), r.epoch + 1
         blocks = self.P.alloc.blocks_of(rid)
         self.P.alloc.incref(pin_name(rid, e), blocks)  # the snapshot: read-only until released
@@ -366,6 +373,7 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillQuiesce", i)
         if r.phase != IDLE and self._chunks_in_flight(i, r.epoch):
             raise InUseError(f"writes of r{i} epoch {r.epoch} are in flight")
+        step_guard(self, i, "p", "free")
         if r.phase != IDLE:
             self.send(i, "Quiesced", r.epoch)
         self._drop_prefill(i)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from refimpl.engine.data import gen
-from spec.state import COMPLETE, IDLE, WRITABLE, World
+from spec.state import COMPLETE, IDLE, PREFILLING, WRITABLE, World
 
 TOKEN_STEPS = frozenset({"PrefillDecodeStep", "DecodeStep"})
 
@@ -58,6 +58,7 @@ class Ghost:
         self.frozen: list[dict[int, int]] = [{} for _ in range(n_reqs)]  # epoch -> tokens
         self.stored = [0] * n_reqs  # tokens when the last offload began
         self.computed = [False] * n_reqs  # PrefillRun ran since the last admission
+        self.forward = [False] * n_reqs  # the prefill step in flight is the forward pass
         self._cache: dict[tuple[int, int], torch.Tensor] = {}
 
     # ---------------------------------------------------------------- history
@@ -71,6 +72,21 @@ class Ghost:
             self.frozen[i][after.reqs[i].ep] = self.tokens[i]
         elif name == "PrefillOffloadBegin":
             self.stored[i] = self.tokens[i]
+        else:
+            self._observe_async(name, i, after)
+
+    def _observe_async(self, name: str, i: int, after: World) -> None:
+        """Async steps: a completed forward pass is ``PrefillRun``'s write, a completed
+        token step a token step's (into the request's own writable replica)."""
+        r = after.reqs[i]
+        if name == "PrefillStepDispatch":
+            self.forward[i] = r.st == PREFILLING
+        elif name == "PrefillStepComplete" and self.forward[i]:
+            self.computed[i] = r.p == WRITABLE
+        elif name == "PrefillStepComplete" and r.p == WRITABLE:
+            self.tokens[i] += 1
+        elif name == "DecodeStepComplete" and r.d == WRITABLE:
+            self.tokens[i] += 1
 
     # ---------------------------------------------------------------- content
     def content(self, i: int, tokens: int) -> torch.Tensor:

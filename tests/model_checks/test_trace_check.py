@@ -55,6 +55,8 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_late_write_after_timeout.jsonl": None,
     "bug_evict_prefix_in_use.jsonl": (10, "CapacityRefcount"),
     "fixed_evict_prefix_in_use.jsonl": None,
+    "bug_free_with_step_in_flight.jsonl": (17, "NoReuseUnderIO"),
+    "fixed_free_with_step_in_flight.jsonl": None,
 }
 
 
