@@ -44,6 +44,7 @@ _API = (
     "read_kv",
     "reload",
     "write_kv",
+    "write_kv_layer",
 )
 
 __all__ = [

@@ -55,6 +55,34 @@ def write_kv(
             f"need {g.num_layers} layers x {g.num_fields} fields, got "
             f"{len(fields)} x {sorted({len(f) for f in fields})}"
         )
+    _write(pools, holder, blocks, list(enumerate(fields)))
+
+
+def write_kv_layer(
+    pools: RankPools,
+    holder: str,
+    blocks: Sequence[int],
+    layer: int,
+    fields: Sequence[torch.Tensor],
+) -> None:
+    """Write tokens [0, T) of one layer (as prefill computes it; then ``send_layer``)."""
+    g = pools.geometry
+    if type(layer) is not int or not 0 <= layer < g.num_layers or len(fields) != g.num_fields:
+        raise ValueError(
+            f"layer {layer!r} with {len(fields)} fields; layers 0..{g.num_layers - 1}, "
+            f"{g.num_fields} fields"
+        )
+    _write(pools, holder, blocks, [(layer, fields)])
+
+
+def _write(
+    pools: RankPools,
+    holder: str,
+    blocks: Sequence[int],
+    items: Sequence[tuple[int, Sequence[torch.Tensor]]],
+) -> None:
+    g = pools.geometry
+    fields = [f for _, f in items]
     shape = fields[0][0].shape
     want = (pools.kv_heads, shape[1] if len(shape) == 3 else -1, g.head_dim)
     for layer in fields:
@@ -69,7 +97,7 @@ def write_kv(
         for r in range(pools.tp):
             h = pools.heads[r]
             dst = _hm(pools, r, b0, n)  # [n, L, F, h, bs, D]
-            for li, layer in enumerate(fields):
+            for li, layer in items:
                 for fi, t in enumerate(layer):
                     src = t[h.start : h.stop, j0 * bs : (j0 + n) * bs]  # [h, n*bs, D]
                     dst[:, li, fi].copy_(src.reshape(len(h), n, bs, -1).transpose(0, 1))
@@ -78,7 +106,7 @@ def write_kv(
         for r in range(pools.tp):
             h = pools.heads[r]
             dst = _hm(pools, r, blocks[full], 1)[0]  # [L, F, h, bs, D]
-            for li, layer in enumerate(fields):
+            for li, layer in items:
                 for fi, t in enumerate(layer):
                     dst[li, fi, :, :tail].copy_(t[h.start : h.stop, full * bs :])
 
