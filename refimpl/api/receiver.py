@@ -122,7 +122,9 @@ class Receiver:
     def layer_ready(self, request_id: str, layer: int) -> bool:
         """Every sent block of a streamed attempt has ``layer`` installed (landed, not
         owned: the blocks are the request's only at commit; see ``refimpl.api.layers``).
-        True for every layer once committed; False before a manifest or after a failure."""
+        True for every layer once committed; False before a manifest or after a failure.
+        With a block-size change (or ``stage=True``) a ready layer is in staging; it
+        reaches the target blocks at commit."""
         a = self._att.get(request_id)
         if a is None or a.state in (State.ABORTED, State.REFUSED):
             return False
