@@ -233,15 +233,11 @@ class Receiver:
         m = a.m
         if not self._ours(a, header):
             return
-        rank, idx = header.get("rank"), header.get("block_index")
         if a.stream is not None:
             self._on_layer(a, header, payload)
             return
         try:
-            if type(rank) is not int or rank not in a.ranks:
-                raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
-            if type(idx) is not int or idx not in m.sent_blocks:
-                raise ChunkError(f"block_index {idx!r} not in sent blocks {m.sent_blocks}")
+            rank, idx = _where(a, header)
             if (rank, idx) in a.landed:
                 a.duplicates += 1
                 return
@@ -290,12 +286,8 @@ class Receiver:
         """One (rank, block, layer) of a streamed offer: checked, installed, then counted."""
         m, s = a.m, a.stream
         assert s is not None
-        rank, idx = header.get("rank"), header.get("block_index")
         try:
-            if type(rank) is not int or rank not in a.ranks:
-                raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
-            if type(idx) is not int or idx not in m.sent_blocks:
-                raise ChunkError(f"block_index {idx!r} not in sent blocks {m.sent_blocks}")
+            rank, idx = _where(a, header)
             j, layer = idx - m.prefix_blocks, s.check_layer(header.get("layer"))
             if (rank, j, layer) in s.landed:
                 a.duplicates += 1
@@ -392,3 +384,13 @@ class Receiver:
             tos = [channels(rid).to_rank(r) for r in range(a.m.src_tp)]  # every rank's Sender
         for to in tos:
             self.transport.send(to, header)
+
+
+def _where(a: Attempt, header: Mapping[str, Any]) -> tuple[int, int]:
+    """A chunk's (source rank, block index), or ChunkError naming what is wrong."""
+    rank, idx = header.get("rank"), header.get("block_index")
+    if type(rank) is not int or rank not in a.ranks:
+        raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
+    if type(idx) is not int or idx not in a.m.sent_blocks:
+        raise ChunkError(f"block_index {idx!r} not in sent blocks {a.m.sent_blocks}")
+    return rank, idx
