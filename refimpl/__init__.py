@@ -14,7 +14,8 @@ pools), ``checksum`` (xxh3 over raw bytes), ``transport`` (bytes + JSON messages
 hooks), ``chunks`` (freeze, manifest, verified chunk send/receive with epoch fencing),
 ``reshard`` (TP/CP/block-size/axis-order conversion), ``errors`` (typed refusals naming
 the spec's property), ``costmodel`` (the seed's payload formula), ``model`` (a tiny
-GQA+RoPE decoder).
+GQA+RoPE decoder), ``transport_dist`` (the transport over torch.distributed P2P, one
+process per side or per TP rank).
 
 Built on it: ``engine`` (one method per spec action, ``abstract()`` to a spec state),
 ``testing`` (the Hypothesis machines, parametrised by your implementation), ``demo``
@@ -44,6 +45,7 @@ _API = (
     "read_kv",
     "reload",
     "write_kv",
+    "write_kv_layer",
 )
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "reshard",
     "testing",
     "transport",
+    "transport_dist",
 ]
 
 

@@ -5,7 +5,10 @@
 pools + geometry + transport), ``handoff()`` (the whole transfer in one call),
 ``offload``/``reload`` (verified copies between tiers), ``channels`` (the two channel names
 of a request, for fault injection), ``State``, and ``write_kv``/``read_kv`` (contiguous
-per-token KV <-> a request's blocks, batched, asking the allocator).
+per-token KV <-> a request's blocks, batched, asking the allocator; ``write_kv_layer``
+one layer as prefill computes it). ``Sender.offer(..., layers=L)`` + ``send_layer`` and
+``Receiver.layer_ready`` hand a request off layer by layer; ``Sender(..., rank=r)`` is one
+TP rank's Sender in its own process.
 """
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
@@ -13,7 +16,7 @@ from refimpl.api.handoff import HandoffResult, handoff
 from refimpl.api.offload import offload, reload
 from refimpl.api.receiver import Received, Receiver
 from refimpl.api.sender import Sender
-from refimpl.api.tokens import read_kv, write_kv
+from refimpl.api.tokens import read_kv, write_kv, write_kv_layer
 from refimpl.api.wire import Channels, State, channels
 
 __all__ = [
@@ -31,4 +34,5 @@ __all__ = [
     "read_kv",
     "reload",
     "write_kv",
+    "write_kv_layer",
 ]

@@ -222,6 +222,22 @@ class KVGeometry:
             device=device,
         )
 
+    def make_rank_pools(
+        self, rank: int, capacity: int, *, device: str | None = "cpu", host: bool = False
+    ) -> RankPools:
+        """The pools of TP rank ``rank`` alone (its process): its heads, one block table."""
+        return self.rank_view(rank).make_pools(capacity, device=device, host=host)
+
+    def rank_view(self, rank: int) -> KVGeometry:
+        """What one TP rank's process holds: a tp=1 geometry of its local heads."""
+        if type(rank) is not int or not 0 <= rank < self.tp:
+            raise ValueError(f"rank={rank!r}; this geometry has TP ranks 0..{self.tp - 1}")
+        return self.with_(kv_heads=self.kv_heads_per_rank, tp=1)
+
+    def check_rank_pools(self, pools: RankPools, rank: int) -> None:
+        """Raise ValueError unless ``pools`` are TP rank ``rank``'s alone."""
+        self.rank_view(rank).check_pools(pools, f"rank {rank} pools")
+
     def check_pools(self, pools: RankPools, where: str = "pools") -> None:
         """Raise ValueError unless ``pools`` hold exactly this geometry."""
         want = self.rank_pool_geometry()

@@ -27,11 +27,13 @@ then free: installs are synchronous), chunks in flight are dropped, and the send
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.intake import Attempt, Expect, accept, newer, reply_channels
+from refimpl.api.layers import SEAL, land_layer, write_bytes
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, READY, State, channels
 from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
@@ -41,15 +43,13 @@ from refimpl.errors import (
     ChecksumError,
     ChunkError,
     InUseError,
-    ManifestError,
     OwnershipError,
 )
 from refimpl.reshard import ShardedKV, reshard
 from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
-from spec.manifest import Manifest, check_compatible
+from spec.manifest import Manifest
 from spec.manifest import ManifestError as SpecManifestError
-from spec.manifest import from_json_dict as manifest_from_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,31 +60,6 @@ class Received:
     blocks: tuple[int, ...]  # prefix blocks, then the received ones, then decode room
     num_tokens: int
     manifest: Manifest
-
-
-@dataclass
-class _Expect:
-    decode_room: int = 0  # tokens of room to reserve after the prompt
-    prefix: tuple[int, ...] = ()  # blocks held here (own block size) that are not sent
-    prefix_tokens: tuple[int, ...] = ()  # the token ids whose KV those blocks hold
-
-
-@dataclass
-class _Attempt:
-    m: Manifest
-    target: list[int]  # prefix + reserved blocks, logical order, own block size
-    prefix: int  # how many of ``target`` are prefix blocks (not written)
-    src: KVGeometry  # the sender's geometry
-    ranks: list[int]  # source primaries: one chunk per (rank, sent block)
-    pieces: dict[int, list[sm.HeadPiece]]  # source rank -> its pieces of the TP plan
-    staging: RankPools | None  # sender's geometry, when the block size differs
-    state: State = State.RECEIVING
-    landed: set[tuple[int, int]] = field(default_factory=set)  # (rank, block index) installed
-    verified: set[int] = field(default_factory=set)  # block indices already end-to-end
-    error: OwnershipError | None = None
-    stale: int = 0
-    duplicates: int = 0
-    checks: int = 0  # checksum comparisons that passed (per chunk, per block end to end)
 
 
 class Receiver:
@@ -113,8 +88,8 @@ class Receiver:
         self.stage, self.manifest_gate = stage, "ManifestGate" not in set(disabled_guards)
         self.local = geometry.to_local_config(model)
         self.pool_bytes = pools.alloc.capacity * pools.tp * pools.geometry.block_bytes
-        self._expect: dict[str, _Expect] = {}
-        self._att: dict[str, _Attempt] = {}
+        self._expect: dict[str, Expect] = {}
+        self._att: dict[str, Attempt] = {}
         self._errors: dict[str, OwnershipError] = {}  # refusals before any attempt began
 
     # ------------------------------------------------------------ queries
@@ -144,6 +119,19 @@ class Receiver:
         a = self._att.get(request_id)
         return a.checks if a is not None else 0
 
+    def layer_ready(self, request_id: str, layer: int) -> bool:
+        """Every sent block of a streamed attempt has ``layer`` installed (landed, not
+        owned: the blocks are the request's only at commit; see ``refimpl.api.layers``).
+        True for every layer once committed; False before a manifest or after a failure.
+        With a block-size change (or ``stage=True``) a ready layer is in staging; it
+        reaches the target blocks at commit."""
+        a = self._att.get(request_id)
+        if a is None or a.state in (State.ABORTED, State.REFUSED):
+            return False
+        if a.state is State.DONE or a.stream is None:
+            return a.state is State.DONE
+        return a.stream.layer_ready(layer)
+
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks reserved by attempts that have not ended."""
         return {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
@@ -167,7 +155,7 @@ class Receiver:
                 f"{request_id!r}: prefix_tokens: {len(tokens)} token ids for {len(prefix)} "
                 f"blocks of {self.geometry.block_size} held here"
             )
-        self._expect[request_id] = _Expect(decode_room, tuple(prefix), tokens)
+        self._expect[request_id] = Expect(decode_room, tuple(prefix), tokens)
 
     def poll(self, request_id: str) -> int:
         """Handle every message that arrived; returns the number read."""
@@ -178,12 +166,17 @@ class Receiver:
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
-            if kind == MANIFEST and not live and _newer(header, a):
+            if kind == MANIFEST and not live and newer(header, a):
                 self._on_manifest(request_id, header)
             elif a is None or a.state.final:
                 continue  # nothing to do with it: before a manifest, or after the end
             elif kind == CHUNK:
                 self._on_chunk(a, header, payload)
+            elif kind == SEAL and a.stream is not None and self._ours(a, header):
+                try:
+                    a.stream.seal(header.get("rank"), header.get("digests"))
+                except OwnershipError as e:
+                    self._fail(a, e)
             elif kind == ABORT and wire.epoch_of(header) == a.m.epoch:
                 reasons = wire.reasons_of(header)
                 self._fail(a, CancelledError(f"sender aborted: {reasons}"), answer=False)
@@ -220,7 +213,7 @@ class Receiver:
         if not self.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
             self._att.pop(rid, None)  # this one replaces its record (else it is refused)
         try:
-            a = self._accept(rid, header)
+            a = accept(self, rid, header, self._expect.get(rid, Expect()))
         except Exception as e:  # a peer's message: every failure is a nack, never raised
             if not isinstance(e, OwnershipError):
                 e = CapacityError(f"{rid!r}: manifest not taken: {type(e).__name__}: {e}")
@@ -228,76 +221,23 @@ class Receiver:
             reasons = e.reasons if isinstance(e, SpecManifestError) else [str(e)]
             mf = header.get("manifest")
             epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
-            self._send(rid, {"type": NACK, "epoch": epoch, "reasons": reasons})
+            for to in reply_channels(rid, header):
+                self.transport.send(to, {"type": NACK, "epoch": epoch, "reasons": reasons})
             return
         self._att[rid] = a
         self._errors.pop(rid, None)
         self._send(rid, {"type": READY, "epoch": a.m.epoch})
 
-    def _accept(self, rid: str, header: Mapping[str, Any]) -> _Attempt:
-        try:
-            m = manifest_from_json(header.get("manifest"))
-        except SpecManifestError as e:
-            raise ManifestError.from_spec(e) from None
-        verdict = check_compatible(m, self.local)
-        reasons = list(verdict.reasons) if self.manifest_gate else []
-        if m.request_id != rid:
-            reasons.append(f"request_id: {m.request_id!r} on the channel of {rid!r}")
-        if m.src_cp != 1:
-            reasons.append(f"src_cp: {m.src_cp}; this receiver takes cp=1 senders only")
-        ex = self._expect.get(rid, _Expect())
-        g, alloc = self.geometry, self.pools.alloc
-        pre_tokens = m.prefix_blocks * m.block_size
-        if pre_tokens != len(ex.prefix) * g.block_size:
-            reasons.append(
-                f"prefix_blocks: {m.prefix_blocks} x {m.block_size} tokens, but "
-                f"{len(ex.prefix)} x {g.block_size} are held here"
-            )
-        elif m.token_ids[: len(ex.prefix_tokens)] != ex.prefix_tokens:
-            pairs = zip(m.token_ids, ex.prefix_tokens, strict=False)
-            at = next((i for i, (x, y) in enumerate(pairs) if x != y), len(m.token_ids))
-            reasons.append(
-                f"prefix_tokens: the {len(ex.prefix)} prefix blocks held here hold other "
-                f"tokens than the manifest's first {len(ex.prefix_tokens)} (from token {at})"
-            )
-        if reasons:
-            raise ManifestError(reasons)
-        if alloc.blocks_of(rid):
-            raise InUseError(f"{rid!r} already holds blocks {alloc.blocks_of(rid)} here")
-        src = KVGeometry.from_manifest_source(m)
-        need = sm.blocks_needed(m.num_tokens + ex.decode_room, g.block_size) - len(ex.prefix)
-        stage = m.block_size != g.block_size or self.stage
-        staged = len(m.sent_blocks) * src.rank_pool_geometry().block_bytes * src.tp
-        alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
-        staging = None
-        try:
-            own = alloc.reserve(rid, max(0, need), epoch=m.epoch)
-            if stage and staged > self.pool_bytes:  # checked before anything is allocated
-                raise CapacityError(f"staging {staged} bytes > the pool's {self.pool_bytes}")
-            if stage:  # checked and reserved: only now allocated
-                staging = src.make_pools(max(1, len(m.sent_blocks)))
-                staging.alloc.reserve(rid, len(m.sent_blocks), epoch=m.epoch)
-        except Exception:  # give back the prefix references and the reservation just taken
-            alloc.quarantine(rid)  # nothing was written: free at once
-            alloc.unquarantine_and_free(rid, m.epoch)
-            raise
-        plan = sm.tp_reshard_plan(m.kv_heads, m.src_tp, g.tp)
-        ranks = [r for r in range(m.src_tp) if sm.tp_is_primary(m.kv_heads, m.src_tp, r)]
-        pieces = {r: [p for p in plan if p.src_rank == r] for r in ranks}
-        return _Attempt(m, [*ex.prefix, *own], len(ex.prefix), src, ranks, pieces, staging)
-
     # ------------------------------------------------------------ chunks
-    def _on_chunk(self, a: _Attempt, header: Mapping[str, Any], payload: Payload) -> None:
+    def _on_chunk(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
         m = a.m
-        if header.get("request_id") != m.request_id or wire.epoch_of(header) != m.epoch:
-            a.stale += 1  # another attempt's chunk: fenced, changes nothing
+        if not self._ours(a, header):
             return
-        rank, idx = header.get("rank"), header.get("block_index")
+        if a.stream is not None:
+            self._on_layer(a, header, payload)
+            return
         try:
-            if type(rank) is not int or rank not in a.ranks:
-                raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
-            if type(idx) is not int or idx not in m.sent_blocks:
-                raise ChunkError(f"block_index {idx!r} not in sent blocks {m.sent_blocks}")
+            rank, idx = _where(a, header)
             if (rank, idx) in a.landed:
                 a.duplicates += 1
                 return
@@ -325,7 +265,7 @@ class Receiver:
         if canonical and a.staging is None and len(a.pieces[rank]) == 1:
             a.verified.add(idx)  # verified bytes, copied whole: no need to hash again
 
-    def _install(self, a: _Attempt, rank: int, idx: int, payload: Payload) -> None:
+    def _install(self, a: Attempt, rank: int, idx: int, payload: Payload) -> None:
         j = idx - a.m.prefix_blocks  # index among the sent blocks
         rid = a.m.request_id
         if a.staging is not None:
@@ -335,13 +275,62 @@ class Receiver:
         self.pools.alloc.check_write(rid, [b])
         land_shard(self.pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b)
 
-    def _complete(self, a: _Attempt) -> bool:
+    def _ours(self, a: Attempt, header: Mapping[str, Any]) -> bool:
+        """This attempt's message, else counted as stale (fenced, changes nothing)."""
+        if header.get("request_id") == a.m.request_id and wire.epoch_of(header) == a.m.epoch:
+            return True
+        a.stale += 1
+        return False
+
+    def _on_layer(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
+        """One (rank, block, layer) of a streamed offer: checked, installed, then counted."""
+        m, s = a.m, a.stream
+        assert s is not None
+        try:
+            rank, idx = _where(a, header)
+            j, layer = idx - m.prefix_blocks, s.check_layer(header.get("layer"))
+            if (rank, j, layer) in s.landed:
+                a.duplicates += 1
+                return
+            want = a.src.rank_pool_geometry().block_bytes // m.num_layers
+            if len(payload) != want:
+                raise ChunkError(
+                    f"block {idx} rank {rank} layer {layer}: {len(payload)} bytes, expected {want}"
+                )
+            actual = bytes_checksum(payload)
+            if actual != header.get("checksum"):
+                raise ChecksumError(
+                    f"block {idx} (rank {rank}, layer {layer}): bytes do not hash to the "
+                    f"header's checksum ({actual} != {header.get('checksum')!r})"
+                )
+            rid = m.request_id
+            if a.staging is not None:
+                blk = a.staging.alloc.blocks_of(rid)[j]
+                a.staging.alloc.check_write(rid, [blk])
+                write_bytes(a.staging.pools[rank].kv[blk][layer], payload)
+            else:
+                b = a.target[a.prefix + j]
+                self.pools.alloc.check_write(rid, [b])
+                src_g = a.src.rank_pool_geometry()
+                land_layer(self.pools, a.pieces[rank], src_g, payload, b, layer)
+        except OwnershipError as e:
+            self._fail(a, e)
+            return
+        s.landed_one(rank, j, layer, payload)  # counted (and hashed) once installed
+        a.checks += 1
+
+    def _complete(self, a: Attempt) -> bool:
+        if a.stream is not None:
+            return a.stream.complete()
         return len(a.landed) == len(a.ranks) * len(a.m.sent_blocks)
 
     # ------------------------------------------------------------ the end
-    def _finish(self, a: _Attempt) -> None:
+    def _finish(self, a: Attempt) -> None:
         m, rid, alloc = a.m, a.m.request_id, self.pools.alloc
         try:
+            if a.stream is not None:  # every block's layers against its rank's seal
+                a.checks += a.stream.verify(m.prefix_blocks)
+                a.verified.update(m.sent_blocks)
             todo = [i for i in m.sent_blocks if i not in a.verified]
             if a.staging is not None:
                 ids = a.staging.alloc.blocks_of(rid)
@@ -364,7 +353,7 @@ class Receiver:
         a.state, a.staging = State.DONE, None
         self._send(rid, {"type": ACK, "epoch": m.epoch})
 
-    def _reshard(self, a: _Attempt) -> None:
+    def _reshard(self, a: Attempt) -> None:
         m, rid = a.m, a.m.request_id
         assert a.staging is not None
         ids = list(a.staging.alloc.blocks_of(rid))
@@ -378,7 +367,7 @@ class Receiver:
         dst = ShardedKV(self.geometry.kv_layout(), [[p.kv] for p in self.pools.pools], [a.target])
         reshard(src, dst, start=m.prefix_blocks * m.block_size)
 
-    def _fail(self, a: _Attempt, err: OwnershipError, *, answer: bool = True) -> None:
+    def _fail(self, a: Attempt, err: OwnershipError, *, answer: bool = True) -> None:
         """Give back every block of the attempt, drop what is in flight, tell the sender."""
         rid, alloc = a.m.request_id, self.pools.alloc
         alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
@@ -389,11 +378,19 @@ class Receiver:
             self._send(rid, {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]})
 
     def _send(self, rid: str, header: dict[str, Any]) -> None:
-        self.transport.send(channels(rid).to_sender, header)
+        a = self._att.get(rid)
+        tos = [channels(rid).to_sender]
+        if a is not None and a.ranked and a.m.epoch == header.get("epoch"):
+            tos = [channels(rid).to_rank(r) for r in range(a.m.src_tp)]  # every rank's Sender
+        for to in tos:
+            self.transport.send(to, header)
 
 
-def _newer(header: Mapping[str, Any], a: _Attempt | None) -> bool:
-    """A manifest starts an attempt unless one of this or a later epoch already ran."""
-    mf = header.get("manifest")
-    epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
-    return a is None or (epoch is not None and epoch > a.m.epoch)
+def _where(a: Attempt, header: Mapping[str, Any]) -> tuple[int, int]:
+    """A chunk's (source rank, block index), or ChunkError naming what is wrong."""
+    rank, idx = header.get("rank"), header.get("block_index")
+    if type(rank) is not int or rank not in a.ranks:
+        raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
+    if type(idx) is not int or idx not in a.m.sent_blocks:
+        raise ChunkError(f"block_index {idx!r} not in sent blocks {a.m.sent_blocks}")
+    return rank, idx

@@ -55,6 +55,34 @@ def write_kv(
             f"need {g.num_layers} layers x {g.num_fields} fields, got "
             f"{len(fields)} x {sorted({len(f) for f in fields})}"
         )
+    _write(pools, holder, blocks, list(enumerate(fields)))
+
+
+def write_kv_layer(
+    pools: RankPools,
+    holder: str,
+    blocks: Sequence[int],
+    layer: int,
+    fields: Sequence[torch.Tensor],
+) -> None:
+    """Write tokens [0, T) of one layer (as prefill computes it; then ``send_layer``)."""
+    g = pools.geometry
+    if type(layer) is not int or not 0 <= layer < g.num_layers or len(fields) != g.num_fields:
+        raise ValueError(
+            f"layer {layer!r} with {len(fields)} fields; layers 0..{g.num_layers - 1}, "
+            f"{g.num_fields} fields"
+        )
+    _write(pools, holder, blocks, [(layer, fields)])
+
+
+def _write(
+    pools: RankPools,
+    holder: str,
+    blocks: Sequence[int],
+    items: Sequence[tuple[int, Sequence[torch.Tensor]]],
+) -> None:
+    g = pools.geometry
+    fields = [f for _, f in items]
     shape = fields[0][0].shape
     want = (pools.kv_heads, shape[1] if len(shape) == 3 else -1, g.head_dim)
     for layer in fields:
@@ -69,7 +97,7 @@ def write_kv(
         for r in range(pools.tp):
             h = pools.heads[r]
             dst = _hm(pools, r, b0, n)  # [n, L, F, h, bs, D]
-            for li, layer in enumerate(fields):
+            for li, layer in items:
                 for fi, t in enumerate(layer):
                     src = t[h.start : h.stop, j0 * bs : (j0 + n) * bs]  # [h, n*bs, D]
                     dst[:, li, fi].copy_(src.reshape(len(h), n, bs, -1).transpose(0, 1))
@@ -78,17 +106,29 @@ def write_kv(
         for r in range(pools.tp):
             h = pools.heads[r]
             dst = _hm(pools, r, blocks[full], 1)[0]  # [L, F, h, bs, D]
-            for li, layer in enumerate(fields):
+            for li, layer in items:
                 for fi, t in enumerate(layer):
                     dst[li, fi, :, :tail].copy_(t[h.start : h.stop, full * bs :])
 
 
-def read_kv(pools: RankPools, blocks: Sequence[int], num_tokens: int) -> torch.Tensor:
-    """Tokens [0, num_tokens) held in ``blocks``: [layers, fields, kv_heads, T, D]."""
+def read_kv(
+    pools: RankPools, blocks: Sequence[int], num_tokens: int, *, layer: int | None = None
+) -> torch.Tensor:
+    """Tokens [0, num_tokens) held in ``blocks``: [layers, fields, kv_heads, T, D]; with
+    ``layer``, that layer only: [fields, kv_heads, T, D]."""
     g = pools.geometry
     _check_tokens(pools, blocks, num_tokens)
+    if layer is not None and (type(layer) is not int or not 0 <= layer < g.num_layers):
+        raise ValueError(f"layer {layer!r}; layers 0..{g.num_layers - 1}")
+    ls = slice(None) if layer is None else slice(layer, layer + 1)
     out = torch.empty(
-        (g.num_layers, g.num_fields, pools.kv_heads, num_tokens, g.head_dim),
+        (
+            g.num_layers if layer is None else 1,
+            g.num_fields,
+            pools.kv_heads,
+            num_tokens,
+            g.head_dim,
+        ),
         dtype=g.dtype,
         device=pools.device,
     )
@@ -96,11 +136,11 @@ def read_kv(pools: RankPools, blocks: Sequence[int], num_tokens: int) -> torch.T
     for r in pools.primaries:
         h = pools.heads[r]
         for j0, b0, n in _runs(blocks[:full]):
-            src = _hm(pools, r, b0, n).permute(1, 2, 3, 0, 4, 5)  # [L, F, h, n, bs, D]
+            src = _hm(pools, r, b0, n).permute(1, 2, 3, 0, 4, 5)[ls]  # [L, F, h, n, bs, D]
             dst = out[:, :, h.start : h.stop, j0 * bs : (j0 + n) * bs]
             dst.view(*dst.shape[:3], n, bs, g.head_dim).copy_(src)  # a view: splits T
         tail = num_tokens - full * bs
         if tail:
-            src = _hm(pools, r, blocks[full], 1)[0]  # [L, F, h, bs, D]
+            src = _hm(pools, r, blocks[full], 1)[0][ls]  # [L, F, h, bs, D]
             out[:, :, h.start : h.stop, full * bs :].copy_(src[:, :, :, :tail])
-    return out
+    return out if layer is None else out[0]

@@ -2,8 +2,9 @@
 
 Per request, two channels (``channels(rid)``), JSON headers, byte payloads only:
 
-    sender -> receiver (``to_receiver``)   manifest, chunk*, abort
+    sender -> receiver (``to_receiver``)   manifest, chunk*, seal*, abort
     receiver -> sender (``to_sender``)     ready | nack, then ack | nack | abort
+                    (``to_rank(r)``, to every source rank, when each rank is a Sender)
 
     S  freeze the blocks to send (pinned, read-only), one xxh3 per canonical block
     S->R  manifest (JSON) ........ R: validate + check_compatible + reserve, or nack
@@ -13,6 +14,15 @@ Per request, two channels (``channels(rid)``), JSON headers, byte payloads only:
           canonical block against the manifest, reshard if the block size differs,
           commit (RESERVED -> OWNED)
     R->S  ack .................... S: release the pins (and free the request if asked)
+
+Layer by layer (``Sender.offer(..., layers=L)`` then ``send_layer`` per layer): the
+manifest goes out before the KV exists (its block_checksums are zeros), each chunk is one
+(rank, block, layer), and each source rank ends with a ``seal`` carrying its blocks'
+xxh3-64 (``refimpl.api.layers``); the receiver commits only once every layer landed and
+every block's digest matched its seal. With ``Sender(..., rank=r)`` each TP rank is its
+own Sender (one process per rank): all offer the same request (same epoch), the first
+rank sends the manifest, each sends only its own shards and seal, and every rank gets
+every reply.
 
 Every failure ends the attempt on the side that sees it, gives back what it held, and
 answers the peer (``nack`` from the receiver, ``abort`` from the sender), so the peer
@@ -36,6 +46,7 @@ from typing import Any
 from refimpl.transport import epoch_of as epoch_of
 
 MANIFEST, CHUNK, READY, NACK, ACK, ABORT = "manifest", "chunk", "ready", "nack", "ack", "abort"
+SEAL = "seal"  # a source rank's per-block digests, after its last layer (streamed offers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,10 @@ class Channels:
 
     to_receiver: str  # manifest, chunks, abort
     to_sender: str  # ready, nack, ack, abort
+
+    def to_rank(self, rank: int) -> str:
+        """The replies' channel of source rank ``rank`` when each rank is its own Sender."""
+        return f"{self.to_sender}{rank}"
 
 
 def channels(request_id: str) -> Channels:

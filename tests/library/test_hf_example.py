@@ -33,6 +33,7 @@ def test_example_json_every_variant_identical_every_refusal_clean(
         "tp2_to_tp1",
         "block16_to_block8_tokens_major",
         "offload_round_trip_on_decode",
+        "mistral_sliding_window_full_prefill_tp2_to_tp1",
     ]
     for v in out["variants"]:
         assert v["tokens_identical"] is True and v["max_abs_dlogits"] == 0.0
@@ -41,7 +42,10 @@ def test_example_json_every_variant_identical_every_refusal_clean(
         "corrupt_chunk": (True, 0),
         "manifest_mismatch_rope_theta": (True, 0),
         "full_receiver": (True, 0),
+        "mistral_sliding_window_cache": (True, 0),
     }
+    sliding = next(r for r in out["refusals"] if r["name"] == "mistral_sliding_window_cache")
+    assert "sliding-window layer" in sliding["error"]
 
 
 def test_the_comparison_sees_a_one_value_change_in_the_kv() -> None:

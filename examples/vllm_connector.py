@@ -1,0 +1,251 @@
+"""A vLLM-KV-connector-shaped handoff (prefill TP 2 -> decode TP 1), layer by layer, per rank.
+
+vLLM's v1 KV connector has a scheduler side and a worker side (one per TP rank). This
+example has both, on top of the public API only, without vllm installed: the engines
+around them are a few lines each, holding vLLM's packed per-layer caches
+``[num_blocks, H, block_size, 2*D]`` and per-request block tables.
+
+Scheduler side (decode instance):
+  ``get_num_new_matched_tokens(req, num_computed)``  the prompt tokens the remote prefill
+      will provide (those after the local prefix hit), loaded asynchronously;
+  ``update_state_after_alloc(req, block_ids, n)``   the blocks vLLM allocated for them;
+  ``build_connector_meta()``                       what the workers load this step.
+Worker side (prefill ranks: producer; decode rank: consumer):
+  ``save_kv_layer(layer, kv_layer, meta)``  the layer just computed: this rank's heads into
+      its own kvown pools (``vllm_layer_to_blocks``) and out (``Sender.send_layer``);
+  ``wait_for_save()``                     until the decode side acknowledged (or failed);
+  ``start_load_kv(meta)``                 ``Receiver.expect`` (room for decoding);
+  ``wait_for_layer_load(layer)``          until the layer landed (``layer_ready``), then
+      into vLLM's cache from the first token not held locally (``blocks_to_vllm_layer``,
+      ``start=``); the last layer also waits for the commit. A step's output counts only
+      once the attempt committed: a failed load gives back every kvown block and the
+      connector reports the request's blocks as failed (vLLM recomputes them).
+
+The workers run in one process here, so a wait also runs the other workers' loops
+(``OTHERS``); in an engine each is its own process (examples/dist_layer_handoff.py).
+
+    python examples/vllm_connector.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State
+from refimpl.adapters.vllm import blocks_to_vllm_layer, vllm_layer_to_blocks
+from refimpl.transport import InProcessTransport, Transport
+from spec.manifest import RopeConfig
+
+LAYERS, HEADS, DIM, PROMPT, PREFIX = 3, 4, 8, 37, 16
+MODEL = ModelIdentity("example-llama", RopeConfig(10000.0, DIM))
+PREFILL = KVGeometry(LAYERS, HEADS, DIM, 16, "float32", tp=2)  # kvown pools, prefill side
+DECODE = KVGeometry(LAYERS, HEADS, DIM, 16, "float32")  # kvown pools, decode side (same bs:
+# no staging, so each landed layer is already in its target blocks)
+OTHERS: list[Callable[[], None]] = []  # the other workers' event loops (one process here)
+
+
+def others() -> None:
+    for loop in OTHERS:
+        loop()
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    block_ids: list[int] = field(default_factory=list)  # vLLM's, on the instance holding it
+
+
+def packed_caches(blocks: int, heads: int, block_size: int) -> list[torch.Tensor]:
+    return [torch.zeros(blocks, heads, block_size, 2 * DIM) for _ in range(LAYERS)]
+
+
+# ---------------------------------------------------------------- the scheduler side
+class DecodeScheduler:
+    """The decode instance's scheduler connector."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, tuple[Request, int]] = {}  # to load: request, tokens held
+
+    def get_num_new_matched_tokens(self, req: Request, num_computed: int) -> tuple[int, bool]:
+        return len(req.prompt) - num_computed, True  # the rest comes from the prefill side
+
+    def update_state_after_alloc(self, req: Request, block_ids: list[int], n: int) -> None:
+        req.block_ids = block_ids
+        self.pending[req.request_id] = (req, len(req.prompt) - n)
+
+    def build_connector_meta(self) -> dict[str, tuple[Request, int]]:
+        meta, self.pending = self.pending, {}
+        return meta
+
+
+# ---------------------------------------------------------------- the worker side
+class ProducerWorker:
+    """One prefill TP rank's worker connector: its heads, its pools, its Sender."""
+
+    def __init__(self, rank: int, t: Transport) -> None:
+        self.rank, self.pools = rank, PREFILL.make_rank_pools(rank, 16)
+        self.tx = Sender(self.pools, PREFILL, t, MODEL, rank=rank)
+        self.blocks: dict[str, list[int]] = {}
+
+    def start_request(self, req: Request) -> None:  # the request's prefill step begins
+        rid = req.request_id
+        self.blocks[rid] = self.pools.alloc.allocate(rid, PREFILL.blocks_for(len(req.prompt)))
+        self.tx.offer(rid, req.prompt, blocks=self.blocks[rid], layers=LAYERS, free_source=True)
+
+    def save_kv_layer(self, layer: int, kv_layer: torch.Tensor, meta: list[Request]) -> None:
+        for req in meta:
+            rid = req.request_id
+            n = len(req.prompt)
+            vllm_layer_to_blocks(
+                kv_layer, req.block_ids, n, self.pools, rid, self.blocks[rid], layer
+            )
+            self.tx.send_layer(rid, layer)
+            self.tx.poll(rid)
+
+    def wait_for_save(self, meta: list[Request], deadline: float) -> dict[str, str]:
+        for req in meta:
+            while not self.tx.state(req.request_id).final and time.monotonic() < deadline:
+                self.tx.poll(req.request_id)
+                others()
+            if not self.tx.state(req.request_id).final:
+                self.tx.abort(req.request_id, "timeout")
+        return {req.request_id: self.tx.state(req.request_id).value for req in meta}
+
+
+class ConsumerWorker:
+    """The decode rank's worker connector: its Receiver, vLLM's caches."""
+
+    def __init__(self, t: Transport, caches: list[torch.Tensor]) -> None:
+        self.pools, self.caches = DECODE.make_pools(32), caches
+        self.rx = Receiver(self.pools, DECODE, t, MODEL)
+        self.meta: dict[str, tuple[Request, int]] = {}
+        self.failed: set[str] = set()
+
+    def start_load_kv(self, meta: dict[str, tuple[Request, int]]) -> None:
+        self.meta = meta
+        for rid in meta:
+            self.rx.expect(rid, decode_room=8)
+
+    def wait_for_layer_load(self, layer: int, deadline: float) -> None:
+        for rid, (req, held) in self.meta.items():
+            last = layer == LAYERS - 1
+            while time.monotonic() < deadline and not self.rx.state(rid).final:
+                if self.rx.layer_ready(rid, layer) and not last:
+                    break
+                self.rx.poll(rid)
+                others()
+            if last and self.rx.state(rid) is not State.DONE:
+                self.rx.abort(rid, "timeout")
+            if not self.rx.layer_ready(rid, layer):
+                self.failed.add(rid)  # vLLM: these blocks failed to load; recompute
+                continue
+            blocks = self.rx.held().get(rid) or self.rx.result(rid).blocks
+            blocks_to_vllm_layer(
+                self.pools,
+                blocks,
+                len(req.prompt),
+                self.caches[layer],
+                req.block_ids,
+                layer,
+                start=held,
+            )
+
+
+# ---------------------------------------------------------------- the engines around them
+def prefill_kv(prompt: list[int]) -> torch.Tensor:
+    """The prefill model's K/V, [layers, 2, H, T, D] (a stand-in for attention)."""
+    g = torch.Generator().manual_seed(sum(prompt))
+    return torch.randn((LAYERS, 2, HEADS, len(prompt), DIM), generator=g)
+
+
+def run(*, corrupt: bool = False) -> dict[str, object]:
+    t = InProcessTransport()
+    req = Request("req-1", [(7 * i) % 101 for i in range(PROMPT)])
+    kv = prefill_kv(req.prompt)
+    if corrupt:  # a layer-1 chunk of rank 1 flipped in transit
+        from refimpl.transport import Fault
+
+        t.inject("kv:req-1>rx", Fault.CORRUPT, skip=1 + 2 * 3 + 3)
+    # decode instance: a local prefix hit of PREFIX tokens, already in vLLM's cache
+    dec_caches = packed_caches(16, HEADS, 8)
+    sched, consumer = DecodeScheduler(), ConsumerWorker(t, dec_caches)
+    dreq = Request(req.request_id, req.prompt)
+    n, _ = sched.get_num_new_matched_tokens(dreq, PREFIX)
+    sched.update_state_after_alloc(dreq, [9, 3, 12, 0, 5], n)  # vLLM's block table, bs 8
+    prefix_kv = _write_prefix(dec_caches, dreq.block_ids, kv[:, :, :, :PREFIX])
+    consumer.start_load_kv(sched.build_connector_meta())
+    # prefill instance, TP 2: each rank's vLLM caches hold its 2 heads, block size 16
+    h = HEADS // 2
+    producers = [ProducerWorker(r, t) for r in range(2)]
+    pre_tables = [[4, 1, 6], [0, 2, 5]]
+    OTHERS[:] = [lambda: [p.tx.poll(req.request_id) for p in producers]]
+    OTHERS.append(lambda: consumer.rx.poll(req.request_id))
+    for p in producers:
+        p.start_request(Request(req.request_id, req.prompt))
+    deadline = time.monotonic() + 30
+    for layer in range(LAYERS):  # the prefill forward, one layer at a time, on both ranks
+        for r, p in enumerate(producers):
+            cache = packed_caches(8, h, 16)[layer]
+            _write_tokens(cache, pre_tables[r], kv[layer, :, r * h : (r + 1) * h])
+            p.save_kv_layer(layer, cache, [Request(req.request_id, req.prompt, pre_tables[r])])
+        consumer.wait_for_layer_load(layer, deadline)  # the decode side's forward, overlapped
+    saved = [p.wait_for_save([req], deadline) for p in producers]
+    got = torch.stack([_read_tokens(c, dreq.block_ids, PROMPT) for c in dec_caches])
+    return {
+        "decode_state": consumer.rx.state(req.request_id).value,
+        "saved": [s[req.request_id] for s in saved],
+        "kv_equal": bool(torch.equal(got[:, :, :, PREFIX:], kv[:, :, :, PREFIX:])),
+        "prefix_untouched": bool(torch.equal(got[:, :, :, :PREFIX], prefix_kv)),
+        "failed": sorted(consumer.failed),
+        "kvown_blocks": [_held(consumer.pools.alloc), *(_held(p.pools.alloc) for p in producers)],
+    }
+
+
+def _held(alloc: object) -> dict[str, int]:
+    """kvown blocks in each non-free status (decode side first, then each prefill rank)."""
+    return {k: v for k, v in alloc.counts().items() if k != "free" and v}  # type: ignore[attr-defined]
+
+
+def _write_tokens(cache: torch.Tensor, table: list[int], kv: torch.Tensor) -> None:
+    """Tokens [0, T) of kv [2, H, T, D] into a packed cache at ``table``."""
+    bs = cache.shape[2]
+    pos = torch.arange(kv.shape[2])
+    phys, slot = torch.tensor(table)[pos // bs], pos % bs
+    cache[phys, :, slot] = torch.cat([kv[0], kv[1]], dim=-1).permute(1, 0, 2)
+
+
+def _read_tokens(cache: torch.Tensor, table: list[int], n: int) -> torch.Tensor:
+    bs = cache.shape[2]
+    pos = torch.arange(n)
+    tok = cache[torch.tensor(table)[pos // bs], :, pos % bs]  # [T, H, 2D]
+    return torch.stack([tok[..., :DIM], tok[..., DIM:]]).permute(0, 2, 1, 3)  # [2, H, T, D]
+
+
+def _write_prefix(caches: list[torch.Tensor], table: list[int], kv: torch.Tensor) -> torch.Tensor:
+    for layer, c in enumerate(caches):
+        _write_tokens(c, table, kv[layer])
+    return kv
+
+
+def main() -> int:
+    ok = run()
+    bad = run(corrupt=True)
+    print("handoff:", ok)
+    print("a corrupt chunk:", bad)
+    good = ok["kv_equal"] and ok["prefix_untouched"] and ok["saved"] == ["done", "done"]
+    refused = bad["decode_state"] == "aborted" and bad["failed"] == ["req-1"]
+    print("OK" if good and refused else "FAILED")
+    return 0 if good and refused else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

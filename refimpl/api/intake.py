@@ -1,0 +1,138 @@
+"""The receiver's intake of a manifest: one attempt's record, checked and reserved.
+
+``accept`` parses the peer's manifest message (hostile input), applies
+``check_compatible`` against the receiver's ``LocalConfig``, checks the prefix held here
+against the manifest's first token ids, reserves the target blocks, checks the staging
+copy (another block size) against this side's pool (``CapacityError``) and only then
+allocates it. It raises on any refusal and keeps nothing; ``Receiver`` answers the nack.
+
+A streamed offer (``"layers": L`` in the message, ``Sender.offer(..., layers=L)``) is
+sent before its KV exists: its chunks are one (rank, block, layer) each and every source
+rank's ``seal`` carries its blocks' digests (``refimpl.api.layers``). ``"ranked": true``
+says that each source rank is its own ``Sender`` (one process per rank), so the replies
+go to every source rank's channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from refimpl.api import wire
+from refimpl.api.geometry import KVGeometry
+from refimpl.api.layers import LayerStream
+from refimpl.api.wire import State
+from refimpl.engine.data import RankPools
+from refimpl.errors import CapacityError, InUseError, ManifestError, OwnershipError
+from spec import shardmap as sm
+from spec.manifest import Manifest, check_compatible
+from spec.manifest import ManifestError as SpecManifestError
+from spec.manifest import from_json_dict as manifest_from_json
+from spec.manifest_fields import MAX_PARALLEL
+
+if TYPE_CHECKING:
+    from refimpl.api.receiver import Receiver
+
+
+@dataclass
+class Expect:
+    decode_room: int = 0  # tokens of room to reserve after the prompt
+    prefix: tuple[int, ...] = ()  # blocks held here (own block size) that are not sent
+    prefix_tokens: tuple[int, ...] = ()  # the token ids whose KV those blocks hold
+
+
+@dataclass
+class Attempt:
+    m: Manifest
+    target: list[int]  # prefix + reserved blocks, logical order, own block size
+    prefix: int  # how many of ``target`` are prefix blocks (not written)
+    src: KVGeometry  # the sender's geometry
+    ranks: list[int]  # source primaries: one chunk per (rank, sent block)
+    pieces: dict[int, list[sm.HeadPiece]]  # source rank -> its pieces of the TP plan
+    staging: RankPools | None  # sender's geometry, when the block size differs
+    stream: LayerStream | None = None  # a streamed offer: chunks per layer, seals per rank
+    ranked: bool = False  # one Sender per source rank: replies go to each rank's channel
+    state: State = State.RECEIVING
+    landed: set[tuple[int, int]] = field(default_factory=set)  # (rank, block index) installed
+    verified: set[int] = field(default_factory=set)  # block indices already end-to-end
+    error: OwnershipError | None = None
+    stale: int = 0
+    duplicates: int = 0
+    checks: int = 0  # checksum comparisons that passed (per chunk, per block end to end)
+
+
+def newer(header: Mapping[str, Any], a: Attempt | None) -> bool:
+    """A manifest starts an attempt unless one of this or a later epoch already ran."""
+    mf = header.get("manifest")
+    epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
+    return a is None or (epoch is not None and epoch > a.m.epoch)
+
+
+def reply_channels(rid: str, header: Mapping[str, Any]) -> list[str]:
+    """Where the answer to a manifest message goes (every rank's channel when ranked)."""
+    mf = header.get("manifest")
+    tp = mf.get("src_tp") if isinstance(mf, dict) else None
+    if header.get("ranked") is True and type(tp) is int and 1 <= tp <= MAX_PARALLEL:
+        return [wire.channels(rid).to_rank(r) for r in range(tp)]
+    return [wire.channels(rid).to_sender]
+
+
+def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Attempt:
+    """Check and reserve; raises the refusal (nothing kept)."""
+    try:
+        m = manifest_from_json(header.get("manifest"))
+    except SpecManifestError as e:
+        raise ManifestError.from_spec(e) from None
+    verdict = check_compatible(m, rx.local)
+    reasons = list(verdict.reasons) if rx.manifest_gate else []
+    if m.request_id != rid:
+        reasons.append(f"request_id: {m.request_id!r} on the channel of {rid!r}")
+    if m.src_cp != 1:
+        reasons.append(f"src_cp: {m.src_cp}; this receiver takes cp=1 senders only")
+    layers = header.get("layers")
+    if layers is not None and (type(layers) is not int or layers != m.num_layers):
+        reasons.append(f"layers: {layers!r}; a streamed offer sends all {m.num_layers} layers")
+    g, alloc = rx.geometry, rx.pools.alloc
+    pre_tokens = m.prefix_blocks * m.block_size
+    if pre_tokens != len(ex.prefix) * g.block_size:
+        reasons.append(
+            f"prefix_blocks: {m.prefix_blocks} x {m.block_size} tokens, but "
+            f"{len(ex.prefix)} x {g.block_size} are held here"
+        )
+    elif m.token_ids[: len(ex.prefix_tokens)] != ex.prefix_tokens:
+        pairs = zip(m.token_ids, ex.prefix_tokens, strict=False)
+        at = next((i for i, (x, y) in enumerate(pairs) if x != y), len(m.token_ids))
+        reasons.append(
+            f"prefix_tokens: the {len(ex.prefix)} prefix blocks held here hold other "
+            f"tokens than the manifest's first {len(ex.prefix_tokens)} (from token {at})"
+        )
+    if reasons:
+        raise ManifestError(reasons)
+    if alloc.blocks_of(rid):
+        raise InUseError(f"{rid!r} already holds blocks {alloc.blocks_of(rid)} here")
+    src = KVGeometry.from_manifest_source(m)
+    need = sm.blocks_needed(m.num_tokens + ex.decode_room, g.block_size) - len(ex.prefix)
+    stage = m.block_size != g.block_size or rx.stage
+    staged = len(m.sent_blocks) * src.rank_pool_geometry().block_bytes * src.tp
+    alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
+    staging = None
+    try:
+        own = alloc.reserve(rid, max(0, need), epoch=m.epoch)
+        if stage and staged > rx.pool_bytes:  # checked before anything is allocated
+            raise CapacityError(f"staging {staged} bytes > the pool's {rx.pool_bytes}")
+        if stage:  # checked and reserved: only now allocated
+            staging = src.make_pools(max(1, len(m.sent_blocks)))
+            staging.alloc.reserve(rid, len(m.sent_blocks), epoch=m.epoch)
+    except Exception:  # give back the prefix references and the reservation just taken
+        alloc.quarantine(rid)  # nothing was written: free at once
+        alloc.unquarantine_and_free(rid, m.epoch)
+        raise
+    plan = sm.tp_reshard_plan(m.kv_heads, m.src_tp, g.tp)
+    ranks = [r for r in range(m.src_tp) if sm.tp_is_primary(m.kv_heads, m.src_tp, r)]
+    pieces = {r: [p for p in plan if p.src_rank == r] for r in ranks}
+    stream = LayerStream(m.num_layers, ranks, len(m.sent_blocks)) if layers is not None else None
+    ranked = header.get("ranked") is True
+    return Attempt(
+        m, [*ex.prefix, *own], len(ex.prefix), src, ranks, pieces, staging, stream, ranked
+    )

@@ -1,0 +1,164 @@
+"""``DistTransport``: the ``Transport`` of ``refimpl.transport`` over torch.distributed
+point-to-point (gloo on CPU, NCCL on CUDA: the same code, tensors on ``device``).
+
+One process per side (or per TP rank) joins one process group; ``route(channel)`` names
+the process a channel's messages go to (``handoff_route``: a request's ``to_receiver``
+channel to the receiver's process, each ``to_rank(r)`` channel to source rank r's). Each
+message is up to three P2P frames to that process, in order on one tag:
+
+    int64[2] (header bytes, payload bytes) | uint8 JSON header | uint8 payload (if any)
+
+``send`` queues them and returns (it never waits for the peer): one thread per peer sends
+its frames in order with blocking ``dist.send``, and one thread per peer receives with
+blocking ``dist.recv`` (gloo's ``irecv`` cannot be polled: its ``is_completed`` turns true
+only in ``wait``) and files each message under its channel; ``poll`` takes what arrived
+and never blocks. ``abort(channel)`` drops what arrived and was not polled; a late
+message of an ended attempt is fenced by its epoch, as on any transport. ``close()``
+tells every peer it is done and waits (bounded) for theirs, so no frame is left
+unmatched when the process group is destroyed.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from refimpl.checksum import byte_view, tensor_from_bytes
+from refimpl.transport import Message, Payload
+
+TAG = 7301  # the one tag of the transport's frames (gloo keeps a pair's frames in order)
+_CLOSE = -1  # a size frame (-1, 0): the peer sends nothing more
+
+
+class DistTransport:
+    """FIFO channels between processes of a torch.distributed group (see the module)."""
+
+    def __init__(
+        self,
+        route: Callable[[str], int],
+        *,
+        peers: Sequence[int] | None = None,
+        device: str | torch.device = "cpu",
+        group: Any = None,
+    ) -> None:
+        """``route``: channel -> the group rank it goes to. ``peers``: the ranks that may
+        send here or be sent to (default every other rank of the group)."""
+        self.route, self.group, self.device = route, group, torch.device(device)
+        self.me = dist.get_rank(group)
+        world = dist.get_world_size(group)
+        self.peers = [p for p in (peers if peers is not None else range(world)) if p != self.me]
+        self._lock = threading.Lock()
+        self._inbox: dict[str, deque[Message]] = {}
+        self._closed: set[int] = set()
+        self.errors: list[str] = []  # a peer's link failed (a crash): its messages stop
+        self.stats = {"sent": 0, "delivered": 0, "aborted": 0, "bytes_sent": 0}
+        self._outq: dict[int, queue.SimpleQueue[list[torch.Tensor] | None]] = {
+            p: queue.SimpleQueue() for p in self.peers
+        }
+        self._threads = [
+            threading.Thread(target=fn, args=(p,), daemon=True, name=f"kvown-{fn.__name__}{p}")
+            for p in self.peers
+            for fn in (self._send_loop, self._recv_loop)
+        ]
+        for th in self._threads:
+            th.start()
+
+    # ------------------------------------------------------------ Transport
+    def send(self, channel: str, header: Mapping[str, Any], payload: Payload = b"") -> None:
+        dst = self.route(channel)
+        if dst not in self._outq:
+            raise ValueError(f"channel {channel!r} routes to rank {dst}, not a peer {self.peers}")
+        text = json.dumps({"ch": channel, "h": header}, allow_nan=False, separators=(",", ":"))
+        head = text.encode()
+        n = memoryview(payload).nbytes
+        frames = [torch.tensor([len(head), n], dtype=torch.int64), _u8(head)]
+        if n:
+            frames.append(_u8(payload))
+        self._outq[dst].put(frames)
+        self.stats["sent"] += 1
+        self.stats["bytes_sent"] += n
+
+    def poll(self, channel: str) -> list[Message]:
+        with self._lock:
+            q = self._inbox.pop(channel, deque())
+        self.stats["delivered"] += len(q)
+        return list(q)
+
+    def abort(self, channel: str) -> int:
+        with self._lock:
+            dropped = len(self._inbox.pop(channel, ()))
+        self.stats["aborted"] += dropped
+        return dropped
+
+    # ------------------------------------------------------------ the frames
+    def _send_loop(self, peer: int) -> None:
+        """Send ``peer``'s frames in order (blocking here, never in ``send``)."""
+        q = self._outq[peer]
+        try:
+            while (frames := q.get()) is not None:
+                for t in frames:
+                    dist.send(t.to(self.device), peer, self.group, tag=TAG)
+        except Exception as e:  # the link is gone: the protocol's timeouts take over
+            self.errors.append(f"send to {peer}: {type(e).__name__}: {e}")
+
+    def _recv_loop(self, peer: int) -> None:
+        """File ``peer``'s messages under their channels until its close frame."""
+        try:
+            while True:
+                size = self._recv(peer, 2, torch.int64)
+                hlen, plen = (int(x) for x in size.tolist())
+                if hlen == _CLOSE:
+                    break
+                head = self._recv(peer, hlen, torch.uint8)
+                payload = byte_view(self._recv(peer, plen, torch.uint8)) if plen else b""
+                msg = json.loads(bytes(byte_view(head)))
+                with self._lock:
+                    self._inbox.setdefault(msg["ch"], deque()).append((msg["h"], payload))
+        except Exception as e:
+            self.errors.append(f"recv from {peer}: {type(e).__name__}: {e}")
+        with self._lock:
+            self._closed.add(peer)
+
+    def _recv(self, peer: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = torch.empty(n, dtype=dtype, device=self.device)
+        dist.recv(buf, peer, self.group, tag=TAG)
+        return buf.cpu() if buf.device.type != "cpu" else buf
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Tell every peer this side is done; wait (bounded) for every send and for theirs."""
+        for p in self.peers:
+            self._outq[p].put([torch.tensor([_CLOSE, 0], dtype=torch.int64)])
+            self._outq[p].put(None)
+        end = time.monotonic() + timeout_s
+        for th in self._threads:
+            th.join(max(0.0, end - time.monotonic()))
+        if alive := [th.name for th in self._threads if th.is_alive()]:
+            raise TimeoutError(f"DistTransport.close: still waiting after {timeout_s}s: {alive}")
+
+
+def _u8(data: Payload) -> torch.Tensor:
+    """A uint8 tensor over the bytes (a view on CPU; only read by the send)."""
+    return tensor_from_bytes(data, torch.uint8, (memoryview(data).nbytes,))
+
+
+def handoff_route(receiver: int, senders: Sequence[int]) -> Callable[[str], int]:
+    """The route of a handoff's channels (``refimpl.api.wire.channels``): ``...>rx`` to the
+    receiver's group rank, ``...>tx`` to ``senders[0]``, ``...>tx{r}`` to ``senders[r]``."""
+
+    def route(channel: str) -> int:
+        if channel.endswith(">rx"):
+            return receiver
+        head, sep, tail = channel.rpartition(">tx")
+        if sep and (tail == "" or tail.isdigit()) and int(tail or 0) < len(senders):
+            return senders[int(tail or 0)]
+        raise ValueError(f"channel {channel!r} is not a handoff channel of {len(senders)} ranks")
+
+    return route
