@@ -141,6 +141,30 @@ MUTANTS: dict[str, Mutant] = {
             "sglang #31800 (no timeout in the Transferring state)",
             "DecodeTimeout fires only before the first chunk lands.",
         ),
+        Mutant(
+            "free_fenced_unrevocable",
+            "NoReuseUnderIO",
+            ("handoff_unrevocable",),
+            "issue #21 item 2 (a write that cannot be revoked lands in freed blocks)",
+            "On a transport with no revoke (revocable=False), DecodeTimeout frees the"
+            " attempt's blocks as if its fence stopped the writes still in flight.",
+        ),
+        Mutant(
+            "batch_status_subset",
+            "NoReuseUnderIO",
+            ("handoff_unrevocable",),
+            "issue #21 item 2; Mooncake TENT #2055 (batch status from a subset of its tasks)",
+            "The sender takes its write batch as finished from the status of its first task"
+            " only, and frees its source and says Quiesced while other writes are in flight.",
+        ),
+        Mutant(
+            "validate_after_decode_failure",
+            "StickyEnd",
+            ("handoff_decode_fail",),
+            "issue #21 item 3 (decode validates and installs an attempt it has failed)",
+            "DecodeValidate and DecodeCommit do not read the attempt's failed status on"
+            " decode (DecodeFail), so a failed attempt is installed and stepped.",
+        ),
     )
 }
 

@@ -1,4 +1,4 @@
-"""The z3 action registry: the spec's 39 actions by name (``spec.actions.ACTIONS``).
+"""The z3 action registry: the spec's actions by name (``spec.actions.ACTIONS``).
 
 ``PER_REQ``: actions of one request (``arg`` "req" or "msg"), ``Rules`` per (ctx, view,
 message); ``DecodeEvictPrefix`` is global and ``EnvCrash`` acts on every request.
@@ -10,15 +10,27 @@ from collections.abc import Callable
 
 from model_checks.symbolic import actions_decode as D
 from model_checks.symbolic import actions_prefill as P
+from model_checks.symbolic.behaviours import decode_failure as DF
 from model_checks.symbolic.core import RV, Ctx, Msg, Rules
 from spec.actions import ACTIONS
 
 ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 
+_MODULES = (P, D, DF)  # the spec's action modules' mirrors, core first
+
+
+def _mirror(name: str) -> ReqFn | None:
+    for mod in _MODULES:
+        fn: ReqFn | None = getattr(mod, name, None)
+        if fn is not None:
+            return fn
+    return None
+
+
 PER_REQ: dict[str, ReqFn] = {
-    name: getattr(P, name) if hasattr(P, name) else getattr(D, name)
+    name: fn
     for name, a in ACTIONS.items()
-    if a.arg in ("req", "msg")
+    if a.arg in ("req", "msg") and (fn := _mirror(name)) is not None
 }
 GLOBAL = ("DecodeEvictPrefix",)
 WORKER = ("EnvCrash",)

@@ -54,7 +54,7 @@ FIELDS: tuple[str, ...] = (
     "g",
 )
 GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
-BV_FIELDS = {"dfl": 3, "g": 6}  # flag words (rmask and landed: width from the domain)
+BV_FIELDS = {"dfl": 4, "g": 6}  # flag words (rmask and landed: width from the domain)
 
 
 # -- constant-folding connectives ---------------------------------------------------------
@@ -269,6 +269,8 @@ class Params:
     max_attempts: Z
     max_moves: Z
     fault_kinds: dict[str, Z]
+    revocable: Z = True  # spec/behaviours/irrevocable.py
+    decode_failure: Z = False  # spec/behaviours/decode_failure.py
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -287,6 +289,8 @@ class Params:
             max_attempts=c.max_attempts,
             max_moves=c.max_moves,
             fault_kinds={k: k in c.fault_kinds for k in sorted(FAULT_KINDS)},
+            revocable=c.revocable,
+            decode_failure=c.decode_failure,
         )
 
 

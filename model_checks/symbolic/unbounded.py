@@ -33,6 +33,7 @@ import z3
 from model_checks.symbolic.actions import PER_REQ
 from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
 from model_checks.symbolic.core import (
+    BV_FIELDS,
     FIELDS,
     ITE,
     RV,
@@ -59,7 +60,10 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
     """Symbolic config bounds and the facts every config satisfies (named)."""
     i = {n: z3.Int(f"cfg_{n}") for n in ("blocks", "cap_p", "cap_d", "cap_h", "prefix")}
     j = {n: z3.Int(f"cfg_{n}") for n in ("faults", "max_attempts", "max_moves")}
-    b = {n: z3.Bool(f"cfg_{n}") for n in ("handoff", "offload", "recompute", "cancel")}
+    b = {
+        n: z3.Bool(f"cfg_{n}")
+        for n in ("handoff", "offload", "recompute", "cancel", "revocable", "decode_failure")
+    }
     p = Params(
         blocks=i["blocks"],
         src_tp=src_tp,
@@ -75,6 +79,8 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         max_attempts=j["max_attempts"],
         max_moves=j["max_moves"],
         fault_kinds={k: z3.Bool(f"cfg_fault_{k}") for k in sorted(FAULT_KINDS)},
+        revocable=b["revocable"],
+        decode_failure=b["decode_failure"],
     )
     facts = [
         ("cfg: blocks >= 1", p.blocks >= 1),
@@ -93,7 +99,7 @@ def field_sort(f: str, src_tp: int) -> Any:
     if f == "rmask":
         return z3.BitVecSort(src_tp)
     if f == "dfl":
-        return z3.BitVecSort(3)
+        return z3.BitVecSort(BV_FIELDS["dfl"])
     if f == "g":
         return z3.BitVecSort(6)
     return INT
