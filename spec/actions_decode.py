@@ -172,7 +172,7 @@ def DecodeCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def DecodeStep(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
-    if w.d_up and attempt_failed(c, r) and r.d != NONE:
+    if w.d_up and attempt_failed(c, r) and r.d != NONE and "validate_after_decode_failure" not in m:
         return refuse("StickyEnd")  # a step of an attempt decode has failed
     if not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED

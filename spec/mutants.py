@@ -162,8 +162,8 @@ MUTANTS: dict[str, Mutant] = {
             "StickyEnd",
             ("handoff_decode_fail",),
             "issue #21 item 3 (decode validates and installs an attempt it has failed)",
-            "DecodeValidate and DecodeCommit do not read the attempt's failed status on"
-            " decode (DecodeFail), so a failed attempt is installed and stepped.",
+            "DecodeValidate, DecodeCommit and DecodeStep do not read the attempt's failed"
+            " status on decode (DecodeFail): a failed attempt is installed and stepped.",
         ),
     )
 }

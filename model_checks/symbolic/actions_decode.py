@@ -184,7 +184,8 @@ def DecodeCommit(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 def DecodeStep(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeStep")
-    R.no(A(x.d_up, attempt_failed(x, r), r.d != NONE), "StickyEnd")
+    if "validate_after_decode_failure" not in x.m:
+        R.no(A(x.d_up, attempt_failed(x, r), r.d != NONE), "StickyEnd")
     R.no(O(N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
     R.go()  # a self-loop
     return R

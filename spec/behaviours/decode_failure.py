@@ -10,8 +10,8 @@ validate, commit (install) or step of the failed attempt on decode is a breach o
 ``StickyEnd``: vLLM's NIXL connector marking a request's blocks invalid on a load
 error and still scheduling it, SGLang's decode going on after ``KVPoll.Failed``.
 
-Mutant: ``validate_after_decode_failure`` (validate and commit do not read the
-attempt's failed status).
+Mutant: ``validate_after_decode_failure`` (the install path, validate, commit and step,
+does not read the attempt's failed status).
 """
 
 from __future__ import annotations
