@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from model_checks.conformance import LogError, check_text
 from spec.actions import apply
 from spec.common import Refused
 from spec.config import CONFIGS
@@ -87,3 +90,32 @@ def test_a_new_attempt_starts_clean() -> None:
     w = apply(W(r), DF, frozenset(), "DecodeReserve", 0, h2)
     assert isinstance(w, World) and not w.reqs[0].dfl & DF_FAILED
     assert not isinstance(apply(w, DF, frozenset(), "DecodeFail", 0, 0), Refused)
+
+
+def _log(header: dict[str, object], actions: list[str]) -> str:
+    lines = [json.dumps(header)]
+    for a in actions:
+        args = {"req": 0} if "(" not in a else json.loads(a[a.index("(") + 1 : -1])
+        lines.append(json.dumps({"action": a.split("(")[0], "args": args}))
+    return "\n".join(lines) + "\n"
+
+
+_STEPS = [
+    "PrefillAdmit",
+    "PrefillRun",
+    "PrefillFreeze",
+    'DecodeReserve({"req": 0, "msg": "Handoff", "epoch": 1, "idx": 0})',
+    'PrefillRecvReady({"req": 0, "msg": "Ready", "epoch": 1, "idx": 0})',
+    "PrefillSendChunk",
+    "DecodeFail",
+    "DecodeStep",
+]
+
+
+def test_the_header_switches_decode_failure_on_for_any_config() -> None:
+    v = check_text(_log({"config": "handoff_two", "decode_failure": True}, _STEPS))
+    assert (v.line, v.violated) == (9, "StickyEnd")
+    v = check_text(_log({"config": "handoff_two"}, _STEPS))  # off: decode has no such step
+    assert v.line == 8 and v.violated == "Unmodelled"
+    with pytest.raises(LogError, match="decode_failure"):
+        check_text(_log({"config": "handoff_two", "decode_failure": "yes"}, _STEPS))

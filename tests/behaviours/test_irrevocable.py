@@ -3,8 +3,12 @@ property, the two mutants, and the refimpl's transport flag."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from model_checks.conformance import LogError, check_text
 from refimpl.engine.wire import Wire
 from spec.actions import apply
 from spec.config import CONFIGS
@@ -31,6 +35,7 @@ from spec.state import (
 )
 from tests.spec.spec_helpers import R, W, check_guard
 
+TRACES = Path(__file__).resolve().parents[2] / "repro" / "traces"
 UR = CONFIGS["handoff_unrevocable"]  # one request, 2 blocks, src_tp=1, revocable=False
 RV = CONFIGS["handoff_decode_fail"]  # the same shape on a revocable transport
 C0, C1 = msg(M_CHUNK, 1, 0), msg(M_CHUNK, 1, 1)
@@ -116,3 +121,17 @@ def test_the_wire_takes_nothing_back_when_unrevocable() -> None:
         assert wire.revoke("0>d", chunk) == 1 - left
         assert len(wire.entries("0>d")) == left
         assert wire.drop_where("0>d", chunk) == left  # a crash still fails it
+
+
+def test_the_header_says_the_transport_is_unrevocable() -> None:
+    lines = (TRACES / "bug_late_write_after_timeout.jsonl").read_text().splitlines()
+    assert check_text("\n".join(lines)).line == 9  # revocable: the fenced write cannot land
+    head = json.loads(lines[0]) | {"transport": "unrevocable"}
+    body = [json.loads(x) for x in lines[1:]]
+    text = "\n".join(json.dumps(x) for x in [head, *body])
+    assert check_text(text).conforms  # decode quarantined: the write lands harmlessly
+    body[6]["observed"] = {"d": "none"}  # the engine freed at its timeout
+    v = check_text("\n".join(json.dumps(x) for x in [head, *body]))
+    assert (v.line, v.violated) == (8, "NoReuseUnderIO")
+    with pytest.raises(LogError, match="transport"):
+        check_text(json.dumps(head | {"transport": "maybe"}) + "\n" + lines[1])
