@@ -19,6 +19,12 @@ header holding anything but JSON fails at ``send``. Payloads are passed by refer
 default (``copy_payload=False``), like an RDMA read from registered memory: the sender
 must not change the bytes until the receiver has consumed them, which a frozen snapshot
 guarantees. ``copy_payload=True`` copies them at ``send`` instead.
+
+``revocable=False`` is a transport with no revoke (one-sided RDMA writes, a NIXL or
+Mooncake transfer batch): a write once posted lands or fails on its own, and neither side
+can take it back (``spec/behaviours/irrevocable.py``). A receiver must then hold the
+destination until the writer is known to have quiesced; ``abort`` stays the environment's
+(a crash), never a way to stop a write.
 """
 
 from __future__ import annotations
@@ -54,8 +60,9 @@ class Fault(Enum):
 class InProcessTransport:
     """FIFO channels in one process, with fault hooks for the spec's environment actions."""
 
-    def __init__(self, *, copy_payload: bool = False) -> None:
+    def __init__(self, *, copy_payload: bool = False, revocable: bool = True) -> None:
         self.copy_payload = copy_payload
+        self.revocable = revocable  # False: a posted write cannot be taken back
         self._queues: dict[str, deque[tuple[str, Payload]]] = {}
         self._held: dict[str, tuple[str, Payload]] = {}  # a reordered message, waiting
         self._faults: dict[str, deque[Fault | None]] = {}  # None: let one message pass

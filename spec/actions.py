@@ -19,6 +19,7 @@ from spec import actions_decode as D
 from spec import actions_env as E
 from spec import actions_prefill as P
 from spec.behaviours import async_steps as A
+from spec.behaviours import decode_failure as DF
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
@@ -106,6 +107,7 @@ ACTIONS: dict[str, Action] = {
         _a(A.PrefillStepComplete, "P", "local"),
         _a(A.DecodeStepDispatch, "D", "local"),
         _a(A.DecodeStepComplete, "D", "local"),
+        _a(DF.DecodeFail, "D", "timeout"),
     )
 }
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from spec.behaviours.async_steps import step_blocks_free
+from spec.behaviours.decode_failure import attempt_failed
+from spec.behaviours.irrevocable import fence, may_fence, quarantine_over
 from spec.common import (
     NOT_ENABLED,
     Mutants,
     Result,
-    drop_chunks,
     full_chunks,
     full_ranks,
     put,
@@ -23,6 +24,7 @@ from spec.state import (
     CHUNKS,
     COMPLETE,
     DF_CORRUPT,
+    DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
     FAILED,
@@ -105,7 +107,7 @@ def DecodeReceiveChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
         return NOT_ENABLED
     net = take(r.net, arg)
     e = msg_epoch(arg)
-    if e == r.dep and r.dfl & DF_FENCED:  # the write fails at the fenced connection
+    if e == r.dep and r.dfl & DF_FENCED and c.revocable:  # fails at the fenced connection
         return put(w, i, r._replace(net=net))
     if e == r.dep and r.d in (RESERVED, FILLING, QUARANTINED):
         dfl = r.dfl | (DF_CORRUPT if kind == M_CHUNK_BAD else 0)
@@ -137,6 +139,8 @@ def DecodeValidate(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         if r.st != CANCELLED or "cancel_ignored" not in m:
             return refuse("StickyEnd")
         g |= G_POSTEND
+    if attempt_failed(c, r) and "validate_after_decode_failure" not in m:
+        return refuse("StickyEnd")  # decode failed this attempt itself
     if "duplicate_rank_counted" in m:
         if r.rcnt < c.src_tp:
             return refuse("RankAgreement")
@@ -155,6 +159,8 @@ def DecodeCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.d_up or r.d != COMPLETE:
         return NOT_ENABLED
+    if attempt_failed(c, r) and "validate_after_decode_failure" not in m:
+        return refuse("StickyEnd")
     net = send(w, r.net, msg(M_ACK, r.dep))
     if r.st == RUNNING:
         return put(w, i, r._replace(d=WRITABLE, net=net))
@@ -167,6 +173,8 @@ def DecodeCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def DecodeStep(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
+    if w.d_up and attempt_failed(c, r) and r.d != NONE and "validate_after_decode_failure" not in m:
+        return refuse("StickyEnd")  # a step of an attempt decode has failed
     if c.async_steps or not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
     return w
@@ -188,15 +196,17 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.d_up or r.d in (NONE, QUARANTINED):
         return NOT_ENABLED
-    invalid = r.d in _WAITING and r.dfl & (DF_CORRUPT | DF_MISMATCH)
+    invalid = r.d in _WAITING and r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)
     if r.st == RUNNING and not invalid:
         return NOT_ENABLED
     if (busy := step_blocks_free(c, r, "d", m)) is not None:
         return busy
     net = r.net if r.d == WRITABLE else send(w, r.net, msg(M_NACK, r.dep))
     if r.d in _WAITING and r.landed != full_chunks(c, r.hit):  # a writer may still land
-        if invalid and r.st == RUNNING:  # a bad attempt: fence its writes, free now
-            return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=drop_chunks(net, r.dep)))
+        if invalid and r.st == RUNNING and may_fence(c, m):  # fence its writes, free now
+            return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=fence(c, net, r.dep)))
+        if invalid and r.st == RUNNING:  # no revoke: quarantined while a write may land
+            return put(w, i, r._replace(d=QUARANTINED, net=net))
         if "free_on_cancel_in_flight" in m:
             return _free(w, i, r._replace(net=net))
         return put(w, i, r._replace(d=QUARANTINED, net=net))
@@ -225,7 +235,12 @@ def DecodeTimeout(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.d == FILLING and "no_timeout_while_filling" in m:
         return NOT_ENABLED
-    net = drop_chunks(r.net, r.dep)
+    if not may_fence(c, m):  # no revoke: the writes of attempt dep may still land
+        if r.d == QUARANTINED:  # the second, longer timeout: past every write's lifetime
+            return _free(w, i, r) if quarantine_over(r) else NOT_ENABLED
+        if r.landed != full_chunks(c, r.hit):
+            return put(w, i, r._replace(d=QUARANTINED, net=send(w, r.net, msg(M_NACK, r.dep))))
+    net = fence(c, r.net, r.dep)
     if r.d != QUARANTINED:
         net = send(w, net, msg(M_NACK, r.dep))
     return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=net))

@@ -12,11 +12,11 @@ from spec.behaviours.async_steps import (
     step_blocks_freeze,
     step_blocks_preempt,
 )
+from spec.behaviours.irrevocable import writes_drained
 from spec.common import (
     NOT_ENABLED,
     Mutants,
     Result,
-    chunks_in_flight,
     drop_chunks,
     put,
     refuse,
@@ -242,9 +242,12 @@ def PrefillResume(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if msg_epoch(arg) != r.ep:
         return refuse("Fencing")
-    if chunks_in_flight(r, r.ep):  # its own writes still read the snapshot
+    if not writes_drained(r, r.ep, m):  # its own writes still read the snapshot
         return refuse("FrozenSnapshot")
-    return put(w, i, r._replace(p=WRITABLE, ps=IDLE, sent=0, phit=0, net=take(r.net, arg)))
+    net = take(r.net, arg)
+    if not c.revocable:  # decode could not fence: it holds the blocks until told
+        net = send(w, net, msg(M_QUIESCED, r.ep))
+    return put(w, i, r._replace(p=WRITABLE, ps=IDLE, sent=0, phit=0, net=net))
 
 
 def PrefillTimeout(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -253,7 +256,10 @@ def PrefillTimeout(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or r.ps == IDLE or not timeouts_allowed(w, c, m):
         return NOT_ENABLED
-    net = send(w, drop_chunks(r.net, r.ep), msg(M_QUIESCED, r.ep))
+    if not c.revocable and not writes_drained(r, r.ep, m):  # no flush: wait for the batch
+        return refuse("NoReuseUnderIO")
+    flushed = drop_chunks(r.net, r.ep) if c.revocable else r.net
+    net = send(w, flushed, msg(M_QUIESCED, r.ep))
     if r.st != RUNNING:
         return put(w, i, r._replace(p=NONE, h=NONE, ps=IDLE, sent=0, phit=0, net=net))
     if "source_resumes_on_timeout" in m:
@@ -272,7 +278,7 @@ def PrefillQuiesce(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.p == NONE and r.h == NONE and r.ps == IDLE:
         return NOT_ENABLED
-    if r.ps != IDLE and chunks_in_flight(r, r.ep):
+    if r.ps != IDLE and not writes_drained(r, r.ep, m):
         return refuse("NoReuseUnderIO")
     if (busy := step_blocks_free(c, r, "p", m)) is not None:
         return busy

@@ -36,6 +36,8 @@ class Config:
     max_attempts: int = 2  # handoff epochs per request
     max_moves: int = 1  # offloads + preemptions per request
     async_steps: bool = False  # steps are dispatched, then complete (spec/behaviours/async_steps)
+    revocable: bool = True  # decode can fence an attempt's writes (False: RDMA / a NIXL batch)
+    decode_failure: bool = False  # decode may fail an attempt on its own error (DecodeFail)
 
     def __post_init__(self) -> None:
         problems = []
@@ -191,7 +193,7 @@ NEW_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in NEW_WORLDS)
 
-# Worlds of the engine behaviours of issue #21 (spec/behaviours), one per behaviour.
+# Worlds of the engine behaviours of issue #21 (``spec/behaviours``), each switched on here.
 BEHAVIOUR_WORLDS: tuple[Config, ...] = (
     Config(
         name="async_handoff",
@@ -204,6 +206,27 @@ BEHAVIOUR_WORLDS: tuple[Config, ...] = (
         max_attempts=1,
         async_steps=True,
     ),
+    Config(
+        name="handoff_unrevocable",
+        doc="one request, 2 blocks, a transport with no revoke (one-sided RDMA writes, a"
+        " NIXL/Mooncake batch): decode cannot fence; one lost or corrupt message",
+        blocks=2,
+        cap_p=2,
+        cap_d=2,
+        faults=1,
+        fault_kinds=frozenset({"lose", "corrupt"}),
+        revocable=False,
+    ),
+    Config(
+        name="handoff_decode_fail",
+        doc="one request, 2 blocks: decode may fail an attempt on its own error; one corrupt chunk",
+        blocks=2,
+        cap_p=2,
+        cap_d=2,
+        faults=1,
+        fault_kinds=frozenset({"corrupt"}),
+        decode_failure=True,
+    ),
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
 
@@ -215,6 +238,8 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "prefix_share",
     "handoff_two",
     "async_handoff",
+    "handoff_unrevocable",
+    "handoff_decode_fail",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
 # ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured

@@ -163,6 +163,30 @@ MUTANTS: dict[str, Mutant] = {
             "async scheduling: a preemption frees blocks an in-flight step still writes",
             "PrefillPreempt drops the blocks while a dispatched step still writes them.",
         ),
+        Mutant(
+            "free_fenced_unrevocable",
+            "NoReuseUnderIO",
+            ("handoff_unrevocable",),
+            "issue #21 item 2 (a write that cannot be revoked lands in freed blocks)",
+            "On a transport with no revoke (revocable=False), DecodeTimeout frees the"
+            " attempt's blocks as if its fence stopped the writes still in flight.",
+        ),
+        Mutant(
+            "batch_status_subset",
+            "NoReuseUnderIO",
+            ("handoff_unrevocable",),
+            "issue #21 item 2; Mooncake TENT #2055 (batch status from a subset of its tasks)",
+            "The sender takes its write batch as finished from the status of its first task"
+            " only, and frees its source and says Quiesced while other writes are in flight.",
+        ),
+        Mutant(
+            "validate_after_decode_failure",
+            "StickyEnd",
+            ("handoff_decode_fail",),
+            "issue #21 item 3 (decode validates and installs an attempt it has failed)",
+            "DecodeValidate, DecodeCommit and DecodeStep do not read the attempt's failed"
+            " status on decode (DecodeFail): a failed attempt is installed and stepped.",
+        ),
     )
 }
 

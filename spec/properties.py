@@ -18,6 +18,7 @@ from spec.state import (
     CHUNKS,
     COMPLETE,
     DF_CORRUPT,
+    DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
     ENDED,
@@ -92,7 +93,8 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
             if r.ps == IDLE or r.ep != e or r.p != COMPLETE:  # the source blocks
                 return False
             held = r.dep == e and r.d in (RESERVED, FILLING, QUARANTINED)
-            if not held and not (r.dep == e and r.dfl & DF_FENCED):  # the destination blocks
+            fenced = c.revocable and r.dep == e and r.dfl & DF_FENCED  # no revoke: no fence
+            if not held and not fenced:  # the destination blocks
                 return False
     return True
 
@@ -104,6 +106,8 @@ def sticky_end(w: World, c: Config) -> bool:
         if r.g & G_END_CANCELLED and r.st != CANCELLED:
             return False
         if r.g & G_END_FAILED and r.st != FAILED:
+            return False
+        if r.d in _HELD and r.dfl & DF_FAILED:  # an attempt decode failed was installed
             return False
     return True
 

@@ -51,6 +51,7 @@ SENDER_NAMES = ("idle", "await_ready", "sending", "await_ack")
 DF_MISMATCH = 1  # the attempt's manifest is incompatible with the decode side
 DF_CORRUPT = 2  # a chunk landed whose checksum does not match the manifest
 DF_FENCED = 4  # decode fenced the attempt (closed the connection): its writes fail
+DF_FAILED = 8  # decode failed the attempt on its own error: terminal for that attempt
 
 # -- ghost (history) flags, used only by the property predicates ---------------------
 G_FROZEN_WRITE = 1  # the source was written while its snapshot was being transferred

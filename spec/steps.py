@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from spec.behaviours.decode_failure import nothing_after_decode_failure
 from spec.common import full_chunks
 from spec.config import Config
 from spec.state import (
     CHUNKS,
     COMPLETE,
+    DF_FAILED,
     ENDED,
     FILLING,
     M_DONE,
@@ -181,6 +183,8 @@ def step_plain(pre: World, name: str, i: int, arg: int, post: World, c: Config) 
             continue
         if a.st in ENDED or a.p == FILLING or b.landed & ~a.landed or b.rmask & ~a.rmask:
             return False
+        if a.dfl & DF_FAILED:  # an attempt decode failed (nothing_after_decode_failure)
+            return False
     return True
 
 
@@ -192,4 +196,5 @@ STEP_PREDS: tuple[tuple[str, StepPred], ...] = (
     ("Fencing", stale_changes_nothing),
     ("StickyEnd", nothing_after_end),
     ("RankAgreement", ranks_from_messages),
+    ("StickyEnd", nothing_after_decode_failure),
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from model_checks.conformance.jsonline import LogError, cut, loads_line, show, text_lines
@@ -170,6 +170,25 @@ def _event(line: int, obj: dict[str, Any], c: Config) -> Event:
     return Event(line, a, i, arg, None, obs, obj, CLOCKS[a.actor])
 
 
+def _switches(n: int, obj: dict[str, Any], c: Config) -> Config:
+    """The header's behaviour switches on top of the named config: ``transport``
+    ("revocable" or "unrevocable": ``Config.revocable``) and ``decode_failure`` (a bool)."""
+    revocable, decode_failure = c.revocable, c.decode_failure
+    t = obj.get("transport")
+    if t is not None:
+        if t not in ("revocable", "unrevocable"):
+            raise LogError(n, f"'transport' must be revocable or unrevocable, got {show(t)}")
+        revocable = t == "revocable"
+    f = obj.get("decode_failure")
+    if f is not None:
+        if type(f) is not bool:
+            raise LogError(n, f"'decode_failure' must be true or false, got {show(f)}")
+        decode_failure = f
+    if (revocable, decode_failure) == (c.revocable, c.decode_failure):
+        return c
+    return replace(c, revocable=revocable, decode_failure=decode_failure)
+
+
 class LineParser:
     """Feed physical lines in order; ``feed`` returns the line's ``Event`` (None for a
     header or blank line). ``finish`` refuses a log without events."""
@@ -214,7 +233,7 @@ class LineParser:
         self.skew = float(sk)
         self.skew_stated = "clock_skew_s" in obj
         self.owners = _declared(n, obj)
-        return c
+        return _switches(n, obj, c)
 
     def _clock(self, n: int, e: Event, sub: object) -> Event:
         """The clock that stamped ``e``: its worker's, or the declared process ``sub``."""

@@ -26,7 +26,9 @@ so it is built only on demand (``Graph.to_networkx``, for DOT export and callers
   the Ack is sent and used.
 - ``BoundedExit``: each worker that waits on a peer can free what it holds through its
   own ``local`` steps and ``timeout`` actions alone (reverse reachability in that
-  worker's subgraph): the exit does not depend on the peer being alive.
+  worker's subgraph): the exit does not depend on the peer being alive. On a transport
+  with no revoke, the completion of a write in flight (``DecodeReceiveChunk``) counts
+  too, and for decode the writer's timeouts: decode cannot stop a writer, it outwaits it.
 
 Each check returns a shallowest offending state (or None) and the path to it.
 """
@@ -58,6 +60,7 @@ _CATS = sorted({_cat(n) for n in ACTIONS})
 _BIT = {cat: 1 << k for k, cat in enumerate(_CATS)}
 _ACTION_BIT = {name: _BIT[_cat(name)] for name in ACTIONS}
 _DECODE_FINISH = 1 << len(_CATS)  # an extra bit: ReleaseWhileRunning leaves it out
+_LANDS = 1 << (len(_CATS) + 1)  # an extra bit: a one-sided write completes (the transport's)
 
 
 def mask(pred: Callable[[str, str], bool]) -> int:
@@ -75,6 +78,10 @@ def _own_exit(actor: str) -> int:
 
 
 OWN_EXIT = {x: _own_exit(x) for x in ("P", "D")}
+# On a transport with no revoke (``Config.revocable`` False) a worker cannot stop a write
+# in flight: its exit waits for the write to complete (the transport's step, not the
+# peer's), and decode's also for the writer's own timeout (spec/behaviours/irrevocable.py).
+OWN_EXIT_UNREVOCABLE = {"P": OWN_EXIT["P"] | _LANDS, "D": OWN_EXIT["D"] | _LANDS | _own_exit("P")}
 
 
 @dataclass
@@ -91,7 +98,10 @@ class _Edges:
 
     def __init__(self, gr: Graph) -> None:
         self.bits = [
-            _ACTION_BIT[lb[0]] | (_DECODE_FINISH if lb[0] == "DecodeFinish" else 0) for lb in gr.lab
+            _ACTION_BIT[lb[0]]
+            | (_DECODE_FINISH if lb[0] == "DecodeFinish" else 0)
+            | (_LANDS if lb[0] == "DecodeReceiveChunk" else 0)
+            for lb in gr.lab
         ]
         rev: list[list[int]] = [[] for _ in range(gr.n_states)]
         for idx, d in enumerate(gr.dst):
@@ -315,9 +325,10 @@ def bounded_exit(gr: Graph, ed: _Edges) -> LiveResult:
     c = gr.config
     worst: int | None = None
     note = ""
+    exits = OWN_EXIT if c.revocable else OWN_EXIT_UNREVOCABLE
     for actor, waiting in (("D", decode_waiting), ("P", prefill_waiting)):
         flags = [waiting(w, c) for w in gr.states]
-        ok = _reach_back(gr, ed, (i for i, f in enumerate(flags) if not f), OWN_EXIT[actor])
+        ok = _reach_back(gr, ed, (i for i, f in enumerate(flags) if not f), exits[actor])
         bad = _shallowest(gr, (i for i, f in enumerate(flags) if f and i not in ok))
         if bad is not None and (worst is None or gr.depth[bad] < gr.depth[worst]):
             worst, note = bad, f"{actor} waits with no exit of its own"

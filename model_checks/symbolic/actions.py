@@ -11,16 +11,27 @@ from collections.abc import Callable
 from model_checks.symbolic import actions_decode as D
 from model_checks.symbolic import actions_prefill as P
 from model_checks.symbolic.behaviours import async_steps as AS
+from model_checks.symbolic.behaviours import decode_failure as DF
 from model_checks.symbolic.core import RV, Ctx, Msg, Rules
 from spec.actions import ACTIONS
 
 ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 
-_MODULES = (P, D, AS)  # the z3 action modules, searched in this order
+_MODULES = (P, D, AS, DF)  # the spec's action modules' mirrors, core first
+
+
+def _mirror(name: str) -> ReqFn | None:
+    for mod in _MODULES:
+        fn: ReqFn | None = getattr(mod, name, None)
+        if fn is not None:
+            return fn
+    return None
+
+
 PER_REQ: dict[str, ReqFn] = {
-    name: next(getattr(mod, name) for mod in _MODULES if hasattr(mod, name))
+    name: fn
     for name, a in ACTIONS.items()
-    if a.arg in ("req", "msg")
+    if a.arg in ("req", "msg") and (fn := _mirror(name)) is not None
 }
 GLOBAL = ("DecodeEvictPrefix",)
 WORKER = ("EnvCrash",)

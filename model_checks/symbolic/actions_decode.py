@@ -12,12 +12,15 @@ from dataclasses import dataclass
 
 from model_checks.symbolic.actions_prefill import timeouts_allowed
 from model_checks.symbolic.behaviours.async_steps import busy_free
+from model_checks.symbolic.behaviours.decode_failure import attempt_failed
+from model_checks.symbolic.behaviours.irrevocable import fence, may_fence, quarantine_over
 from model_checks.symbolic.core import EQ, IN, ITE, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z, flag
 from spec.state import (
     CANCELLED,
     CHUNKS,
     COMPLETE,
     DF_CORRUPT,
+    DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
     FAILED,
@@ -119,7 +122,7 @@ def DecodeReceiveChunk(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.d_up), N(_kind(a) in CHUNKS)))
     assert a is not None
     net = [_take(a)]
-    R.go(A(a.e == r.dep, flag(r.dfl, DF_FENCED)), net=net)
+    R.go(A(a.e == r.dep, flag(r.dfl, DF_FENCED), x.c.revocable), net=net)
     dfl = r.dfl | DF_CORRUPT if a.kind == M_CHUNK_BAD else r.dfl
     d = ITE(r.d == RESERVED, FILLING, r.d)
     landed = x.ladd(r.landed, a.i)
@@ -151,6 +154,8 @@ def DecodeValidate(x: Ctx, r: RV, a: Msg | None) -> Rules:
         g = ITE(r.st != RUNNING, r.g | G_POSTEND, r.g)
     else:
         R.no(r.st != RUNNING, "StickyEnd")
+    if "validate_after_decode_failure" not in x.m:
+        R.no(attempt_failed(x, r), "StickyEnd")
     if "duplicate_rank_counted" in x.m:
         R.no(r.rcnt < c.src_tp, "RankAgreement")
     else:
@@ -166,6 +171,8 @@ def DecodeValidate(x: Ctx, r: RV, a: Msg | None) -> Rules:
 def DecodeCommit(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeCommit")
     R.no(O(N(x.d_up), r.d != COMPLETE))
+    if "validate_after_decode_failure" not in x.m:
+        R.no(attempt_failed(x, r), "StickyEnd")
     net = [NetOp("send", M_ACK, r.dep, 0)]
     R.go(r.st == RUNNING, net=net, d=WRITABLE)
     if "error_overwritten" in x.m:
@@ -178,6 +185,8 @@ def DecodeCommit(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 def DecodeStep(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeStep")
+    if "validate_after_decode_failure" not in x.m:
+        R.no(A(x.d_up, attempt_failed(x, r), r.d != NONE), "StickyEnd")
     R.no(O(x.c.async_steps, N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
     R.go()  # a self-loop
     return R
@@ -194,13 +203,16 @@ def DecodeFinish(x: Ctx, r: RV, a: Msg | None) -> Rules:
 def DecodeAbort(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeAbort")
     R.no(O(N(x.d_up), IN(r.d, (NONE, QUARANTINED))))
-    invalid = A(IN(r.d, WAITING), O(flag(r.dfl, DF_CORRUPT), flag(r.dfl, DF_MISMATCH)))
+    bad = O(flag(r.dfl, DF_CORRUPT), flag(r.dfl, DF_MISMATCH), flag(r.dfl, DF_FAILED))
+    invalid = A(IN(r.d, WAITING), bad)
     R.no(A(r.st == RUNNING, N(invalid)))
     R.no(busy_free(x, r, "d"), "NoReuseUnderIO")
     net = [NetOp("send", M_NACK, r.dep, 0, when=r.d != WRITABLE)]
     in_flight = A(IN(r.d, WAITING), N(x.lfull(r.landed, r.hit)))  # a writer may still land
-    fence = [*net, NetOp("drop", e=r.dep)]  # a bad attempt: fence its writes, free now
-    R.go(A(in_flight, invalid, r.st == RUNNING), net=fence, dfl=r.dfl | DF_FENCED, **free(x, r))
+    fenced = [*net, fence(x, r.dep)]  # a bad attempt: fence its writes, free now
+    bad_running = A(in_flight, invalid, r.st == RUNNING)
+    R.go(A(bad_running, may_fence(x)), net=fenced, dfl=r.dfl | DF_FENCED, **free(x, r))
+    R.go(bad_running, net=net, d=QUARANTINED)  # no revoke: quarantined while a write may land
     if "free_on_cancel_in_flight" in x.m:
         R.go(in_flight, net=net, **free(x, r))
     else:
@@ -225,7 +237,12 @@ def DecodeTimeout(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(N(timeouts_allowed(x)))
     if "no_timeout_while_filling" in x.m:
         R.no(r.d == FILLING)
-    net = [NetOp("drop", e=r.dep), NetOp("send", M_NACK, r.dep, 0, when=r.d != QUARANTINED)]
+    mf = may_fence(x)  # no revoke: quarantine; free only once the writer can write no more
+    R.go(A(N(mf), r.d == QUARANTINED, quarantine_over(r)), **free(x, r))
+    R.no(A(N(mf), r.d == QUARANTINED))
+    nack = NetOp("send", M_NACK, r.dep, 0)
+    R.go(A(N(mf), N(x.lfull(r.landed, r.hit))), net=[nack], d=QUARANTINED)
+    net = [fence(x, r.dep), NetOp("send", M_NACK, r.dep, 0, when=r.d != QUARANTINED)]
     R.go(net=net, dfl=r.dfl | DF_FENCED, **free(x, r))
     return R
 

@@ -9,6 +9,7 @@ fields). Keep the two files side by side when editing either.
 from __future__ import annotations
 
 from model_checks.symbolic.behaviours.async_steps import busy_free, busy_freeze, busy_preempt
+from model_checks.symbolic.behaviours.irrevocable import writes_drained
 from model_checks.symbolic.core import EQ, IN, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z
 from spec.state import (
     AWAIT_ACK,
@@ -216,16 +217,18 @@ def PrefillResume(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.p_up), _kind(a) != M_NACK, r.st != RUNNING, r.ps == IDLE))
     assert a is not None
     R.no(a.e != r.ep, "Fencing")
-    R.no(N(r.net.no_chunks(r.ep)), "FrozenSnapshot")
-    R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=WRITABLE, ps=IDLE, sent=0, phit=0)
+    R.no(N(writes_drained(x, r, r.ep)), "FrozenSnapshot")
+    quiesced = NetOp("send", M_QUIESCED, r.ep, 0, when=N(x.c.revocable))
+    R.go(net=[NetOp("take", a.kind, a.e, a.i), quiesced], p=WRITABLE, ps=IDLE, sent=0, phit=0)
     return R
 
 
 def PrefillTimeout(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("PrefillTimeout")
     R.no(O(N(x.p_up), r.ps == IDLE, N(timeouts_allowed(x))))
+    R.no(A(N(x.c.revocable), N(writes_drained(x, r, r.ep))), "NoReuseUnderIO")
     drop = NetOp("drop", e=r.ep)
-    flush = [drop, NetOp("send", M_QUIESCED, r.ep, 0)]
+    flush = [NetOp("drop", e=r.ep, when=x.c.revocable), NetOp("send", M_QUIESCED, r.ep, 0)]
     R.go(r.st != RUNNING, net=flush, p=NONE, h=NONE, ps=IDLE, sent=0, phit=0)
     if "source_resumes_on_timeout" in x.m:
         R.go(net=[drop], p=WRITABLE, ps=IDLE, sent=0, phit=0)
@@ -237,7 +240,7 @@ def PrefillQuiesce(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("PrefillQuiesce")
     R.no(O(N(x.p_up), N(IN(r.st, ENDED))))
     R.no(A(r.p == NONE, r.h == NONE, r.ps == IDLE))
-    R.no(A(r.ps != IDLE, N(r.net.no_chunks(r.ep))), "NoReuseUnderIO")
+    R.no(A(r.ps != IDLE, N(writes_drained(x, r, r.ep))), "NoReuseUnderIO")
     R.no(busy_free(x, r, "p"), "NoReuseUnderIO")
     send = NetOp("send", M_QUIESCED, r.ep, 0, when=r.ps != IDLE)
     R.go(net=[send], p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0)

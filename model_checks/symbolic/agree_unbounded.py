@@ -66,6 +66,8 @@ class UChecker:
             p.recompute == c.recompute,
             p.cancel == c.cancel,
             p.async_steps == c.async_steps,
+            p.revocable == c.revocable,
+            p.decode_failure == c.decode_failure,
         ]
         fixed += [v == (k in c.fault_kinds) for k, v in p.fault_kinds.items()]
         if len(self.reqs) > 1:

@@ -50,6 +50,8 @@ CORRECT_DEPTH: dict[str, int] = {
     "offload_contend": 22,
     "prefix_share": 13,
     "handoff_two": 15,
+    "handoff_unrevocable": 12,
+    "handoff_decode_fail": 12,
 }
 
 

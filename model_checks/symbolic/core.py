@@ -56,7 +56,7 @@ FIELDS: tuple[str, ...] = (
     "dstep",
 )
 GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
-BV_FIELDS = {"dfl": 3, "g": 6}  # flag words (rmask and landed: width from the domain)
+BV_FIELDS = {"dfl": 4, "g": 6}  # flag words (rmask and landed: width from the domain)
 
 
 # -- constant-folding connectives ---------------------------------------------------------
@@ -274,6 +274,8 @@ class Params:
     max_moves: Z
     fault_kinds: dict[str, Z]
     async_steps: Z = False
+    revocable: Z = True  # spec/behaviours/irrevocable.py
+    decode_failure: Z = False  # spec/behaviours/decode_failure.py
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -293,6 +295,8 @@ class Params:
             max_moves=c.max_moves,
             fault_kinds={k: k in c.fault_kinds for k in sorted(FAULT_KINDS)},
             async_steps=c.async_steps,
+            revocable=c.revocable,
+            decode_failure=c.decode_failure,
         )
 
 

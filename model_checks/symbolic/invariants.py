@@ -23,6 +23,10 @@ from dataclasses import dataclass
 import z3
 
 from model_checks.symbolic.behaviours.async_steps import STEP_HELD_DOC, step_held
+from model_checks.symbolic.behaviours.decode_failure import (
+    FAILED_NEEDS_SWITCH_DOC,
+    failed_needs_switch,
+)
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from model_checks.symbolic.props import ZPROPS
 from spec.state import (
@@ -203,7 +207,7 @@ def _handoff_fresh(x: Ctx, r: RV, e: Z, i: Z) -> Z:
 def _ready(x: Ctx, r: RV, e: Z, i: Z) -> Z:
     ready = _n(r, M_READY, e, i) > 0
     same_hit = O(e != r.dep, r.d == NONE, i == r.hit)
-    held = O(IN(r.d, HELD_D), _fenced(r), N(x.d_up))
+    held = O(IN(r.d, HELD_D), A(_fenced(r), x.c.revocable), N(x.d_up))
     waiting = A(e == r.ep, r.ps == AWAIT_READY, i < x.c.blocks)
     return O(N(ready), A(same_hit, O(N(waiting), A(r.dep == e, held))))
 
@@ -224,7 +228,8 @@ def _landed(x: Ctx, r: RV, e: Z, i: Z) -> Z:
 def _sending(x: Ctx, r: RV) -> Z:
     pr = _pr(x, r)
     chunks_left = A(r.ps == SENDING, pr > 0, r.sent < x.c.src_tp * (pr + 1) - 1)
-    return O(N(chunks_left), A(r.dep == r.ep, O(IN(r.d, HELD_D), _fenced(r), N(x.d_up))))
+    fenced = A(_fenced(r), x.c.revocable)  # a fence stops writes only on a revocable transport
+    return O(N(chunks_left), A(r.dep == r.ep, O(IN(r.d, HELD_D), fenced, N(x.d_up))))
 
 
 STRENGTHENING: dict[str, Conj] = {
@@ -298,9 +303,10 @@ STRENGTHENING: dict[str, Conj] = {
         _r(
             "ChunksHaveHome",
             "while chunks are still to be sent, decode holds the attempt's blocks or has"
-            " fenced it (or is down)",
+            " fenced it on a revocable transport (or is down)",
             _sending,
         ),
+        _r("FailedNeedsSwitch", FAILED_NEEDS_SWITCH_DOC, failed_needs_switch),
         _s(
             "HandoffFresh",
             "a manifest decode has not seen is of prefill's current attempt, whose source"
@@ -310,7 +316,8 @@ STRENGTHENING: dict[str, Conj] = {
         _s(
             "ReadyMatches",
             "a Ready carries decode's hit for its epoch; while prefill awaits it (and"
-            " there is something to send) decode holds the blocks or has fenced them",
+            " there is something to send) decode holds the blocks or has fenced them (on a"
+            " revocable transport)",
             _ready,
         ),
         _s(
@@ -386,7 +393,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "FrozenSnapshot": ("StepHeld",),
     "Fencing": (),
     "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
-    "StickyEnd": (),
+    "StickyEnd": ("FailedNeedsSwitch",),
     "ManifestGate": (),
     "CapacityRefcount": (*_HANDOFF, "SingleWriter"),
     "RankAgreement": (),

@@ -19,6 +19,7 @@ from spec.state import (
     CHUNKS,
     COMPLETE,
     DF_CORRUPT,
+    DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
     FAILED,
@@ -63,7 +64,7 @@ def _reuse_msg(x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
         return True
     source = A(r.ps != IDLE, r.ep == e, r.p == COMPLETE)
     held = A(r.dep == e, IN(r.d, (RESERVED, FILLING, QUARANTINED)))
-    fenced = A(r.dep == e, flag(r.dfl, DF_FENCED))
+    fenced = A(x.c.revocable, r.dep == e, flag(r.dfl, DF_FENCED))  # no revoke: no fence
     return A(source, O(held, fenced))
 
 
@@ -117,6 +118,7 @@ ZPROPS: dict[str, ZProp] = {
                 N(flag(r.g, G_POSTEND)),
                 O(N(flag(r.g, G_END_CANCELLED)), r.st == CANCELLED),
                 O(N(flag(r.g, G_END_FAILED)), r.st == FAILED),
+                N(A(IN(r.d, HELD), flag(r.dfl, DF_FAILED))),
             ),
         ),
         ZProp("ManifestGate", lambda x, r: N(A(IN(r.d, HELD), flag(r.dfl, DF_MISMATCH)))),

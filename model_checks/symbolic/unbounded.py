@@ -33,6 +33,7 @@ import z3
 from model_checks.symbolic.actions import PER_REQ
 from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
 from model_checks.symbolic.core import (
+    BV_FIELDS,
     FIELDS,
     ITE,
     RV,
@@ -60,7 +61,16 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
     i = {n: z3.Int(f"cfg_{n}") for n in ("blocks", "cap_p", "cap_d", "cap_h", "prefix")}
     j = {n: z3.Int(f"cfg_{n}") for n in ("faults", "max_attempts", "max_moves")}
     b = {
-        n: z3.Bool(f"cfg_{n}") for n in ("handoff", "offload", "recompute", "cancel", "async_steps")
+        n: z3.Bool(f"cfg_{n}")
+        for n in (
+            "handoff",
+            "offload",
+            "recompute",
+            "cancel",
+            "async_steps",
+            "revocable",
+            "decode_failure",
+        )
     }
     p = Params(
         blocks=i["blocks"],
@@ -78,6 +88,8 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         max_moves=j["max_moves"],
         fault_kinds={k: z3.Bool(f"cfg_fault_{k}") for k in sorted(FAULT_KINDS)},
         async_steps=b["async_steps"],
+        revocable=b["revocable"],
+        decode_failure=b["decode_failure"],
     )
     facts = [
         ("cfg: blocks >= 1", p.blocks >= 1),
@@ -96,7 +108,7 @@ def field_sort(f: str, src_tp: int) -> Any:
     if f == "rmask":
         return z3.BitVecSort(src_tp)
     if f == "dfl":
-        return z3.BitVecSort(3)
+        return z3.BitVecSort(BV_FIELDS["dfl"])
     if f == "g":
         return z3.BitVecSort(6)
     return INT

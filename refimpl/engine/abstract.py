@@ -41,6 +41,7 @@ from refimpl.errors import IntegrityError
 from spec.state import (
     COMPLETE,
     DF_CORRUPT,
+    DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
     MSG_NAMES,
@@ -83,7 +84,7 @@ class AbstractMap(AsyncStepActions):
                     landed=x.landed,
                     rmask=x.rmask,
                     rcnt=x.rcnt,
-                    dfl=dfl | (DF_FENCED if x.fenced else 0),
+                    dfl=dfl | (DF_FENCED if x.fenced else 0) | (DF_FAILED if x.failed else 0),
                     hl=r.stored,
                     gl=r.loaded,
                     mv=r.moves,

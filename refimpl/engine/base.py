@@ -42,6 +42,7 @@ from spec.state import (
     COMPLETE,
     FILLING,
     IDLE,
+    MSG_NAMES,
     NONE,
     PREEMPTED,
     QUARANTINED,
@@ -50,6 +51,7 @@ from spec.state import (
     RESERVED,
     SENDER_NAMES,
     STATUS_NAMES,
+    TO_DECODE,
     WRITABLE,
 )
 
@@ -57,17 +59,8 @@ STREAM_SWITCH = "reload_on_critical_stream"  # the seed's 6th failure; CUDA only
 KNOWN_SWITCHES = frozenset(MUTANTS) | {STREAM_SWITCH}
 PREFIX_CACHE = "prefix-cache"
 
-KIND_TO_DECODE = {  # message name -> travels prefill->decode (True) or back (False)
-    "Handoff": True,
-    "HandoffBadManifest": True,
-    "Chunk": True,
-    "ChunkCorrupt": True,
-    "RankDone": True,
-    "Quiesced": True,
-    "Ready": False,
-    "Ack": False,
-    "Nack": False,
-}
+# message name -> travels prefill->decode (True) or back (False)
+KIND_TO_DECODE = {name: k in TO_DECODE for k, name in MSG_NAMES.items()}
 
 BASE_KIND = {k: k.removesuffix("Corrupt").removesuffix("BadManifest") for k in KIND_TO_DECODE}
 
@@ -141,6 +134,7 @@ class RxState:
     mismatch: tuple[str, ...] = ()  # check_compatible's reasons (DF_MISMATCH iff any)
     corrupt: bool = False  # a chunk failed its checksum (DF_CORRUPT)
     fenced: bool = False  # attempt dep's writes fail at the closed connection (DF_FENCED)
+    failed: bool = False  # decode failed attempt dep on its own error (DF_FAILED, DecodeFail)
 
 
 class EngineBase:
@@ -200,7 +194,7 @@ class EngineBase:
         )
         self.H = RankPools(c.src_tp, h, self.p_geo, max(c.cap_h, 0), host=True, device=device)
         self.D = RankPools(c.dst_tp, h, d_geo, c.cap_d, device=device, disabled_guards=d_guards)
-        self.wire = Wire()
+        self.wire = Wire(revocable=c.revocable)
         self.req = [ReqState() for _ in range(c.n_reqs)]
         self.rx = [RxState() for _ in range(c.n_reqs)]
         self.truth: list[torch.Tensor | None] = [None] * c.n_reqs  # full replica per request
@@ -322,7 +316,7 @@ class EngineBase:
         return False
 
     def _drop_chunks(self, i: int, epoch: int) -> None:
-        self.wire.drop_where(
+        self.wire.revoke(  # a fence or a flush: nothing, on an unrevocable transport
             channel(i, True), lambda h: h["kind"] == "Chunk" and h["epoch"] == epoch
         )
 

@@ -27,6 +27,7 @@ from refimpl.engine.base import (
     NotEnabled,
     RankError,
 )
+from refimpl.engine.behaviours import may_fence, quarantine_over
 from refimpl.engine.data import land_shard, token_chain
 from refimpl.engine.inflight import step_guard
 from refimpl.engine.prefill import PrefillActions
@@ -141,7 +142,7 @@ class DecodeActions(PrefillActions):
             self.D.alloc.incref(rid + "#pfx", self.prefix_blocks[:hit])
         x.dep, x.phase, x.own, x.manifest = epoch, RX_WAITING, tuple(own), m
         x.landed, x.rmask, x.rcnt = 0, 0, 0
-        x.mismatch, x.corrupt, x.fenced = reasons, False, False
+        x.mismatch, x.corrupt, x.fenced, x.failed = reasons, False, False, False
         self.send(i, "Ready", epoch, hit, dst=own)
 
     def DecodeReject(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
@@ -155,7 +156,7 @@ class DecodeActions(PrefillActions):
         if self.req[i].status == RUNNING and room:
             raise self._ne("DecodeReject", i)
         self.wire.take(ch, k)
-        x.dep, x.mismatch, x.corrupt, x.fenced = epoch, (), False, False
+        x.dep, x.mismatch, x.corrupt, x.fenced, x.failed = epoch, (), False, False, False
         self.send(i, "Nack", epoch)
 
     def DecodeReceiveChunk(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
@@ -168,7 +169,7 @@ class DecodeActions(PrefillActions):
         h = self._header(text)
         assert x.manifest is not None  # decode reserved for some epoch of this request
         geo, pieces = source_layout(x.manifest)
-        if epoch == x.dep and x.fenced:
+        if epoch == x.dep and x.fenced and self.wire.revocable:
             self.wire.take(ch, k)  # fails at the closed connection
             return
         if epoch == x.dep and x.phase in (RX_WAITING, RX_QUARANTINED):
@@ -212,6 +213,8 @@ class DecodeActions(PrefillActions):
             if r.status != CANCELLED or "cancel_ignored" not in self.m:
                 raise CancelledError(f"r{i} has ended; nothing is installed after that")
             ghost = G_POSTEND
+        if x.failed and "validate_after_decode_failure" not in self.m:
+            raise CancelledError(f"decode failed r{i} epoch {x.dep}; nothing of it is installed")
         if "duplicate_rank_counted" in self.m:
             if x.rcnt < m.src_tp:
                 raise RankError(f"{x.rcnt} RankDones counted of {m.src_tp}")
@@ -245,6 +248,8 @@ class DecodeActions(PrefillActions):
         i, x, r = req, self.rx[req], self.req[req]
         if not self.d_up or x.phase != RX_VALIDATED:
             raise self._ne("DecodeCommit", i)
+        if x.failed and "validate_after_decode_failure" not in self.m:
+            raise CancelledError(f"decode failed r{i} epoch {x.dep}; no commit of it")
         status, ghost = r.status, 0
         if r.status == RUNNING:
             pass
@@ -260,6 +265,9 @@ class DecodeActions(PrefillActions):
 
     def DecodeStep(self, req: int) -> None:
         i, x = req, self.rx[req]
+        bug = "validate_after_decode_failure" in self.m
+        if self.d_up and x.failed and x.phase != RX_NONE and not bug:
+            raise CancelledError(f"decode failed r{i} epoch {x.dep}; no step of it")
         if not self.d_up or x.phase != RX_COMMITTED or self.req[i].status != RUNNING:
             raise self._ne("DecodeStep", i)
         if self.config.async_steps:
@@ -282,17 +290,21 @@ class DecodeActions(PrefillActions):
         i, x = req, self.rx[req]
         if not self.d_up or x.phase in (RX_NONE, RX_QUARANTINED):
             raise self._ne("DecodeAbort", i)
-        invalid = x.phase == RX_WAITING and (x.corrupt or bool(x.mismatch))
+        invalid = x.phase == RX_WAITING and (x.corrupt or bool(x.mismatch) or x.failed)
         if self.req[i].status == RUNNING and not invalid:
             raise self._ne("DecodeAbort", i)
         step_guard(self, i, "d", "free")
         if x.phase != RX_COMMITTED:
             self.send(i, "Nack", x.dep)
         if x.phase == RX_WAITING and x.landed != self._full_chunks(i):  # a writer may land
-            if invalid and self.req[i].status == RUNNING:  # a bad attempt: fence, free now
+            if invalid and self.req[i].status == RUNNING and may_fence(self):  # fence, free
                 self._drop_chunks(i, x.dep)
                 x.fenced = True
                 self._free_rx(i)
+                return
+            if invalid and self.req[i].status == RUNNING:  # no revoke: quarantine
+                self.D.alloc.quarantine(self.rid(i))
+                x.phase = RX_QUARANTINED
                 return
             if "free_on_cancel_in_flight" in self.m:
                 self.D.alloc.free(self.rid(i))  # the bug: frees under the in-flight write
@@ -325,11 +337,32 @@ class DecodeActions(PrefillActions):
             raise self._ne("DecodeTimeout", i)
         if self.d_status(i) == FILLING and "no_timeout_while_filling" in self.m:
             raise self._ne("DecodeTimeout", i)
+        if not may_fence(self):  # no revoke: the attempt's writes may still land
+            if x.phase == RX_QUARANTINED:  # the longer timeout: past the writer's lifetime
+                if not quarantine_over(self, i):
+                    raise self._ne("DecodeTimeout", i)
+                self._free_rx(i)
+                return
+            if x.landed != self._full_chunks(i):
+                self.send(i, "Nack", x.dep)
+                self.D.alloc.quarantine(self.rid(i))
+                x.phase = RX_QUARANTINED
+                return
         self._drop_chunks(i, x.dep)  # the connection is closed: its writes fail
         x.fenced = True
         if x.phase != RX_QUARANTINED:
             self.send(i, "Nack", x.dep)
         self._free_rx(i)
+
+    def DecodeFail(self, req: int) -> None:
+        """Decode's own transfer error (checksum, load timeout, dead peer) on the attempt
+        it waits for: the attempt is failed on decode; DecodeAbort gives its blocks up."""
+        i, x = req, self.rx[req]
+        if not self.config.decode_failure or not self.d_up or x.phase != RX_WAITING:
+            raise self._ne("DecodeFail", i)
+        if x.failed:
+            raise self._ne("DecodeFail", i)
+        x.failed = True
 
     def DecodeEvictPrefix(self) -> None:
         """Evict the cached shared prefix (only when nobody references it)."""

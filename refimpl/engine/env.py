@@ -130,7 +130,7 @@ class EnvActions(DecodeActions):
         before = [self.d_status(i) for i in range(len(self.req))]
         for i, x in enumerate(self.rx):
             x.phase, x.own, x.landed, x.rmask, x.rcnt = RX_NONE, (), 0, 0, 0
-            x.manifest, x.mismatch, x.corrupt, x.fenced = None, (), False, False
+            x.manifest, x.mismatch, x.corrupt, x.fenced, x.failed = None, (), False, False, False
             self.wire.abort(channel(i, True))  # messages and writes to decode are gone
         self.D.reset()
         self.prefix_blocks, self.prefix_chain = (), []

@@ -20,6 +20,7 @@ from refimpl.engine.base import (
     NotEnabled,
     UnpublishedError,
 )
+from refimpl.engine.behaviours import writes_drained
 from refimpl.engine.data import RankPools
 from refimpl.engine.inflight import step_guard
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
@@ -337,9 +338,11 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillResume", i)
         if epoch != r.epoch:
             raise StaleError(f"Nack of epoch {epoch}; r{i} is at epoch {r.epoch}")
-        if self._chunks_in_flight(i, r.epoch):
+        if not writes_drained(self, i, r.epoch):
             raise FrozenError(f"writes of r{i} epoch {r.epoch} still read the snapshot")
         self.wire.take(ch, k)
+        if not self.wire.revocable:  # decode could not fence: it holds the blocks till told
+            self.send(i, "Quiesced", r.epoch)
         self.P.alloc.free(pin_name(self.rid(i), r.epoch))  # thawed: writable again
         r.phase, r.payloads, r.checksums = IDLE, [], []
         r.sent, r.phit = 0, 0  # sender registers: reset when the attempt ends
@@ -349,7 +352,9 @@ class PrefillActions(EngineBase):
         i, r = req, self.req[req]
         if not self.p_up or r.phase == IDLE or not self._timeouts_allowed():
             raise self._ne("PrefillTimeout", i)
-        self._drop_chunks(i, r.epoch)  # our writes in flight fail
+        if not self.wire.revocable and not writes_drained(self, i, r.epoch):
+            raise InUseError(f"writes of r{i} epoch {r.epoch} are in flight; none can be revoked")
+        self._drop_chunks(i, r.epoch)  # our writes in flight fail (if the transport can)
         rid = self.rid(i)
         if r.status != RUNNING:
             self._drop_prefill(i)
@@ -371,7 +376,7 @@ class PrefillActions(EngineBase):
             raise self._ne("PrefillQuiesce", i)
         if self.p_status(i) == NONE and self.h_status(i) == NONE and r.phase == IDLE:
             raise self._ne("PrefillQuiesce", i)
-        if r.phase != IDLE and self._chunks_in_flight(i, r.epoch):
+        if r.phase != IDLE and not writes_drained(self, i, r.epoch):
             raise InUseError(f"writes of r{i} epoch {r.epoch} are in flight")
         step_guard(self, i, "p", "free")
         if r.phase != IDLE:

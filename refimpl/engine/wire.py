@@ -9,7 +9,8 @@ headers plus byte payloads, nothing else crosses) with two channels per request,
 
 and a few calls the environment uses to choose what happens to one message in flight:
 ``take`` (deliver it), ``lose``, ``duplicate``, ``replace`` (a corrupted payload or a
-swapped manifest) and ``drop_where`` (a fence or a crash fails every matching write).
+swapped manifest) and ``drop_where`` (a crash fails every matching write; a fence or a
+flush is ``revoke``, which takes nothing back on an unrevocable transport).
 Reordering needs no call: the receiver takes whichever message the environment picks.
 
 A header names its message: ``{"kind", "req", "epoch", "idx", ...}`` with the spec's
@@ -48,10 +49,10 @@ def dumps(header: Mapping[str, Any]) -> str:
 class Wire(InProcessTransport):
     """In-process channels the environment can pick from (spec: a multiset per request)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, revocable: bool = True) -> None:
         # Payloads by reference, like an RDMA read of registered (pinned) source memory:
         # the source must stay frozen until the write has landed (NoReuseUnderIO).
-        super().__init__(copy_payload=False)
+        super().__init__(copy_payload=False, revocable=revocable)
 
     def channels(self) -> list[str]:
         return sorted(self._queues)
@@ -102,3 +103,8 @@ class Wire(InProcessTransport):
         self._queues[ch] = keep
         self.stats["aborted"] += dropped
         return dropped
+
+    def revoke(self, ch: str, pred: Callable[[dict[str, Any]], bool]) -> int:
+        """Take back the posted writes of ``ch`` that ``pred`` accepts (a fence, a sender's
+        flush); returns how many. On an unrevocable transport nothing can be: 0."""
+        return self.drop_where(ch, pred) if self.revocable else 0

@@ -57,6 +57,15 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_evict_prefix_in_use.jsonl": None,
     "bug_free_with_step_in_flight.jsonl": (17, "NoReuseUnderIO"),
     "fixed_free_with_step_in_flight.jsonl": None,
+    # issue #21 items 2 and 3: writes that cannot be taken back, decode-side failure
+    "bug_free_fenced_unrevocable.jsonl": (8, "NoReuseUnderIO"),
+    "fixed_free_fenced_unrevocable.jsonl": None,
+    "bug_batch_status_subset.jsonl": (10, "NoReuseUnderIO"),
+    "fixed_batch_status_subset.jsonl": None,
+    "bug_install_after_decode_failure.jsonl": (12, "StickyEnd"),
+    "fixed_install_after_decode_failure.jsonl": None,
+    "bug_step_after_decode_failure.jsonl": (12, "StickyEnd"),
+    "fixed_step_after_decode_failure.jsonl": None,
 }
 
 

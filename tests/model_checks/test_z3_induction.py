@@ -27,7 +27,7 @@ def test_property_is_proved(prover: Prover, pid: str) -> None:
     proof = prover.proof(pid)
     bad = [(s.action, s.result) for s in proof.steps if s.result != "proved"]
     assert proof.result == "proved", bad
-    assert proof.conjuncts[0] == pid  # init + every transition (68 with the async steps)
+    assert proof.conjuncts[0] == pid  # init + every transition
     assert len(proof.steps) == 1 + len(list(prover.m.actions()))
 
 
