@@ -18,6 +18,8 @@ from typing import Any
 from spec import actions_decode as D
 from spec import actions_env as E
 from spec import actions_prefill as P
+from spec.behaviours import decode_ranks as DR
+from spec.behaviours import retract as RT
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
@@ -101,6 +103,8 @@ ACTIONS: dict[str, Action] = {
         _a(E.EnvStoreFail, "env", "fault"),
         _a(E.EnvCrash, "env", "fault", "worker"),
         _a(E.ClientCancel, "client", "client"),
+        _a(RT.DecodeRetract, "D", "local"),
+        _a(DR.DecodeRankInstall, "D", "local"),
     )
 }
 

@@ -129,6 +129,7 @@ class Req(NamedTuple):
     mv: int = 0  # offloads + preemptions so far (bounded by the config)
     g: int = 0  # ghost history flags (G_*)
     net: tuple[int, ...] = ()  # messages in flight, sorted (a multiset)
+    dmask: int = 0  # decode ranks that installed their shard (Config.decode_ranks)
 
 
 class World(NamedTuple):
@@ -200,6 +201,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("rmask", 0 <= r.rmask < (1 << src_tp)),
             ("hl/gl", 0 <= r.hl <= n_blocks and 0 <= r.gl <= n_blocks),
             ("net", list(r.net) == sorted(r.net)),
+            ("dmask", 0 <= r.dmask < (1 << 4)),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

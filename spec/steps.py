@@ -161,6 +161,21 @@ def ranks_from_messages(pre: World, name: str, i: int, arg: int, post: World, c:
     return True
 
 
+def dst_ranks_from_installs(
+    pre: World, name: str, i: int, arg: int, post: World, c: Config
+) -> bool:
+    """RankAgreement on the receiving side: a decode rank counts as installed only from
+    its own install step (one rank, of a validated replica of the same attempt)."""
+    for k, (a, b) in enumerate(zip(pre.reqs, post.reqs, strict=True)):
+        new = b.dmask & ~a.dmask
+        if not new:
+            continue
+        own = name == "DecodeRankInstall" and k == i and a.d == COMPLETE and a.dep == b.dep
+        if not own or new & (new - 1):
+            return False
+    return True
+
+
 def check_step(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> list[str]:
     """IDs of the properties whose transition predicate this step breaks."""
     if step_plain(pre, name, i, arg, post, c):
@@ -181,6 +196,8 @@ def step_plain(pre: World, name: str, i: int, arg: int, post: World, c: Config) 
             continue
         if a.st in ENDED or a.p == FILLING or b.landed & ~a.landed or b.rmask & ~a.rmask:
             return False
+        if b.dmask & ~a.dmask:
+            return False
     return True
 
 
@@ -192,4 +209,5 @@ STEP_PREDS: tuple[tuple[str, StepPred], ...] = (
     ("Fencing", stale_changes_nothing),
     ("StickyEnd", nothing_after_end),
     ("RankAgreement", ranks_from_messages),
+    ("RankAgreement", dst_ranks_from_installs),
 )

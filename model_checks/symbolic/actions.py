@@ -1,4 +1,4 @@
-"""The z3 action registry: the spec's 39 actions by name (``spec.actions.ACTIONS``).
+"""The z3 action registry: the spec's 41 actions by name (``spec.actions.ACTIONS``).
 
 ``PER_REQ``: actions of one request (``arg`` "req" or "msg"), ``Rules`` per (ctx, view,
 message); ``DecodeEvictPrefix`` is global and ``EnvCrash`` acts on every request.
@@ -10,15 +10,18 @@ from collections.abc import Callable
 
 from model_checks.symbolic import actions_decode as D
 from model_checks.symbolic import actions_prefill as P
+from model_checks.symbolic.behaviours import decode_ranks as DR
+from model_checks.symbolic.behaviours import retract as RT
 from model_checks.symbolic.core import RV, Ctx, Msg, Rules
 from spec.actions import ACTIONS
 
 ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 
+_MODULES = (P, D, RT, DR)
 PER_REQ: dict[str, ReqFn] = {
-    name: getattr(P, name) if hasattr(P, name) else getattr(D, name)
+    name: getattr(next(mod for mod in _MODULES if hasattr(mod, name)), name)
     for name, a in ACTIONS.items()
-    if a.arg in ("req", "msg")
+    if a.arg in ("req", "msg") and any(hasattr(mod, name) for mod in _MODULES)
 }
 GLOBAL = ("DecodeEvictPrefix",)
 WORKER = ("EnvCrash",)

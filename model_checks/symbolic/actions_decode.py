@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from model_checks.symbolic.actions_prefill import timeouts_allowed
+from model_checks.symbolic.behaviours.decode_ranks import ranks_installed
 from model_checks.symbolic.core import EQ, IN, ITE, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z, flag
 from spec.state import (
     CANCELLED,
@@ -71,6 +72,7 @@ def free(x: Ctx, r: RV) -> dict[str, Z]:
         "landed": x.lempty(),
         "rmask": x.rzero(),
         "rcnt": 0,
+        "dmask": 0,
         "pfx_ref": ITE(EQ(r.hit, 0), x.pfx_ref, x.pfx_ref - 1),
     }
 
@@ -165,6 +167,7 @@ def DecodeValidate(x: Ctx, r: RV, a: Msg | None) -> Rules:
 def DecodeCommit(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R = Rules("DecodeCommit")
     R.no(O(N(x.d_up), r.d != COMPLETE))
+    R.no(N(ranks_installed(x, r)), "RankAgreement")
     net = [NetOp("send", M_ACK, r.dep, 0)]
     R.go(r.st == RUNNING, net=net, d=WRITABLE)
     if "error_overwritten" in x.m:
@@ -347,6 +350,7 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
         fails = A(IN(r.st, LIVE), lost)  # spec: _lost_with_decode
         out = {"d": NONE, "hit": 0, "landed": x.lempty(), "rmask": x.rzero(), "rcnt": 0}
         out["dfl"] = 0
+        out["dmask"] = 0
         out["st"] = ITE(fails, FAILED, r.st)
         out["g"] = ITE(fails, r.g | G_END_FAILED, r.g)
         return out

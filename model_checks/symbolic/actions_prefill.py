@@ -8,6 +8,7 @@ fields). Keep the two files side by side when editing either.
 
 from __future__ import annotations
 
+from model_checks.symbolic.behaviours.retract import refetch_epoch
 from model_checks.symbolic.core import EQ, IN, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z
 from spec.state import (
     AWAIT_ACK,
@@ -151,7 +152,7 @@ def PrefillFreeze(x: Ctx, r: RV, a: Msg | None) -> Rules:
     c, R = x.c, Rules("PrefillFreeze")
     R.no(O(N(c.handoff), N(x.p_up), r.st != RUNNING, r.p != WRITABLE, r.ps != IDLE))
     R.no(O(r.h != NONE, r.ep >= c.max_attempts))
-    e = r.ep + 1
+    e = refetch_epoch(x, r)
     send = NetOp("send", M_HANDOFF, e, 0)
     R.go(net=[send], p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0)
     return R

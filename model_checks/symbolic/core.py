@@ -52,9 +52,10 @@ FIELDS: tuple[str, ...] = (
     "gl",
     "mv",
     "g",
+    "dmask",
 )
 GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
-BV_FIELDS = {"dfl": 3, "g": 6}  # flag words (rmask and landed: width from the domain)
+BV_FIELDS = {"dfl": 3, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
 # -- constant-folding connectives ---------------------------------------------------------
@@ -246,6 +247,7 @@ class RV:
     mv: Z
     g: Z
     net: NetView
+    dmask: Z = 0
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -269,6 +271,9 @@ class Params:
     max_attempts: Z
     max_moves: Z
     fault_kinds: dict[str, Z]
+    retract: Z = False  # spec/behaviours/retract.py
+    decode_ranks: Z = False  # spec/behaviours/decode_ranks.py
+    dst_full: Z = 0  # the mask of every decode rank (0 without decode_ranks)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -287,6 +292,9 @@ class Params:
             max_attempts=c.max_attempts,
             max_moves=c.max_moves,
             fault_kinds={k: k in c.fault_kinds for k in sorted(FAULT_KINDS)},
+            retract=c.retract,
+            decode_ranks=c.decode_ranks,
+            dst_full=(1 << c.dst_tp) - 1 if c.decode_ranks else 0,
         )
 
 
