@@ -34,8 +34,8 @@ from refimpl.engine.base import (
     RX_VALIDATED,
     RX_WAITING,
 )
+from refimpl.engine.behaviours import DecodeRankActions, RetractActions
 from refimpl.engine.data import RankPools
-from refimpl.engine.env import EnvActions
 from refimpl.engine.wire import channel, parse
 from refimpl.errors import IntegrityError
 from spec.state import (
@@ -54,7 +54,7 @@ from spec.state import (
 CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
-class AbstractMap(EnvActions):
+class AbstractMap(RetractActions, DecodeRankActions):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
         codes = []
@@ -89,6 +89,7 @@ class AbstractMap(EnvActions):
                     mv=r.moves,
                     g=r.ghost,
                     net=self.net_of(i),
+                    dmask=self.dmask_of(i),
                 )
             )
         return World(

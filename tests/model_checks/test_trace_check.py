@@ -55,6 +55,13 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_late_write_after_timeout.jsonl": None,
     "bug_evict_prefix_in_use.jsonl": (10, "CapacityRefcount"),
     "fixed_evict_prefix_in_use.jsonl": None,
+    # issue #21 items 5 and 6: retraction and refetch, decode TP ranks
+    "bug_retract_loses_kv.jsonl": (15, "NothingLost"),
+    "fixed_retract_loses_kv.jsonl": None,
+    "bug_retract_keeps_epoch.jsonl": (19, "Fencing"),
+    "fixed_retract_keeps_epoch.jsonl": None,
+    "bug_decode_runs_before_all_ranks.jsonl": (15, "RankAgreement"),
+    "fixed_decode_runs_before_all_ranks.jsonl": None,
 }
 
 
