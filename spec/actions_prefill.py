@@ -7,7 +7,7 @@ message code for actions that consume a message (0 otherwise), ``m`` the mutants
 
 from __future__ import annotations
 
-from spec.behaviours.retract import refetch_epoch
+from spec.behaviours.retract import refetch_reuses_epoch
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -176,7 +176,9 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.h != NONE or r.ep >= c.max_attempts:
         return NOT_ENABLED
-    e = refetch_epoch(r, m)  # ep + 1: every attempt, a refetch included, is a new epoch
+    e = r.ep + 1
+    if refetch_reuses_epoch(r, m):  # every attempt, a refetch included, is a new epoch
+        e = r.ep
     net = send(w, r.net, msg(M_HANDOFF, e))
     return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net))
 

@@ -31,7 +31,7 @@ from spec.common import NOT_ENABLED, Mutants, Result
 from spec.config import Config
 from spec.state import PREEMPTED, RUNNING, WRITABLE, Req, World
 
-__all__ = ["DecodeRetract", "refetch_epoch"]
+__all__ = ["DecodeRetract", "refetch_reuses_epoch"]
 
 
 def DecodeRetract(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -45,10 +45,8 @@ def DecodeRetract(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     return _free(w, i, r._replace(st=st, mv=r.mv + 1))
 
 
-def refetch_epoch(r: Req, m: Mutants) -> int:
-    """The epoch ``PrefillFreeze`` opens: always a new one (``ep + 1``). The
-    ``retract_keeps_epoch`` mutant re-opens the old one for a request computed again
-    after a move (a retraction, in the retract worlds)."""
-    if "retract_keeps_epoch" in m and r.mv > 0 and r.ep > 0:
-        return r.ep
-    return r.ep + 1
+def refetch_reuses_epoch(r: Req, m: Mutants) -> bool:
+    """Does ``PrefillFreeze`` re-open the old epoch instead of ``ep + 1``? Never, but
+    with the ``retract_keeps_epoch`` mutant for a request computed again after a move
+    (a retraction, in the retract worlds)."""
+    return "retract_keeps_epoch" in m and r.mv > 0 and r.ep > 0

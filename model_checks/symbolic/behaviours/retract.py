@@ -22,7 +22,7 @@ def DecodeRetract(x: Ctx, r: RV, a: Msg | None) -> Rules:
 
 
 def refetch_epoch(x: Ctx, r: RV) -> Z:
-    """``spec.behaviours.retract.refetch_epoch``: ep + 1 (the mutant: a refetch reuses ep)."""
+    """``PrefillFreeze``'s epoch: ep + 1 (``spec.behaviours.retract.refetch_reuses_epoch``)."""
     if "retract_keeps_epoch" in x.m:
         return ITE(A(r.mv > 0, r.ep > 0), x.num(r.ep), x.num(r.ep + 1))
     return r.ep + 1
