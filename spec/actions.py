@@ -20,6 +20,8 @@ from spec import actions_env as E
 from spec import actions_prefill as P
 from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
+from spec.behaviours import decode_ranks as DR
+from spec.behaviours import retract as RT
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
@@ -108,6 +110,8 @@ ACTIONS: dict[str, Action] = {
         _a(A.DecodeStepDispatch, "D", "local"),
         _a(A.DecodeStepComplete, "D", "local"),
         _a(DF.DecodeFail, "D", "timeout"),
+        _a(RT.DecodeRetract, "D", "local"),
+        _a(DR.DecodeRankInstall, "D", "local"),
     )
 }
 

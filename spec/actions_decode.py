@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from spec.behaviours.async_steps import step_blocks_free
 from spec.behaviours.decode_failure import attempt_failed
+from spec.behaviours.decode_ranks import ranks_installed
 from spec.behaviours.irrevocable import fence, may_fence, quarantine_over
 from spec.common import (
     NOT_ENABLED,
@@ -61,7 +62,7 @@ def _free(w: World, i: int, r: Req) -> World:
     """Free decode's replica of request i (``r``: its record with the other changes made);
     drop its prefix reference if it holds one."""
     ref = w.pfx_ref - (1 if r.hit else 0)
-    w = put(w, i, r._replace(d=NONE, hit=0, landed=0, rmask=0, rcnt=0))
+    w = put(w, i, r._replace(d=NONE, hit=0, landed=0, rmask=0, rcnt=0, dmask=0))
     return w._replace(pfx_ref=ref) if ref != w.pfx_ref else w
 
 
@@ -161,6 +162,8 @@ def DecodeCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if attempt_failed(c, r) and "validate_after_decode_failure" not in m:
         return refuse("StickyEnd")
+    if not ranks_installed(r.dmask, c, m):  # every decode rank has its shard
+        return refuse("RankAgreement")
     net = send(w, r.net, msg(M_ACK, r.dep))
     if r.st == RUNNING:
         return put(w, i, r._replace(d=WRITABLE, net=net))

@@ -13,6 +13,7 @@ from spec.behaviours.async_steps import (
     step_blocks_preempt,
 )
 from spec.behaviours.irrevocable import writes_drained
+from spec.behaviours.retract import refetch_reuses_epoch
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -189,6 +190,8 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if (busy := step_blocks_freeze(c, r, m)) is not None:
         return busy
     e = r.ep + 1
+    if refetch_reuses_epoch(r, m):  # every attempt, a refetch included, is a new epoch
+        e = r.ep
     net = send(w, r.net, msg(M_HANDOFF, e))
     return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net))
 

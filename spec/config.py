@@ -22,7 +22,8 @@ class Config:
     n_reqs: int = 1  # interchangeable requests
     blocks: int = 2  # KV blocks per request (n)
     src_tp: int = 1  # prefill TP ranks (each sends its own chunks and RankDone)
-    dst_tp: int = 1  # decode TP ranks: the refimpl's resharding target; no action reads it
+    dst_tp: int = 1  # decode TP ranks: the refimpl's resharding target; read by the
+    # spec only with decode_ranks (each rank installs its shard)
     cap_p: int = 2  # prefill GPU pool capacity, in blocks
     cap_d: int = 2  # decode GPU pool capacity, in blocks (prefix blocks included)
     cap_h: int = 0  # host pool capacity, in blocks
@@ -38,6 +39,8 @@ class Config:
     async_steps: bool = False  # steps are dispatched, then complete (spec/behaviours/async_steps)
     revocable: bool = True  # decode can fence an attempt's writes (False: RDMA / a NIXL batch)
     decode_failure: bool = False  # decode may fail an attempt on its own error (DecodeFail)
+    retract: bool = False  # decode may retract a committed copy (refetch: recompute)
+    decode_ranks: bool = False  # each of the dst_tp decode ranks installs its own shard
 
     def __post_init__(self) -> None:
         problems = []
@@ -53,6 +56,8 @@ class Config:
             problems.append("prefix does not fit in cap_d")
         if self.max_attempts > 15 or self.max_attempts < 1:
             problems.append("max_attempts not in 1..15")
+        if not 1 <= self.dst_tp <= 4:
+            problems.append(f"dst_tp={self.dst_tp} not in 1..4")
         unknown = self.fault_kinds - FAULT_KINDS
         if unknown:
             problems.append(f"unknown fault kinds {sorted(unknown)}")
@@ -227,6 +232,29 @@ BEHAVIOUR_WORLDS: tuple[Config, ...] = (
         fault_kinds=frozenset({"corrupt"}),
         decode_failure=True,
     ),
+    Config(
+        name="handoff_retract",
+        doc="one request; decode may retract its committed copy (refetch: recompute on"
+        " prefill, a second handoff); one duplicated control message",
+        blocks=1,
+        cap_p=1,
+        cap_d=1,
+        faults=1,
+        fault_kinds=frozenset({"duplicate"}),
+        max_attempts=2,
+        retract=True,
+    ),
+    Config(
+        name="handoff_tp1to2",
+        doc="one request, 2 blocks, prefill TP=1 -> decode TP=2: each decode rank installs"
+        " its shard before decode commits; one lost message",
+        blocks=2,
+        src_tp=1,
+        dst_tp=2,
+        faults=1,
+        fault_kinds=frozenset({"lose"}),
+        decode_ranks=True,
+    ),
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
 
@@ -240,6 +268,8 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "async_handoff",
     "handoff_unrevocable",
     "handoff_decode_fail",
+    "handoff_retract",
+    "handoff_tp1to2",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
 # ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured

@@ -187,6 +187,28 @@ MUTANTS: dict[str, Mutant] = {
             "DecodeValidate, DecodeCommit and DecodeStep do not read the attempt's failed"
             " status on decode (DecodeFail): a failed attempt is installed and stepped.",
         ),
+        Mutant(
+            "retract_loses_kv",
+            "NothingLost",
+            ("handoff_retract",),
+            "sglang #31905 (decode retraction without a host copy keeps the request to resume)",
+            "DecodeRetract frees the only complete copy and leaves the request running.",
+        ),
+        Mutant(
+            "retract_keeps_epoch",
+            "NoReuseUnderIO",
+            ("handoff_retract",),
+            "#21 item 5 (a refetch reuses the retracted attempt's room/epoch)",
+            "PrefillFreeze of a refetch re-opens the old epoch: a late Ready of the first"
+            " attempt starts writes into the decode blocks the retraction freed.",
+        ),
+        Mutant(
+            "decode_runs_before_all_ranks",
+            "RankAgreement",
+            ("handoff_tp1to2",),
+            "#21 item 6 (decode TP: the scheduler reads one rank's receive status)",
+            "DecodeCommit commits once any decode rank installed, not every one.",
+        ),
     )
 }
 

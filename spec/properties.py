@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spec.behaviours.async_steps import steps_drained, steps_held, steps_write_writable
+from spec.behaviours.decode_ranks import all_dst_ranks
 from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -124,7 +125,17 @@ def capacity_refcount(w: World, c: Config) -> bool:
 
 
 def rank_agreement(w: World, c: Config) -> bool:
-    return all(not (r.d in _HELD and r.rmask != full_ranks(c)) for r in w.reqs)
+    """Every source rank reported for a validated replica; with decode ranks, a committed
+    replica has every decode rank installed, and no rank is installed without one."""
+    dst = all_dst_ranks(c)
+    for r in w.reqs:
+        if r.d in _HELD and r.rmask != full_ranks(c):
+            return False
+        if (r.d == WRITABLE and r.dmask != dst) or (r.dmask and r.d not in _HELD):
+            return False
+        if r.dmask & ~dst:
+            return False
+    return True
 
 
 def publish_after_commit(w: World, c: Config) -> bool:
@@ -212,7 +223,8 @@ SAFETY: tuple[Property, ...] = (
     Property(
         "RankAgreement",
         "safety",
-        "A transfer completes only when every source rank reported; duplicates don't count.",
+        "A transfer completes only when every source rank reported; duplicates don't count."
+        " Decode runs it only when every decode rank installed its shard.",
         rank_agreement,
     ),
     Property(

@@ -132,6 +132,7 @@ class Req(NamedTuple):
     net: tuple[int, ...] = ()  # messages in flight, sorted (a multiset)
     pstep: int = 0  # a step dispatched on prefill, not yet completed (async_steps)
     dstep: int = 0  # a step dispatched on decode, not yet completed (async_steps)
+    dmask: int = 0  # decode ranks that installed their shard (Config.decode_ranks)
 
 
 class World(NamedTuple):
@@ -204,6 +205,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("hl/gl", 0 <= r.hl <= n_blocks and 0 <= r.gl <= n_blocks),
             ("net", list(r.net) == sorted(r.net)),
             ("pstep/dstep", r.pstep in (0, 1) and r.dstep in (0, 1)),
+            ("dmask", 0 <= r.dmask < (1 << 4)),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

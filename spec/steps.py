@@ -163,6 +163,21 @@ def ranks_from_messages(pre: World, name: str, i: int, arg: int, post: World, c:
     return True
 
 
+def dst_ranks_from_installs(
+    pre: World, name: str, i: int, arg: int, post: World, c: Config
+) -> bool:
+    """RankAgreement on the receiving side: a decode rank counts as installed only from
+    its own install step (one rank, of a validated replica of the same attempt)."""
+    for k, (a, b) in enumerate(zip(pre.reqs, post.reqs, strict=True)):
+        new = b.dmask & ~a.dmask
+        if not new:
+            continue
+        own = name == "DecodeRankInstall" and k == i and a.d == COMPLETE and a.dep == b.dep
+        if not own or new & (new - 1):
+            return False
+    return True
+
+
 def check_step(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> list[str]:
     """IDs of the properties whose transition predicate this step breaks."""
     if step_plain(pre, name, i, arg, post, c):
@@ -185,6 +200,8 @@ def step_plain(pre: World, name: str, i: int, arg: int, post: World, c: Config) 
             return False
         if a.dfl & DF_FAILED:  # an attempt decode failed (nothing_after_decode_failure)
             return False
+        if b.dmask & ~a.dmask:
+            return False
     return True
 
 
@@ -197,4 +214,5 @@ STEP_PREDS: tuple[tuple[str, StepPred], ...] = (
     ("StickyEnd", nothing_after_end),
     ("RankAgreement", ranks_from_messages),
     ("StickyEnd", nothing_after_decode_failure),
+    ("RankAgreement", dst_ranks_from_installs),
 )

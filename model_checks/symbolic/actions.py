@@ -12,12 +12,14 @@ from model_checks.symbolic import actions_decode as D
 from model_checks.symbolic import actions_prefill as P
 from model_checks.symbolic.behaviours import async_steps as AS
 from model_checks.symbolic.behaviours import decode_failure as DF
+from model_checks.symbolic.behaviours import decode_ranks as DR
+from model_checks.symbolic.behaviours import retract as RT
 from model_checks.symbolic.core import RV, Ctx, Msg, Rules
 from spec.actions import ACTIONS
 
 ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 
-_MODULES = (P, D, AS, DF)  # the spec's action modules' mirrors, core first
+_MODULES = (P, D, AS, DF, RT, DR)  # the spec's action modules' mirrors, core first
 
 
 def _mirror(name: str) -> ReqFn | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from model_checks.symbolic.actions_prefill import timeouts_allowed
 from model_checks.symbolic.behaviours.async_steps import busy_free
 from model_checks.symbolic.behaviours.decode_failure import attempt_failed
+from model_checks.symbolic.behaviours.decode_ranks import ranks_installed
 from model_checks.symbolic.behaviours.irrevocable import fence, may_fence, quarantine_over
 from model_checks.symbolic.core import EQ, IN, ITE, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z, flag
 from spec.state import (
@@ -75,6 +76,7 @@ def free(x: Ctx, r: RV) -> dict[str, Z]:
         "landed": x.lempty(),
         "rmask": x.rzero(),
         "rcnt": 0,
+        "dmask": 0,
         "pfx_ref": ITE(EQ(r.hit, 0), x.pfx_ref, x.pfx_ref - 1),
     }
 
@@ -173,6 +175,7 @@ def DecodeCommit(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.d_up), r.d != COMPLETE))
     if "validate_after_decode_failure" not in x.m:
         R.no(attempt_failed(x, r), "StickyEnd")
+    R.no(N(ranks_installed(x, r)), "RankAgreement")
     net = [NetOp("send", M_ACK, r.dep, 0)]
     R.go(r.st == RUNNING, net=net, d=WRITABLE)
     if "error_overwritten" in x.m:
@@ -369,6 +372,7 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
         out = {"d": NONE, "hit": 0, "landed": x.lempty(), "rmask": x.rzero(), "rcnt": 0}
         out["dfl"] = 0
         out["dstep"] = 0
+        out["dmask"] = 0
         out["st"] = ITE(fails, FAILED, r.st)
         out["g"] = ITE(fails, r.g | G_END_FAILED, r.g)
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from model_checks.symbolic.behaviours.async_steps import busy_free, busy_freeze, busy_preempt
 from model_checks.symbolic.behaviours.irrevocable import writes_drained
+from model_checks.symbolic.behaviours.retract import refetch_epoch
 from model_checks.symbolic.core import EQ, IN, RV, A, Ctx, Msg, N, NetOp, O, Rules, Z
 from spec.state import (
     AWAIT_ACK,
@@ -158,7 +159,7 @@ def PrefillFreeze(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(c.handoff), N(x.p_up), r.st != RUNNING, r.p != WRITABLE, r.ps != IDLE))
     R.no(O(r.h != NONE, r.ep >= c.max_attempts))
     R.no(busy_freeze(x, r), "FrozenSnapshot")
-    e = r.ep + 1
+    e = refetch_epoch(x, r)
     send = NetOp("send", M_HANDOFF, e, 0)
     R.go(net=[send], p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0)
     return R

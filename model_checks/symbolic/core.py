@@ -54,9 +54,10 @@ FIELDS: tuple[str, ...] = (
     "g",
     "pstep",
     "dstep",
+    "dmask",
 )
 GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
-BV_FIELDS = {"dfl": 4, "g": 6}  # flag words (rmask and landed: width from the domain)
+BV_FIELDS = {"dfl": 4, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
 # -- constant-folding connectives ---------------------------------------------------------
@@ -250,6 +251,7 @@ class RV:
     net: NetView
     pstep: Z = 0  # async steps (spec/behaviours/async_steps): a step in flight on prefill
     dstep: Z = 0  # ... and on decode
+    dmask: Z = 0
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -276,6 +278,9 @@ class Params:
     async_steps: Z = False
     revocable: Z = True  # spec/behaviours/irrevocable.py
     decode_failure: Z = False  # spec/behaviours/decode_failure.py
+    retract: Z = False  # spec/behaviours/retract.py
+    decode_ranks: Z = False  # spec/behaviours/decode_ranks.py
+    dst_full: Z = 0  # the mask of every decode rank (0 without decode_ranks)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -297,6 +302,9 @@ class Params:
             async_steps=c.async_steps,
             revocable=c.revocable,
             decode_failure=c.decode_failure,
+            retract=c.retract,
+            decode_ranks=c.decode_ranks,
+            dst_full=(1 << c.dst_tp) - 1 if c.decode_ranks else 0,
         )
 
 

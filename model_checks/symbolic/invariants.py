@@ -27,6 +27,7 @@ from model_checks.symbolic.behaviours.decode_failure import (
     FAILED_NEEDS_SWITCH_DOC,
     failed_needs_switch,
 )
+from model_checks.symbolic.behaviours.retract import ack_retracted, retracted
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from model_checks.symbolic.props import ZPROPS
 from spec.state import (
@@ -250,14 +251,16 @@ STRENGTHENING: dict[str, Conj] = {
         _r(
             "Frozen",
             "while prefill hands off (sender not idle) its source is complete (frozen), it"
-            " has no host copy, the attempt has an epoch, and the request is past prefill",
+            " has no host copy, the attempt has an epoch, and the request is past prefill"
+            " (preempted only by a retraction after the commit, the Ack not yet taken)",
             lambda x, r: O(
                 r.ps == IDLE,
                 A(
                     r.p == COMPLETE,
                     r.h == NONE,
                     r.ep >= 1,
-                    N(IN(r.st, (QUEUED, PREFILLING, PREEMPTED))),
+                    N(IN(r.st, (QUEUED, PREFILLING))),
+                    O(r.st != PREEMPTED, retracted(x, r)),
                 ),
             ),
         ),
@@ -340,6 +343,7 @@ STRENGTHENING: dict[str, Conj] = {
                     N(IN(r.st, (QUEUED, PREFILLING, PREEMPTED))),
                     O(r.st != RUNNING, r.d == WRITABLE),
                 ),
+                ack_retracted(x, r, e),
             ),
         ),
         _s(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import z3
+
 from model_checks.symbolic.behaviours.async_steps import steps_held, steps_write_writable
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from spec.properties import SAFETY
@@ -68,6 +70,18 @@ def _reuse_msg(x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
     return A(source, O(held, fenced))
 
 
+def _ranks(x: Ctx, r: RV) -> Z:
+    """Every source rank for a validated replica; with decode ranks (``dst_full``), every
+    decode rank installed for a committed one, none without a validated one."""
+    dst = x.c.dst_full
+    return A(
+        N(A(IN(r.d, HELD), r.rmask != x.rfull())),
+        N(A(r.d == WRITABLE, r.dmask != dst)),
+        O(r.dmask == 0, IN(r.d, HELD)),
+        (r.dmask & ~dst) == 0 if isinstance(r.dmask, z3.ExprRef) else not r.dmask & ~dst,
+    )
+
+
 def _capacity(x: Ctx) -> Z:
     c = x.c
     return A(
@@ -123,7 +137,7 @@ ZPROPS: dict[str, ZProp] = {
         ),
         ZProp("ManifestGate", lambda x, r: N(A(IN(r.d, HELD), flag(r.dfl, DF_MISMATCH)))),
         ZProp("CapacityRefcount", lambda x, r: True, glob=_capacity),
-        ZProp("RankAgreement", lambda x, r: N(A(IN(r.d, HELD), r.rmask != x.rfull()))),
+        ZProp("RankAgreement", _ranks),
         ZProp("PublishAfterCommit", lambda x, r: N(A(r.h == COMPLETE, r.hl != x.c.blocks))),
         ZProp("LoadXorStore", lambda x, r: N(A(r.p == FILLING, r.h == FILLING))),
     )

@@ -90,6 +90,9 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         async_steps=b["async_steps"],
         revocable=b["revocable"],
         decode_failure=b["decode_failure"],
+        retract=z3.Bool("cfg_retract"),
+        decode_ranks=z3.Bool("cfg_decode_ranks"),
+        dst_full=z3.BitVec("cfg_dst_full", 4),
     )
     facts = [
         ("cfg: blocks >= 1", p.blocks >= 1),
@@ -98,6 +101,11 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         ("cfg: capacities >= 0", z3.And(p.cap_p >= 0, p.cap_h >= 0)),
         ("cfg: max_attempts >= 1", p.max_attempts >= 1),
         ("cfg: budgets >= 0", z3.And(p.faults >= 0, p.max_moves >= 0)),
+        (
+            "cfg: dst_full is 2^dst_tp - 1, or 0",
+            z3.Or(*(p.dst_full == v for v in (0, 1, 3, 7, 15))),
+        ),
+        ("cfg: decode_ranks iff dst_full != 0", p.decode_ranks == (p.dst_full != 0)),
     ]
     return p, facts
 
@@ -111,6 +119,8 @@ def field_sort(f: str, src_tp: int) -> Any:
         return z3.BitVecSort(BV_FIELDS["dfl"])
     if f == "g":
         return z3.BitVecSort(6)
+    if f == "dmask":
+        return z3.BitVecSort(4)
     return INT
 
 

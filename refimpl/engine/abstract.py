@@ -35,6 +35,7 @@ from refimpl.engine.base import (
     RX_VALIDATED,
     RX_WAITING,
 )
+from refimpl.engine.behaviours import DecodeRankActions, RetractActions
 from refimpl.engine.data import RankPools
 from refimpl.engine.wire import channel, parse
 from refimpl.errors import IntegrityError
@@ -55,7 +56,7 @@ from spec.state import (
 CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
-class AbstractMap(AsyncStepActions):
+class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
         codes = []
@@ -92,6 +93,7 @@ class AbstractMap(AsyncStepActions):
                     net=self.net_of(i),
                     pstep=self.step_registers(i)[0],
                     dstep=self.step_registers(i)[1],
+                    dmask=self.dmask_of(i),
                 )
             )
         return World(

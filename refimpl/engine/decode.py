@@ -27,10 +27,10 @@ from refimpl.engine.base import (
     NotEnabled,
     RankError,
 )
-from refimpl.engine.behaviours import may_fence, quarantine_over
 from refimpl.engine.data import land_shard, token_chain
 from refimpl.engine.inflight import step_guard
 from refimpl.engine.prefill import PrefillActions
+from refimpl.engine.transfer_rules import may_fence, quarantine_over
 from refimpl.engine.wire import parse
 from refimpl.errors import (
     CancelledError,

@@ -18,11 +18,12 @@ from refimpl.engine.base import (
     EngineBase,
     LoadStoreError,
     NotEnabled,
+    ReqState,
     UnpublishedError,
 )
-from refimpl.engine.behaviours import writes_drained
 from refimpl.engine.data import RankPools
 from refimpl.engine.inflight import step_guard
+from refimpl.engine.transfer_rules import writes_drained
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
 from refimpl.pool import copy_blocks
 from spec.state import (
@@ -258,7 +259,7 @@ class PrefillActions(EngineBase):
         if self.h_status(i) != NONE or r.epoch >= c.max_attempts:
             raise self._ne("PrefillFreeze", i)
         step_guard(self, i, "p", "freeze")
-        rid, e = self.rid(i), r.epoch + 1
+        rid, e = self.rid(i), self._next_epoch(r)
         blocks = self.P.alloc.blocks_of(rid)
         self.P.alloc.incref(pin_name(rid, e), blocks)  # the snapshot: read-only until released
         self.frozen_truth[i] = self.truth[i]  # shared until the next write
@@ -269,6 +270,13 @@ class PrefillActions(EngineBase):
         m = build_manifest(snap, self.p_local, token_ids=self.tokens[i], dst_tp=c.dst_tp, dst_cp=1)
         self.send(i, "Handoff", e, manifest=m.to_json_dict())
         r.epoch, r.phase, r.sent, r.phit, r.dst = e, AWAIT_READY, 0, 0, ()
+
+    def _next_epoch(self, r: ReqState) -> int:
+        """Every attempt, a refetch after a retraction included, opens a new epoch (the
+        ``retract_keeps_epoch`` bug re-opens the old one for a request computed again)."""
+        if "retract_keeps_epoch" in self.m and r.moves > 0 and r.epoch > 0:
+            return r.epoch
+        return r.epoch + 1
 
     def PrefillRecvReady(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
         i, r = req, self.req[req]

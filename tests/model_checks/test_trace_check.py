@@ -66,6 +66,13 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_install_after_decode_failure.jsonl": None,
     "bug_step_after_decode_failure.jsonl": (12, "StickyEnd"),
     "fixed_step_after_decode_failure.jsonl": None,
+    # issue #21 items 5 and 6: retraction and refetch, decode TP ranks
+    "bug_retract_loses_kv.jsonl": (15, "NothingLost"),
+    "fixed_retract_loses_kv.jsonl": None,
+    "bug_retract_keeps_epoch.jsonl": (19, "Fencing"),
+    "fixed_retract_keeps_epoch.jsonl": None,
+    "bug_decode_runs_before_all_ranks.jsonl": (15, "RankAgreement"),
+    "fixed_decode_runs_before_all_ranks.jsonl": None,
 }
 
 

@@ -36,7 +36,9 @@ from spec.state import (
     msg,
 )
 from tests.behaviours.test_decode_failure import CASES as DECODE_FAILURE_CASES
+from tests.behaviours.test_decode_ranks import CASES as DECODE_RANKS_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
+from tests.behaviours.test_retract import CASES as RETRACT_CASES
 from tests.spec.spec_helpers import (
     ALL_SENT,
     CR,
@@ -268,6 +270,8 @@ def test_guard(name, c, w, i, arg, expected):  # type: ignore[no-untyped-def]
 
 def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
     cases = CASES + PREFILL_CASES + DECODE_FAILURE_CASES + IRREVOCABLE_CASES
+    cases += RETRACT_CASES
+    cases += DECODE_RANKS_CASES
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled

@@ -1,0 +1,7 @@
+"""The engine's side of ``spec.behaviours``: one mixin per behaviour, each adding the
+spec's new actions (same names) on top of the core engine's decode and env actions."""
+
+from refimpl.engine.behaviours.decode_ranks import DecodeRankActions
+from refimpl.engine.behaviours.retract import RetractActions
+
+__all__ = ["DecodeRankActions", "RetractActions"]
