@@ -35,6 +35,7 @@ class Config:
     fault_kinds: frozenset[str] = field(default_factory=frozenset)
     max_attempts: int = 2  # handoff epochs per request
     max_moves: int = 1  # offloads + preemptions per request
+    restarts: int = 0  # crashed workers that may come back (EnvRestart), in all
 
     def __post_init__(self) -> None:
         problems = []
@@ -50,6 +51,10 @@ class Config:
             problems.append("prefix does not fit in cap_d")
         if self.max_attempts > 15 or self.max_attempts < 1:
             problems.append("max_attempts not in 1..15")
+        if not 0 <= self.restarts <= 3:
+            problems.append(f"restarts={self.restarts} not in 0..3")
+        if self.restarts and "crash" not in self.fault_kinds:
+            problems.append("restarts without the 'crash' fault kind")
         unknown = self.fault_kinds - FAULT_KINDS
         if unknown:
             problems.append(f"unknown fault kinds {sorted(unknown)}")
@@ -190,6 +195,31 @@ NEW_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in NEW_WORLDS)
 
+# Issue #21, item 4 and its fix on the way: restarts, and a crash of each worker.
+CRASH_WORLDS: tuple[Config, ...] = (
+    Config(
+        name="restart_handoff",
+        doc="one request, 1 block, a worker may crash once and come back as a new incarnation",
+        blocks=1,
+        cap_p=1,
+        cap_d=1,
+        faults=1,
+        fault_kinds=frozenset({"crash"}),
+        max_attempts=1,
+        restarts=1,
+    ),
+    Config(
+        name="crash_both",
+        doc="one request, 2 blocks, both workers may crash (fault budget 2): decode's crash"
+        " after prefill's reaches a running request whose only complete copy was on decode",
+        blocks=2,
+        faults=2,
+        fault_kinds=frozenset({"crash"}),
+        max_attempts=1,
+    ),
+)
+CONFIGS.update((c.name, c) for c in CRASH_WORLDS)
+
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -197,6 +227,8 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "offload_contend",
     "prefix_share",
     "handoff_two",
+    "restart_handoff",
+    "crash_both",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
 # ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured

@@ -141,6 +141,20 @@ MUTANTS: dict[str, Mutant] = {
             "sglang #31800 (no timeout in the Transferring state)",
             "DecodeTimeout fires only before the first chunk lands.",
         ),
+        Mutant(
+            "stale_incarnation_accepted",
+            "Fencing",
+            ("restart_handoff",),
+            "restarts (#21): a Ready of a dead decode incarnation accepted after its restart",
+            "Receivers take a control message of a worker's older incarnation as current.",
+        ),
+        Mutant(
+            "restart_keeps_pool",
+            "NoReuseUnderIO",
+            ("restart_handoff",),
+            "restarts (#21): the restarted decode honours the dead incarnation's registration",
+            "A one-sided write to the old incarnation's registration lands in the new pool.",
+        ),
     )
 }
 

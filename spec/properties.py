@@ -37,6 +37,7 @@ from spec.state import (
     WRITABLE,
     World,
     msg_epoch,
+    msg_inc,
     msg_kind,
 )
 
@@ -90,7 +91,8 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
                 return False
             held = r.dep == e and r.d in (RESERVED, FILLING, QUARANTINED)
             if not held and not (r.dep == e and r.dfl & DF_FENCED):  # the destination blocks
-                return False
+                if msg_inc(code) >= w.d_inc:  # (an older incarnation's registration is gone)
+                    return False
     return True
 
 
