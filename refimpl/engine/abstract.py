@@ -61,7 +61,8 @@ class AbstractMap(EnvActions):
         for to_d in (True, False):
             for text, data in self.wire.entries(channel(i, to_d)):
                 h = parse(text)
-                codes.append(msg(CODE_OF[self.kind_name(text, data)], h["epoch"], h["idx"]))
+                kind = CODE_OF[self.kind_name(text, data)]
+                codes.append(msg(kind, h["epoch"], h["idx"], h.get("inc", 0)))
         return tuple(sorted(codes))
 
     def abstract(self) -> World:
@@ -89,6 +90,7 @@ class AbstractMap(EnvActions):
                     mv=r.moves,
                     g=r.ghost,
                     net=self.net_of(i),
+                    rinc=self.rinc[i],
                 )
             )
         return World(
@@ -98,6 +100,8 @@ class AbstractMap(EnvActions):
             d_up=self.d_up,
             pfx=bool(self.prefix_blocks),
             pfx_ref=self.pfx_refs(),
+            p_inc=self.p_inc,
+            d_inc=self.d_inc,
         )
 
     # ------------------------------------------------------------ integrity

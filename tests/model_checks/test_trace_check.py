@@ -55,6 +55,11 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_late_write_after_timeout.jsonl": None,
     "bug_evict_prefix_in_use.jsonl": (10, "CapacityRefcount"),
     "fixed_evict_prefix_in_use.jsonl": None,
+    # restarts (issue #21 item 4)
+    "bug_restart_stale_ready.jsonl": (8, "Fencing"),
+    "fixed_restart_stale_ready.jsonl": None,
+    "bug_restart_late_write.jsonl": (10, "NoReuseUnderIO"),
+    "fixed_restart_late_write.jsonl": None,
 }
 
 
