@@ -22,6 +22,7 @@ from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
 from spec.behaviours import decode_ranks as DR
 from spec.behaviours import retract as RT
+from spec.behaviours import restarts as RS
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
@@ -39,6 +40,7 @@ from spec.state import (
     msg,
     msg_epoch,
     msg_idx,
+    msg_inc,
     msg_kind,
 )
 
@@ -112,6 +114,7 @@ ACTIONS: dict[str, Action] = {
         _a(DF.DecodeFail, "D", "timeout"),
         _a(RT.DecodeRetract, "D", "local"),
         _a(DR.DecodeRankInstall, "D", "local"),
+        _a(RS.EnvRestart, "env", "fault", "worker"),
     )
 }
 
@@ -150,6 +153,11 @@ def successors(w: World, c: Config, m: Mutants) -> Iterator[Edge]:
             s = E.EnvCrash(w, c, m, 0, wk)
             if type(s) is World:
                 yield "EnvCrash", 0, wk, s
+    if c.restarts:
+        for wk in (0, 1):
+            s = RS.EnvRestart(w, c, m, 0, wk)
+            if type(s) is World:
+                yield "EnvRestart", 0, wk, s
 
 
 def apply(w: World, c: Config, m: Mutants, name: str, i: int, arg: int) -> Result:
@@ -175,12 +183,15 @@ def encode_args(name: str, i: int, arg: int) -> dict[str, Any]:
     if a.arg == "global":
         return {}
     if a.arg == "msg":
-        return {
+        out: dict[str, Any] = {
             "req": i,
             "msg": MSG_NAMES[msg_kind(arg)],
             "epoch": msg_epoch(arg),
             "idx": msg_idx(arg),
         }
+        if msg_inc(arg):  # only once a worker has restarted (spec/behaviours/restarts.py)
+            out["inc"] = msg_inc(arg)
+        return out
     return {"req": i}
 
 
@@ -188,7 +199,7 @@ _ARG_KEYS: dict[str, tuple[str, ...]] = {
     "worker": ("worker",),
     "global": (),
     "req": ("req",),
-    "msg": ("req", "msg", "epoch", "idx"),
+    "msg": ("req", "msg", "epoch", "idx", "inc"),
 }
 
 
@@ -228,7 +239,8 @@ def decode_args(name: str, args: dict[str, Any]) -> tuple[int, int]:
         if kind is None:
             raise ValueError(f"{name}: argument 'msg' must be one of {sorted(_KIND_BY_NAME)}")
         e, idx = _int("epoch"), _int("idx")
-        if e > 0xFFFF or idx > 0xF:
-            raise ValueError(f"{name}: epoch or idx out of range")
-        return i, msg(kind, e, idx)
+        inc = _int("inc") if "inc" in args else 0
+        if e > 0xFFFF or idx > 0xF or inc > 0xFF:
+            raise ValueError(f"{name}: epoch, idx or inc out of range")
+        return i, msg(kind, e, idx, inc)
     return i, 0

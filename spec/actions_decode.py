@@ -6,6 +6,7 @@ from spec.behaviours.async_steps import step_blocks_free
 from spec.behaviours.decode_failure import attempt_failed
 from spec.behaviours.decode_ranks import ranks_installed
 from spec.behaviours.irrevocable import fence, may_fence, quarantine_over
+from spec.behaviours.restarts import fenced
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -73,7 +74,7 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if not w.d_up or kind not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE or r.st != RUNNING:
         return NOT_ENABLED
     e = msg_epoch(arg)
-    if e <= r.dep:
+    if e <= r.dep or fenced(w, c, m, arg):
         return refuse("Fencing")
     hit = c.prefix if w.pfx else 0
     if used_d(w, c) + c.blocks - hit > c.cap_d:
@@ -91,7 +92,7 @@ def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if not w.d_up or msg_kind(arg) not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE:
         return NOT_ENABLED
     e = msg_epoch(arg)
-    if e <= r.dep:
+    if e <= r.dep or fenced(w, c, m, arg):
         return NOT_ENABLED
     hit = c.prefix if w.pfx else 0
     if r.st == RUNNING and used_d(w, c) + c.blocks - hit <= c.cap_d:
@@ -110,6 +111,8 @@ def DecodeReceiveChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
     e = msg_epoch(arg)
     if e == r.dep and r.dfl & DF_FENCED and c.revocable:  # fails at the fenced connection
         return put(w, i, r._replace(net=net))
+    if fenced(w, c, m, arg):  # it targets a dead incarnation's registration: it fails
+        return put(w, i, r._replace(net=net))
     if e == r.dep and r.d in (RESERVED, FILLING, QUARANTINED):
         dfl = r.dfl | (DF_CORRUPT if kind == M_CHUNK_BAD else 0)
         d = FILLING if r.d == RESERVED else r.d
@@ -123,6 +126,8 @@ def DecodeReceiveDone(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resu
         return NOT_ENABLED
     bit = 1 << msg_idx(arg)
     rcnt = r.rcnt + 1 if "duplicate_rank_counted" in m else 0
+    if fenced(w, c, m, arg):
+        return refuse("Fencing")
     if msg_epoch(arg) != r.dep:
         if "stale_epoch_accepted" not in m:
             return refuse("Fencing")
@@ -222,7 +227,7 @@ def DecodeReclaim(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.d_up or msg_kind(arg) != M_QUIESCED or r.d not in (RESERVED, FILLING, QUARANTINED):
         return NOT_ENABLED
-    if msg_epoch(arg) != r.dep:
+    if msg_epoch(arg) != r.dep or fenced(w, c, m, arg):
         return refuse("Fencing")
     if r.d != QUARANTINED and r.st == RUNNING:
         return NOT_ENABLED  # prefill flushed and failed it: DecodeAbort runs first
@@ -275,7 +280,7 @@ def DecodeDiscard(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.d_up or msg_kind(arg) not in (M_HANDOFF, M_HANDOFF_BAD, M_DONE, M_QUIESCED):
         return NOT_ENABLED
-    if not decode_msg_stale(r, arg):
+    if not decode_msg_stale(r, arg) and not fenced(w, c, m, arg):
         return NOT_ENABLED
     if msg_kind(arg) == M_DONE and "stale_epoch_accepted" in m and r.d in _WAITING:
         return NOT_ENABLED  # the mutant counts it instead

@@ -14,6 +14,7 @@ from spec.behaviours.async_steps import (
 )
 from spec.behaviours.irrevocable import writes_drained
 from spec.behaviours.retract import refetch_reuses_epoch
+from spec.behaviours.restarts import fenced
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -58,6 +59,7 @@ from spec.state import (
     msg,
     msg_epoch,
     msg_idx,
+    msg_inc,
     msg_kind,
 )
 
@@ -200,9 +202,10 @@ def PrefillRecvReady(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resul
     r = w.reqs[i]
     if not w.p_up or msg_kind(arg) != M_READY or r.st != RUNNING or r.ps != AWAIT_READY:
         return NOT_ENABLED
-    if msg_epoch(arg) != r.ep:
+    if msg_epoch(arg) != r.ep or fenced(w, c, m, arg):
         return refuse("Fencing")
-    return put(w, i, r._replace(ps=SENDING, sent=0, phit=msg_idx(arg), net=take(r.net, arg)))
+    r2 = r._replace(ps=SENDING, sent=0, phit=msg_idx(arg), net=take(r.net, arg))
+    return put(w, i, r2._replace(rinc=msg_inc(arg)) if c.restarts else r2)
 
 
 def PrefillSendChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -216,7 +219,7 @@ def PrefillSendChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resul
         return put(w, i, r._replace(ps=AWAIT_ACK, sent=total))
     rank, pos = divmod(r.sent, per_rank + 1)
     if pos < per_rank:
-        code = msg(M_CHUNK, r.ep, rank * per_rank + pos)
+        code = msg(M_CHUNK, r.ep, rank * per_rank + pos, r.rinc)  # to the Ready's pool
     else:
         code = msg(M_DONE, r.ep, rank)
     net = send(w, r.net, code)
@@ -233,7 +236,7 @@ def PrefillRelease(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or msg_kind(arg) != M_ACK or r.ps != AWAIT_ACK or r.p != COMPLETE:
         return NOT_ENABLED
-    if msg_epoch(arg) != r.ep:
+    if msg_epoch(arg) != r.ep or fenced(w, c, m, arg):
         return refuse("Fencing")
     return put(w, i, r._replace(p=NONE, ps=IDLE, sent=0, phit=0, net=take(r.net, arg)))
 
@@ -243,7 +246,7 @@ def PrefillResume(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or msg_kind(arg) != M_NACK or r.st != RUNNING or r.ps == IDLE:
         return NOT_ENABLED
-    if msg_epoch(arg) != r.ep:
+    if msg_epoch(arg) != r.ep or fenced(w, c, m, arg):
         return refuse("Fencing")
     if not writes_drained(r, r.ep, m):  # its own writes still read the snapshot
         return refuse("FrozenSnapshot")
@@ -305,6 +308,6 @@ def PrefillDiscard(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or msg_kind(arg) not in (M_READY, M_ACK, M_NACK):
         return NOT_ENABLED
-    if not prefill_msg_stale(r.st, r.ps, r.ep, arg):
+    if not prefill_msg_stale(r.st, r.ps, r.ep, arg) and not fenced(w, c, m, arg):
         return NOT_ENABLED
     return put(w, i, r._replace(net=take(r.net, arg)))

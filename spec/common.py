@@ -58,10 +58,14 @@ def put(w: World, i: int, r: Req) -> World:
 
 
 def send(w: World, net: tuple[int, ...], code: int) -> tuple[int, ...]:
-    """Add ``code`` to a request's in-flight multiset; a message to a dead worker vanishes."""
+    """Add ``code`` to a request's in-flight multiset; a message to a dead worker vanishes.
+    A control message carries its sender's incarnation (a write carries its target's,
+    set by its sender: spec/behaviours/restarts.py)."""
     kind = msg_kind(code)
     if (kind in TO_DECODE and not w.d_up) or (kind in TO_PREFILL and not w.p_up):
         return net
+    if kind not in CHUNKS:
+        code |= (w.d_inc if kind in TO_PREFILL else w.p_inc) << 24
     return tuple(sorted((*net, code)))
 
 

@@ -41,6 +41,7 @@ class Config:
     decode_failure: bool = False  # decode may fail an attempt on its own error (DecodeFail)
     retract: bool = False  # decode may retract a committed copy (refetch: recompute)
     decode_ranks: bool = False  # each of the dst_tp decode ranks installs its own shard
+    restarts: int = 0  # crashed workers that may come back (EnvRestart), in all
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,6 +59,10 @@ class Config:
             problems.append("max_attempts not in 1..15")
         if not 1 <= self.dst_tp <= 4:
             problems.append(f"dst_tp={self.dst_tp} not in 1..4")
+        if not 0 <= self.restarts <= 3:
+            problems.append(f"restarts={self.restarts} not in 0..3")
+        if self.restarts and "crash" not in self.fault_kinds:
+            problems.append("restarts without the 'crash' fault kind")
         unknown = self.fault_kinds - FAULT_KINDS
         if unknown:
             problems.append(f"unknown fault kinds {sorted(unknown)}")
@@ -258,6 +263,31 @@ BEHAVIOUR_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
 
+# Issue #21, item 4 and its fix on the way: restarts, and a crash of each worker.
+CRASH_WORLDS: tuple[Config, ...] = (
+    Config(
+        name="restart_handoff",
+        doc="one request, 1 block, a worker may crash once and come back as a new incarnation",
+        blocks=1,
+        cap_p=1,
+        cap_d=1,
+        faults=1,
+        fault_kinds=frozenset({"crash"}),
+        max_attempts=1,
+        restarts=1,
+    ),
+    Config(
+        name="crash_both",
+        doc="one request, 2 blocks, both workers may crash (fault budget 2): decode's crash"
+        " after prefill's reaches a running request whose only complete copy was on decode",
+        blocks=2,
+        faults=2,
+        fault_kinds=frozenset({"crash"}),
+        max_attempts=1,
+    ),
+)
+CONFIGS.update((c.name, c) for c in CRASH_WORLDS)
+
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -270,6 +300,8 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_decode_fail",
     "handoff_retract",
     "handoff_tp1to2",
+    "restart_handoff",
+    "crash_both",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
 # ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured

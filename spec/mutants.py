@@ -209,6 +209,20 @@ MUTANTS: dict[str, Mutant] = {
             "#21 item 6 (decode TP: the scheduler reads one rank's receive status)",
             "DecodeCommit commits once any decode rank installed, not every one.",
         ),
+        Mutant(
+            "stale_incarnation_accepted",
+            "Fencing",
+            ("restart_handoff",),
+            "restarts (#21): a Ready of a dead decode incarnation accepted after its restart",
+            "Receivers take a control message of a worker's older incarnation as current.",
+        ),
+        Mutant(
+            "restart_keeps_pool",
+            "NoReuseUnderIO",
+            ("restart_handoff",),
+            "restarts (#21): the restarted decode honours the dead incarnation's registration",
+            "A one-sided write to the old incarnation's registration lands in the new pool.",
+        ),
     )
 }
 

@@ -40,6 +40,7 @@ from spec.state import (
     WRITABLE,
     World,
     msg_epoch,
+    msg_inc,
     msg_kind,
 )
 
@@ -96,7 +97,8 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
             held = r.dep == e and r.d in (RESERVED, FILLING, QUARANTINED)
             fenced = c.revocable and r.dep == e and r.dfl & DF_FENCED  # no revoke: no fence
             if not held and not fenced:  # the destination blocks
-                return False
+                if msg_inc(code) >= w.d_inc:  # (an older incarnation's registration is gone)
+                    return False
     return True
 
 

@@ -61,7 +61,10 @@ G_POSTEND = 8  # validate/commit/finish happened after the request was cancelled
 G_END_CANCELLED = 16  # the request was cancelled at some point
 G_END_FAILED = 32  # the request failed at some point
 
-# -- messages: code = epoch << 8 | kind << 4 | idx ------------------------------------
+# -- messages: code = inc << 24 | epoch << 8 | kind << 4 | idx ------------------------
+# ``inc``: the incarnation the message belongs to (spec/behaviours/restarts.py): a control
+# message carries its sender's, a one-sided write the one whose registration it targets.
+# It is 0 in every world without restarts, so those codes are the older ``epoch << 8 | ..``.
 M_HANDOFF = 1  # P->D: freeze done, here is the manifest (idx unused)
 M_HANDOFF_BAD = 2  # P->D: the same, with a manifest the decode side cannot accept
 M_READY = 3  # D->P: blocks reserved; idx = prefix blocks decode already holds
@@ -87,9 +90,9 @@ TO_PREFILL = frozenset({M_READY, M_ACK, M_NACK})
 CHUNKS = frozenset({M_CHUNK, M_CHUNK_BAD})
 
 
-def msg(kind: int, epoch: int, idx: int = 0) -> int:
+def msg(kind: int, epoch: int, idx: int = 0, inc: int = 0) -> int:
     """Encode a message as one small int."""
-    return (epoch << 8) | (kind << 4) | idx
+    return (inc << 24) | (epoch << 8) | (kind << 4) | idx
 
 
 def msg_kind(code: int) -> int:
@@ -97,15 +100,21 @@ def msg_kind(code: int) -> int:
 
 
 def msg_epoch(code: int) -> int:
-    return code >> 8
+    return (code >> 8) & 0xFFFF
 
 
 def msg_idx(code: int) -> int:
     return code & 0xF
 
 
+def msg_inc(code: int) -> int:
+    """The incarnation a message belongs to (0 unless a worker has restarted)."""
+    return code >> 24
+
+
 def msg_str(code: int) -> str:
-    return f"{MSG_NAMES[msg_kind(code)]}(e={msg_epoch(code)},i={msg_idx(code)})"
+    inc = f",inc={msg_inc(code)}" if msg_inc(code) else ""
+    return f"{MSG_NAMES[msg_kind(code)]}(e={msg_epoch(code)},i={msg_idx(code)}{inc})"
 
 
 class Req(NamedTuple):
@@ -133,6 +142,7 @@ class Req(NamedTuple):
     pstep: int = 0  # a step dispatched on prefill, not yet completed (async_steps)
     dstep: int = 0  # a step dispatched on decode, not yet completed (async_steps)
     dmask: int = 0  # decode ranks that installed their shard (Config.decode_ranks)
+    rinc: int = 0  # decode incarnation of the Ready prefill last took: its writes' target
 
 
 class World(NamedTuple):
@@ -144,6 +154,8 @@ class World(NamedTuple):
     d_up: bool = True  # decode worker alive
     pfx: bool = False  # the shared prefix blocks are resident on decode
     pfx_ref: int = 0  # references to the shared prefix (requests holding it)
+    p_inc: int = 0  # prefill worker's incarnation (restarts so far; spec/behaviours/restarts)
+    d_inc: int = 0  # decode worker's incarnation
 
 
 _KEEP = object()  # "field not given" in the fast ``_replace`` below
@@ -206,8 +218,11 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("net", list(r.net) == sorted(r.net)),
             ("pstep/dstep", r.pstep in (0, 1) and r.dstep in (0, 1)),
             ("dmask", 0 <= r.dmask < (1 << 4)),
+            ("rinc", 0 <= r.rinc <= w.d_inc),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:
         bad.append("pfx_ref < 0")
+    if w.p_inc < 0 or w.d_inc < 0:
+        bad.append("p_inc/d_inc < 0")
     return bad

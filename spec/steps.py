@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spec.behaviours.decode_failure import nothing_after_decode_failure
+from spec.behaviours.restarts import older_incarnation
 from spec.common import full_chunks
 from spec.config import Config
 from spec.state import (
@@ -91,8 +92,9 @@ def prefix_never_written(pre: World, name: str, i: int, arg: int, post: World, c
 
 
 def stale_changes_nothing(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> bool:
-    """Fencing: a message of another epoch than its receiver's changes nothing but the
-    network (it is consumed, or left in flight)."""
+    """Fencing: a message of another epoch than its receiver's, or of an older
+    incarnation than its peer's current one (spec/behaviours/restarts.py), changes
+    nothing but the network (it is consumed, or left in flight)."""
     if name not in RECEIVES:
         return True
     r = pre.reqs[i]
@@ -103,7 +105,7 @@ def stale_changes_nothing(pre: World, name: str, i: int, arg: int, post: World, 
         stale = e <= r.dep  # an attempt decode has already seen (or a later one fenced)
     else:
         stale = e != r.dep
-    if not stale:
+    if not stale and not (c.restarts and older_incarnation(pre, arg)):
         return True
     if post._replace(reqs=pre.reqs) != pre:
         return False

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from spec.behaviours.restarts import older_incarnation
 from spec.config import Config
 from spec.properties import violated_safety
 from spec.state import (
@@ -239,3 +240,15 @@ def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: boo
 def blame_state(w: World, c: Config) -> list[str]:
     """Safety properties a state breaks, most specific first."""
     return ordered(violated_safety(w, c))
+
+
+def blame_observed(pre: World, eng: World, c: Config, arg: int, msg: bool) -> list[str]:
+    """An observed effect the spec's step lacks, of an event that consumed a message of an
+    older incarnation (spec/behaviours/restarts.py): the spec fences it (it changes
+    nothing), the engine moved on it. A write of a dead registration that lands is
+    NoReuseUnderIO first (it writes blocks of the new pool), any other message Fencing;
+    then the laws the engine's state breaks."""
+    if not (msg and c.restarts and older_incarnation(pre, arg)):
+        return blame_state(eng, c)
+    first = ["NoReuseUnderIO", "Fencing"] if msg_kind(arg) in CHUNKS else ["Fencing"]
+    return first + [p for p in blame_state(eng, c) if p not in first]

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_checks.conformance.blame import UNMODELLED, blame, blame_state, ordered
+from model_checks.conformance.blame import (
+    UNMODELLED,
+    blame,
+    blame_observed,
+    blame_state,
+    ordered,
+)
 from model_checks.conformance.clocks import Deadlines
 from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
 from model_checks.conformance.nearest import detail
@@ -315,7 +321,9 @@ class Checker:
         r = s.reqs[ri]
         r2 = Req._make(new.get(f, getattr(r, f)) for f in Req._fields)
         eng = s._replace(reqs=(*s.reqs[:ri], r2, *s.reqs[ri + 1 :]))
-        bad = blame_state(eng, self.c)
+        bad = blame_observed(
+            pre, eng, self.c, e.arg, e.action is not None and e.action.arg == "msg"
+        )
         spec = " ".join(f"{f}={OBSERVABLE[f][getattr(s.reqs[ri], f)]}" for f, _ in fields)
         seen = " ".join(f"{f}={OBSERVABLE[f][v]}" for f, v in fields)
         why = f"r{ri}: observed {seen}, the spec's step gives {spec}"

@@ -57,6 +57,7 @@ def describe_world(w: World) -> str:
     parts = [f"r{i}: {describe(r)}" for i, r in enumerate(w.reqs)]
     extra = [f"{f}={getattr(w, f)}" for f in ("faults", "pfx", "pfx_ref") if getattr(w, f)]
     extra += [f"{f}=False" for f in ("p_up", "d_up") if not getattr(w, f)]
+    extra += [f"{f}={getattr(w, f)}" for f in ("p_inc", "d_inc") if getattr(w, f)]
     return " | ".join(parts) + (" | " + " ".join(extra) if extra else "")
 
 

@@ -163,6 +163,7 @@ def explore(
     req_cands, msg_cands = en.req, en.msg
     glob = tuple(a for a in ACTIONS.values() if a.arg == "global")
     crash = ACTIONS["EnvCrash"].fn if "crash" in c.fault_kinds else None
+    restart = ACTIONS["EnvRestart"].fn if c.restarts else None
     n = c.n_reqs
     multi = symmetry and n > 1
     World_ = World
@@ -223,6 +224,11 @@ def explore(
                 s = crash(w, c, mutants, 0, wk)
                 if type(s) is World_:
                     out.append(("EnvCrash", 0, wk, s))
+        if restart is not None:
+            for wk in (0, 1):
+                s = restart(w, c, mutants, 0, wk)
+                if type(s) is World_:
+                    out.append(("EnvRestart", 0, wk, s))
         for name, i, arg, s0 in out:
             lb = (name, i, arg)
             stop = False

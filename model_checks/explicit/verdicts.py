@@ -22,7 +22,7 @@ from spec.properties import Pred
 from spec.state import World
 
 _REQ_FIELDS = ("st", "p", "d", "h", "ep", "dep", "ps", "hit", "g")
-_WORLD_FIELDS = ("faults", "p_up", "d_up", "pfx", "pfx_ref")  # World[1:], in order
+_WORLD_FIELDS = World._fields[1:]  # World[1:], in order
 
 # (property ID, predicate, verdict): verdict True/False is known from the key; None: call it
 Plan = tuple[tuple[str, Pred, bool | None], ...]

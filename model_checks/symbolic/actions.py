@@ -16,6 +16,7 @@ from model_checks.symbolic.behaviours import decode_ranks as DR
 from model_checks.symbolic.behaviours import retract as RT
 from model_checks.symbolic.core import RV, Ctx, Msg, Rules
 from spec.actions import ACTIONS
+from spec.config import Config
 
 ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 
@@ -38,6 +39,17 @@ PER_REQ: dict[str, ReqFn] = {
 GLOBAL = ("DecodeEvictPrefix",)
 WORKER = ("EnvCrash",)
 
-_missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER)
+# Spec actions the z3 encoding does not mirror (yet), all behind a Config switch: restarts
+# (``EnvRestart``, ``Config.restarts``). ``encodable`` says which configs the encodings
+# take; the others (and their mutants) are checked by the explicit explorer only.
+UNENCODED = ("EnvRestart",)
+
+
+def encodable(c: Config) -> bool:
+    """Does the z3 encoding model every action ``c`` enables?"""
+    return not c.restarts
+
+
+_missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER) - set(UNENCODED)
 if _missing:  # pragma: no cover - a spec action without a z3 mirror
     raise ImportError(f"z3 encoding lacks actions {sorted(_missing)}")

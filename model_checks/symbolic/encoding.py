@@ -33,7 +33,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import PER_REQ
+from model_checks.symbolic.actions import PER_REQ, encodable
 from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
 from model_checks.symbolic.core import (
     BV_FIELDS,
@@ -91,6 +91,11 @@ class Encoding:
         bits: int | None = None,
         split: bool = True,
     ) -> None:
+        if not encodable(c):
+            raise ValueError(
+                f"config {c.name!r}: restarts (Config.restarts) are not in the z3 encoding;"
+                " check it with the explicit explorer (kvown check --config NAME)"
+            )
         self.c, self.m = c, frozenset(mutants)
         self.params = Params.of(c)
         self.codes = possible_codes(c)

@@ -63,7 +63,8 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
         for to_d in (True, False):
             for text, data in self.wire.entries(channel(i, to_d)):
                 h = parse(text)
-                codes.append(msg(CODE_OF[self.kind_name(text, data)], h["epoch"], h["idx"]))
+                kind = CODE_OF[self.kind_name(text, data)]
+                codes.append(msg(kind, h["epoch"], h["idx"], h.get("inc", 0)))
         return tuple(sorted(codes))
 
     def abstract(self) -> World:
@@ -94,6 +95,7 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
                     pstep=self.step_registers(i)[0],
                     dstep=self.step_registers(i)[1],
                     dmask=self.dmask_of(i),
+                    rinc=self.rinc[i],
                 )
             )
         return World(
@@ -103,6 +105,8 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
             d_up=self.d_up,
             pfx=bool(self.prefix_blocks),
             pfx_ref=self.pfx_refs(),
+            p_inc=self.p_inc,
+            d_inc=self.d_inc,
         )
 
     # ------------------------------------------------------------ integrity

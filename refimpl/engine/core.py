@@ -44,7 +44,7 @@ from refimpl.engine.base import (
 )
 from refimpl.engine.env import WORKER_NAMES
 from spec.actions import ACTIONS, decode_args
-from spec.state import MSG_NAMES, msg_epoch, msg_idx, msg_kind
+from spec.state import MSG_NAMES, msg_epoch, msg_idx, msg_inc, msg_kind
 
 __all__ = [
     "STREAM_SWITCH",
@@ -82,6 +82,7 @@ class Engine(AbstractMap):
             if not 0 <= i < len(self.req):
                 raise ValueError(f"{name}: request {i} out of range 0..{len(self.req) - 1}")
             if a.arg == "msg":
+                self.step_inc = msg_inc(arg)
                 fn(i, MSG_NAMES[msg_kind(arg)], msg_epoch(arg), msg_idx(arg))
             else:
                 fn(i)

@@ -126,8 +126,8 @@ class DecodeActions(PrefillActions):
             raise self._ne("DecodeReserve", i)
         if self.req[i].status != RUNNING:
             raise self._ne("DecodeReserve", i)
-        if epoch <= x.dep:
-            raise StaleError(f"Handoff of epoch {epoch}; decode has seen epoch {x.dep}")
+        if epoch <= x.dep or self.fenced(msg):
+            raise StaleError(f"Handoff of epoch {epoch}; decode has seen epoch {x.dep}, or inc")
         text = self.wire.entries(ch)[k][0]
         m = from_json_dict(self._header(text)["manifest"])  # the sender built it: parses
         reasons = self.manifest_refusals(text)
@@ -151,6 +151,8 @@ class DecodeActions(PrefillActions):
         ch, k = self.find(i, msg, epoch, idx)
         if not self.d_up or msg not in _HANDOFFS or x.phase != RX_NONE or epoch <= x.dep:
             raise self._ne("DecodeReject", i)
+        if self.fenced(msg):
+            raise self._ne("DecodeReject", i)
         m = from_json_dict(self._header(self.wire.entries(ch)[k][0])["manifest"])
         room = self.D.alloc.can_allocate(m.num_blocks - self._prefix_hit(m.token_ids))
         if self.req[i].status == RUNNING and room:
@@ -167,8 +169,14 @@ class DecodeActions(PrefillActions):
             raise self._ne("DecodeReceiveChunk", i)
         text, data = self.wire.entries(ch)[k]
         h = self._header(text)
-        assert x.manifest is not None  # decode reserved for some epoch of this request
-        geo, pieces = source_layout(x.manifest)
+        if self.fenced(msg):  # to a dead incarnation's registration: the write fails
+            self.wire.take(ch, k)
+            return
+        # decode reserved for some epoch of this request (or, with restart_keeps_pool, the
+        # old registration maps a write of the sender's layout onto the new pool)
+        manifest = x.manifest if x.manifest is not None else self.frozen_manifest[i]
+        assert manifest is not None
+        geo, pieces = source_layout(manifest)
         if epoch == x.dep and x.fenced and self.wire.revocable:
             self.wire.take(ch, k)  # fails at the closed connection
             return
@@ -192,6 +200,8 @@ class DecodeActions(PrefillActions):
         ch, k = self.find(i, msg, epoch, idx)
         if not self.d_up or msg != "RankDone" or x.phase != RX_WAITING:
             raise self._ne("DecodeReceiveDone", i)
+        if self.fenced(msg):
+            raise StaleError(f"RankDone of incarnation {self.step_inc}; prefill is newer")
         stale = epoch != x.dep
         if stale and "stale_epoch_accepted" not in self.m:
             raise StaleError(f"RankDone of epoch {epoch}; decode waits on epoch {x.dep}")
@@ -321,8 +331,8 @@ class DecodeActions(PrefillActions):
         ch, k = self.find(i, msg, epoch, idx)
         if not self.d_up or msg != "Quiesced" or x.phase not in (RX_WAITING, RX_QUARANTINED):
             raise self._ne("DecodeReclaim", i)
-        if epoch != x.dep:
-            raise StaleError(f"Quiesced of epoch {epoch}; decode holds epoch {x.dep}")
+        if epoch != x.dep or self.fenced(msg):
+            raise StaleError(f"Quiesced of epoch {epoch}; decode holds epoch {x.dep}, or inc")
         if x.phase != RX_QUARANTINED and self.req[i].status == RUNNING:
             raise self._ne("DecodeReclaim", i)  # prefill failed it: DecodeAbort runs first
         self.wire.take(ch, k)
@@ -388,7 +398,7 @@ class DecodeActions(PrefillActions):
             stale = epoch != x.dep or x.phase != RX_WAITING
         else:
             stale = epoch != x.dep or x.phase not in (RX_WAITING, RX_QUARANTINED)
-        if not stale:
+        if not stale and not self.fenced(msg):
             raise self._ne("DecodeDiscard", i)
         if msg == "RankDone" and "stale_epoch_accepted" in self.m and x.phase == RX_WAITING:
             raise self._ne("DecodeDiscard", i)  # the mutant counts it instead

@@ -10,6 +10,8 @@ Each fault is within the config's budget and kinds, acts on one real thing and c
     EnvStoreFail         an offload to host fails: its copy is dropped, never published
     EnvCrash             a worker dies: its pools, its in-flight writes and the messages
                          to it are gone; requests that lose their last copy fail
+    EnvRestart           a crashed worker comes back as a new incarnation, pools empty;
+                         what its old incarnation sent or registered is fenced
 """
 
 from __future__ import annotations
@@ -142,6 +144,20 @@ class EnvActions(DecodeActions):
             alone = r.status == RUNNING and p not in (COMPLETE, WRITABLE) and h != COMPLETE
             if before[i] == WRITABLE or alone:
                 r.status, r.ghost = FAILED, r.ghost | G_END_FAILED
+
+    def EnvRestart(self, worker: str | int) -> None:
+        """A crashed ``worker`` comes back as a new incarnation: its pools were re-created
+        empty at the crash, its new registrations carry the new incarnation, and every
+        message or write of the old one is fenced (``fenced``)."""
+        wk = WORKER_NAMES.index(worker) if isinstance(worker, str) else worker
+        if self.p_inc + self.d_inc >= self.config.restarts:
+            raise NotEnabled("EnvRestart: no restart left")
+        if wk == 0 and not self.p_up:
+            self.p_up, self.p_inc = True, self.p_inc + 1
+        elif wk == 1 and not self.d_up:
+            self.d_up, self.d_inc = True, self.d_inc + 1
+        else:
+            raise NotEnabled(f"EnvRestart({WORKER_NAMES[wk]}): it is up")
 
     def ClientCancel(self, req: int) -> None:
         i, r = req, self.req[req]

@@ -15,7 +15,6 @@ import torch
 from refimpl.checksum import bytes_checksum
 from refimpl.chunks import Snapshot, build_manifest, pin_name
 from refimpl.engine.base import (
-    EngineBase,
     LoadStoreError,
     NotEnabled,
     ReqState,
@@ -24,6 +23,7 @@ from refimpl.engine.base import (
 from refimpl.engine.data import RankPools
 from refimpl.engine.inflight import step_guard
 from refimpl.engine.transfer_rules import writes_drained
+from refimpl.engine.restarts import RestartBase
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
 from refimpl.pool import copy_blocks
 from spec.state import (
@@ -47,7 +47,7 @@ from spec.state import (
 )
 
 
-class PrefillActions(EngineBase):
+class PrefillActions(RestartBase):
     # ------------------------------------------------------------ helpers
     def _ne(self, name: str, i: int) -> NotEnabled:
         return NotEnabled(f"{name}(req={i}) does not apply in {self.describe(i)}")
@@ -269,6 +269,7 @@ class PrefillActions(EngineBase):
         snap = Snapshot(rid, e, blocks, 0, tuple(full), ())
         m = build_manifest(snap, self.p_local, token_ids=self.tokens[i], dst_tp=c.dst_tp, dst_cp=1)
         self.send(i, "Handoff", e, manifest=m.to_json_dict())
+        self.frozen_manifest[i] = m
         r.epoch, r.phase, r.sent, r.phit, r.dst = e, AWAIT_READY, 0, 0, ()
 
     def _next_epoch(self, r: ReqState) -> int:
@@ -283,10 +284,11 @@ class PrefillActions(EngineBase):
         ch, k = self.find(i, msg, epoch, idx)
         if not self.p_up or msg != "Ready" or r.status != RUNNING or r.phase != AWAIT_READY:
             raise self._ne("PrefillRecvReady", i)
-        if epoch != r.epoch:
-            raise StaleError(f"Ready of epoch {epoch}; r{i} is at epoch {r.epoch}")
+        if epoch != r.epoch or self.fenced(msg):
+            raise StaleError(f"Ready of epoch {epoch}, inc {self.step_inc}; r{i} at {r.epoch}")
         header, _ = self.wire.take(ch, k)
         r.phase, r.sent, r.phit, r.dst = SENDING, 0, header["idx"], tuple(header["dst"])
+        self.rinc[i] = header.get("inc", 0) if self.config.restarts else 0
 
     def PrefillSendChunk(self, req: int) -> None:
         """Send the next item, rank-major: a rank's chunks, then that rank's RankDone."""
@@ -311,6 +313,7 @@ class PrefillActions(EngineBase):
                 block=j,
                 dst=r.dst[pos],
                 checksum=r.checksums[rank][j],
+                inc=self.rinc[i],
             )
         else:
             self.send(i, "RankDone", r.epoch, rank)
@@ -330,8 +333,8 @@ class PrefillActions(EngineBase):
         ch, k = self.find(i, msg, epoch, idx)
         if not self.p_up or msg != "Ack" or r.phase != AWAIT_ACK or self.p_status(i) != COMPLETE:
             raise self._ne("PrefillRelease", i)
-        if epoch != r.epoch:
-            raise StaleError(f"Ack of epoch {epoch}; r{i} is at epoch {r.epoch}")
+        if epoch != r.epoch or self.fenced(msg):
+            raise StaleError(f"Ack of epoch {epoch}, inc {self.step_inc}; r{i} at {r.epoch}")
         self.wire.take(ch, k)
         rid = self.rid(i)
         self.P.alloc.free(pin_name(rid, r.epoch))
@@ -344,8 +347,8 @@ class PrefillActions(EngineBase):
         ch, k = self.find(i, msg, epoch, idx)
         if not self.p_up or msg != "Nack" or r.status != RUNNING or r.phase == IDLE:
             raise self._ne("PrefillResume", i)
-        if epoch != r.epoch:
-            raise StaleError(f"Nack of epoch {epoch}; r{i} is at epoch {r.epoch}")
+        if epoch != r.epoch or self.fenced(msg):
+            raise StaleError(f"Nack of epoch {epoch}, inc {self.step_inc}; r{i} at {r.epoch}")
         if not writes_drained(self, i, r.epoch):
             raise FrozenError(f"writes of r{i} epoch {r.epoch} still read the snapshot")
         self.wire.take(ch, k)
@@ -402,6 +405,6 @@ class PrefillActions(EngineBase):
         stale = epoch != r.epoch or r.status in ENDED or r.phase == IDLE
         stale = stale or (msg == "Ready" and r.phase != AWAIT_READY)
         stale = stale or (msg == "Ack" and r.phase != AWAIT_ACK)
-        if not stale:
+        if not stale and not self.fenced(msg):
             raise self._ne("PrefillDiscard", i)
         self.wire.take(ch, k)

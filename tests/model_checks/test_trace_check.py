@@ -73,6 +73,11 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_retract_keeps_epoch.jsonl": None,
     "bug_decode_runs_before_all_ranks.jsonl": (15, "RankAgreement"),
     "fixed_decode_runs_before_all_ranks.jsonl": None,
+    # restarts (issue #21 item 4)
+    "bug_restart_stale_ready.jsonl": (8, "Fencing"),
+    "fixed_restart_stale_ready.jsonl": None,
+    "bug_restart_late_write.jsonl": (10, "NoReuseUnderIO"),
+    "fixed_restart_late_write.jsonl": None,
 }
 
 

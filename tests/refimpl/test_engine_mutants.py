@@ -18,9 +18,11 @@ from model_checks.explicit.runner import check_mutant
 from model_checks.explicit.trace import TraceError, replay
 from refimpl.engine import Engine
 from refimpl.errors import IntegrityError, OwnershipError
+from spec.actions import decode_args
 from spec.config import Config, get_config
 from spec.mutants import MUTANTS
 from spec.properties import SAFETY, violated_safety
+from spec.steps import check_step
 
 SAFETY_IDS = {p.id for p in SAFETY}
 SAFETY_MUTANTS = [n for n, mu in MUTANTS.items() if mu.expected in SAFETY_IDS]
@@ -48,7 +50,10 @@ def test_counterexample_replays_with_the_mutant_on(name: str) -> None:
     for k, st in enumerate(steps):
         e.step(st["action"], st["args"])
         assert e.abstract() == worlds[k + 1], f"step {k + 1} {st}"
-    assert MUTANTS[name].expected in violated_safety(e.abstract(), c)
+    last = steps[-1]
+    i, arg = decode_args(last["action"], last["args"])
+    on_step = check_step(worlds[-2], last["action"], i, arg, e.abstract(), c)  # a transition
+    assert MUTANTS[name].expected in violated_safety(e.abstract(), c) + on_step
     assert e.damaged() == DAMAGE.get(name, [])
     if name == "evict_referenced_prefix":  # the prefix block is free but still referenced
         with pytest.raises(IntegrityError):

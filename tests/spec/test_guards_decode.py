@@ -55,6 +55,8 @@ from tests.spec.spec_helpers import (
 )
 from tests.spec.test_guards_prefill import CASES as PREFILL_CASES
 
+RS = CONFIGS["restart_handoff"]
+
 CASES = [
     # --- decode ------------------------------------------------------------------------
     ("DecodeReserve", HO, W(FROZEN), 0, msg(M_HANDOFF, 1), {"d": RESERVED, "dep": 1}),
@@ -256,6 +258,11 @@ CASES = [
     ("EnvCrash", HO, W(RUN_P), 0, 0, ("disabled", None)),  # no crash in this config
     ("ClientCancel", HO, W(RUN_P), 0, 0, {"st": CANCELLED}),
     ("ClientCancel", HO, W(R(st=FINISHED)), 0, 0, ("disabled", None)),
+    # restarts (spec/behaviours/restarts.py): a crashed worker, within the restart budget
+    ("EnvRestart", RS, W(RUN_P, d_up=False), 0, 1, {"st": RUNNING, "d": NONE}),
+    ("EnvRestart", RS, W(RUN_P), 0, 1, ("disabled", None)),  # decode is up
+    ("EnvRestart", RS, W(RUN_P, p_up=False, d_inc=1), 0, 0, ("disabled", None)),  # spent
+    ("EnvRestart", CR, W(RUN_P, d_up=False), 0, 1, ("disabled", None)),  # no restarts
 ]
 
 
