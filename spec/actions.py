@@ -21,8 +21,8 @@ from spec import actions_prefill as P
 from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
 from spec.behaviours import decode_ranks as DR
-from spec.behaviours import retract as RT
 from spec.behaviours import restarts as RS
+from spec.behaviours import retract as RT
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (

@@ -13,8 +13,8 @@ from spec.behaviours.async_steps import (
     step_blocks_preempt,
 )
 from spec.behaviours.irrevocable import writes_drained
-from spec.behaviours.retract import refetch_reuses_epoch
 from spec.behaviours.restarts import fenced
+from spec.behaviours.retract import refetch_reuses_epoch
 from spec.common import (
     NOT_ENABLED,
     Mutants,

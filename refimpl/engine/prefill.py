@@ -22,8 +22,8 @@ from refimpl.engine.base import (
 )
 from refimpl.engine.data import RankPools
 from refimpl.engine.inflight import step_guard
-from refimpl.engine.transfer_rules import writes_drained
 from refimpl.engine.restarts import RestartBase
+from refimpl.engine.transfer_rules import writes_drained
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
 from refimpl.pool import copy_blocks
 from spec.state import (
