@@ -18,12 +18,13 @@ from typing import Any
 from spec import actions_decode as D
 from spec import actions_env as E
 from spec import actions_prefill as P
+from spec.behaviours import identity as I
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
+    CHUNKS,
     M_ACK,
     M_CHUNK,
-    M_CHUNK_BAD,
     M_DONE,
     M_HANDOFF,
     M_HANDOFF_BAD,
@@ -83,7 +84,7 @@ ACTIONS: dict[str, Action] = {
         _a(P.PrefillDiscard, "P", "recv", "msg", frozenset({M_READY, M_ACK, M_NACK})),
         _a(D.DecodeReserve, "D", "recv", "msg", _H),
         _a(D.DecodeReject, "D", "recv", "msg", _H),
-        _a(D.DecodeReceiveChunk, "D", "recv", "msg", frozenset({M_CHUNK, M_CHUNK_BAD})),
+        _a(D.DecodeReceiveChunk, "D", "recv", "msg", CHUNKS),
         _a(D.DecodeReceiveDone, "D", "recv", "msg", frozenset({M_DONE})),
         _a(D.DecodeValidate, "D", "local"),
         _a(D.DecodeCommit, "D", "local"),
@@ -101,6 +102,8 @@ ACTIONS: dict[str, Action] = {
         _a(E.EnvStoreFail, "env", "fault"),
         _a(E.EnvCrash, "env", "fault", "worker"),
         _a(E.ClientCancel, "client", "client"),
+        _a(I.PrefillStage, "P", "local"),
+        _a(I.DecodeRecyclePrefix, "D", "local", "global"),
     )
 }
 

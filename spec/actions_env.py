@@ -144,6 +144,7 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
                     rmask=0,
                     rcnt=0,
                     dfl=0,
+                    sl=0,
                     net=tuple(x for x in r.net if msg_kind(x) in TO_PREFILL),
                 ),
                 r.d,

@@ -7,6 +7,7 @@ message code for actions that consume a message (0 otherwise), ``m`` the mutants
 
 from __future__ import annotations
 
+from spec.behaviours.identity import staged
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -36,6 +37,7 @@ from spec.state import (
     IDLE,
     M_ACK,
     M_CHUNK,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_NACK,
@@ -177,7 +179,7 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     e = r.ep + 1
     net = send(w, r.net, msg(M_HANDOFF, e))
-    return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net))
+    return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net, stg=0))
 
 
 def PrefillRecvReady(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -201,6 +203,10 @@ def PrefillSendChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resul
     rank, pos = divmod(r.sent, per_rank + 1)
     if pos < per_rank:
         code = msg(M_CHUNK, r.ep, rank * per_rank + pos)
+        if not staged(c, r.stg, r.phit, pos):  # the block's bytes are not its hash's
+            if "unstaged_block_advertised" not in m:
+                return refuse("ContentIdentity")
+            code = msg(M_CHUNK_UNSTAGED, r.ep, rank * per_rank + pos)
     else:
         code = msg(M_DONE, r.ep, rank)
     net = send(w, r.net, code)

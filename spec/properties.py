@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from spec.behaviours.identity import content_identity
 from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -217,6 +218,13 @@ SAFETY: tuple[Property, ...] = (
         "safety",
         "Per request, a load or stores are in flight, never both.",
         load_xor_store,
+    ),
+    Property(
+        "ContentIdentity",
+        "safety",
+        "A block used (validated, committed, decoded) holds the content its advertised hash"
+        " names: no foreign prefix block, no block its sender never staged.",
+        content_identity,
     ),
 )
 

@@ -123,7 +123,7 @@ def diff(a: World, b: World) -> list[str]:
                 out += [f"r{i}.net -{msg_str(x)}" for x in gone]
             else:
                 out.append(f"r{i}.{f}: {_field(f, va)} -> {_field(f, vb)}")
-    for f in ("faults", "p_up", "d_up", "pfx", "pfx_ref"):
+    for f in World._fields[1:]:
         if getattr(a, f) != getattr(b, f):
             out.append(f"{f}: {getattr(a, f)} -> {getattr(b, f)}")
     return out

@@ -1,4 +1,4 @@
-"""The z3 action registry: the spec's 39 actions by name (``spec.actions.ACTIONS``).
+"""The z3 action registry: the spec's 41 actions by name (``spec.actions.ACTIONS``).
 
 ``PER_REQ``: actions of one request (``arg`` "req" or "msg"), ``Rules`` per (ctx, view,
 message); ``DecodeEvictPrefix`` is global and ``EnvCrash`` acts on every request.
@@ -20,7 +20,7 @@ PER_REQ: dict[str, ReqFn] = {
     for name, a in ACTIONS.items()
     if a.arg in ("req", "msg")
 }
-GLOBAL = ("DecodeEvictPrefix",)
+GLOBAL = ("DecodeEvictPrefix", "DecodeRecyclePrefix")
 WORKER = ("EnvCrash",)
 
 _missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER)

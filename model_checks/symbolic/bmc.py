@@ -38,8 +38,17 @@ from spec.mutants import MUTANTS, get_mutant
 from spec.properties import PROPERTIES, SAFETY
 
 SAFETY_IDS = tuple(p.id for p in SAFETY)
-SAFETY_MUTANTS = tuple(n for n, m in MUTANTS.items() if PROPERTIES[m.expected].kind == "safety")
-LIVENESS_MUTANTS = tuple(n for n in MUTANTS if n not in SAFETY_MUTANTS)
+# Mutants the z3 encodings do not mirror: their step changes another request than the
+# acting one (the encodings' rules change only the acting request's fields).
+UNENCODED_MUTANTS: tuple[str, ...] = ("slot_reused_unfenced",)
+SAFETY_MUTANTS = tuple(
+    n
+    for n, m in MUTANTS.items()
+    if PROPERTIES[m.expected].kind == "safety" and n not in UNENCODED_MUTANTS
+)
+LIVENESS_MUTANTS = tuple(
+    n for n in MUTANTS if n not in SAFETY_MUTANTS and n not in UNENCODED_MUTANTS
+)
 
 # Correct-spec bound K per default config: the deepest unrolling that answers in a
 # few seconds on the 2-core reference machine (see benchmarks/prove_bench.py).

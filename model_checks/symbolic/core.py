@@ -3,7 +3,7 @@
 The spec's actions are written once, in ``z3_actions_p`` / ``z3_actions_d``, against two
 small interfaces defined here:
 
-- ``RV``: a *request view*, the 18 scalar fields of one ``Req`` as z3 terms, plus a
+- ``RV``: a *request view*, the 20 scalar fields of one ``Req`` as z3 terms, plus a
   ``NetView`` on its in-flight messages;
 - ``Ctx``: what an action may read besides its request (globals, pool usage, the
   config as ``Params``, the mutants) and the set operations on ``landed``.
@@ -52,9 +52,11 @@ FIELDS: tuple[str, ...] = (
     "gl",
     "mv",
     "g",
+    "stg",
+    "sl",
 )
-GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
-BV_FIELDS = {"dfl": 3, "g": 6}  # flag words (rmask and landed: width from the domain)
+GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref", "pfx_ok")
+BV_FIELDS = {"dfl": 4, "g": 6}  # flag words (rmask and landed: width from the domain)
 
 
 # -- constant-folding connectives ---------------------------------------------------------
@@ -245,6 +247,8 @@ class RV:
     gl: Z
     mv: Z
     g: Z
+    stg: Z
+    sl: Z
     net: NetView
 
     def get(self, f: str) -> Z:
@@ -269,6 +273,8 @@ class Params:
     max_attempts: Z
     max_moves: Z
     fault_kinds: dict[str, Z]
+    identity: Z = False  # Config.identity (spec/behaviours/identity.py)
+    slots: Z = False  # Config.slots (spec/behaviours/slots.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -287,6 +293,8 @@ class Params:
             max_attempts=c.max_attempts,
             max_moves=c.max_moves,
             fault_kinds={k: k in c.fault_kinds for k in sorted(FAULT_KINDS)},
+            identity=c.identity,
+            slots=c.slots,
         )
 
 
@@ -300,6 +308,7 @@ class Ctx:
     d_up: Z
     pfx: Z
     pfx_ref: Z
+    pfx_ok: Z = True
 
     def num(self, v: Z) -> Z:
         """A number in the domain's scalar sort (a Python int is lifted)."""
@@ -319,6 +328,11 @@ class Ctx:
         raise NotImplementedError
 
     def admit_possible(self) -> Z:
+        raise NotImplementedError
+
+    def slot_free(self) -> Z:
+        """No request holds decode's metadata slot (``spec.behaviours.slots.slot_free``
+        without its config test)."""
         raise NotImplementedError
 
     # ``landed``: the set of chunk indices that landed

@@ -6,4 +6,4 @@ fields, its actions with their guards, the property that protects it), gated by 
 The core modules of ``spec/`` register what these modules define.
 """
 
-__all__: list[str] = []
+__all__: list[str] = ["identity", "slots"]

@@ -55,6 +55,13 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_late_write_after_timeout.jsonl": None,
     "bug_evict_prefix_in_use.jsonl": (10, "CapacityRefcount"),
     "fixed_evict_prefix_in_use.jsonl": None,
+    # content identity and metadata slots (issue #21 items 7 and 8)
+    "bug_prefix_hash_unchecked.jsonl": (9, "ContentIdentity"),
+    "fixed_prefix_hash_unchecked.jsonl": None,
+    "bug_unstaged_block_advertised.jsonl": (8, "ContentIdentity"),
+    "fixed_unstaged_block_advertised.jsonl": None,
+    "bug_slot_reused_unfenced.jsonl": (17, "Fencing"),
+    "fixed_slot_reused_unfenced.jsonl": None,
 }
 
 

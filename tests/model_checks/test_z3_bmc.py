@@ -15,6 +15,7 @@ from model_checks.symbolic.bmc import (
     LIVENESS_MUTANTS,
     SAFETY_IDS,
     SAFETY_MUTANTS,
+    UNENCODED_MUTANTS,
     bfs_depth,
     bmc,
     correct_bmc,
@@ -27,7 +28,8 @@ from spec.properties import PROPERTIES
 
 
 def test_scope() -> None:
-    assert set(SAFETY_MUTANTS) | set(LIVENESS_MUTANTS) == set(MUTANTS)
+    assert set(SAFETY_MUTANTS) | set(LIVENESS_MUTANTS) | set(UNENCODED_MUTANTS) == set(MUTANTS)
+    assert set(UNENCODED_MUTANTS) == {"slot_reused_unfenced"}
     assert set(LIVENESS_MUTANTS) == {
         "zero_block_never_done",
         "sweep_only_on_admit",

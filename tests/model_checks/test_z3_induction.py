@@ -27,7 +27,7 @@ def test_property_is_proved(prover: Prover, pid: str) -> None:
     proof = prover.proof(pid)
     bad = [(s.action, s.result) for s in proof.steps if s.result != "proved"]
     assert proof.result == "proved", bad
-    assert proof.conjuncts[0] == pid and len(proof.steps) == 65  # init + 64 transitions
+    assert proof.conjuncts[0] == pid and len(proof.steps) == 70  # init + 69 transitions
 
 
 @pytest.mark.parametrize("tp", [1, 3, 4])
