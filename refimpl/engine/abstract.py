@@ -43,6 +43,7 @@ from spec.state import (
     DF_CORRUPT,
     DF_FENCED,
     DF_MISMATCH,
+    DF_UNSTAGED,
     MSG_NAMES,
     NONE,
     WRITABLE,
@@ -68,6 +69,7 @@ class AbstractMap(EnvActions):
         reqs = []
         for i, (r, x) in enumerate(zip(self.req, self.rx, strict=True)):
             dfl = (DF_MISMATCH if x.mismatch else 0) | (DF_CORRUPT if x.corrupt else 0)
+            dfl |= DF_UNSTAGED if self.unstaged[i] else 0
             reqs.append(
                 Req(
                     st=r.status,
@@ -89,6 +91,8 @@ class AbstractMap(EnvActions):
                     mv=r.moves,
                     g=r.ghost,
                     net=self.net_of(i),
+                    stg=self.stg[i],
+                    sl=int(self.config.slots and x.phase != RX_NONE and self.d_up),
                 )
             )
         return World(
@@ -98,6 +102,7 @@ class AbstractMap(EnvActions):
             d_up=self.d_up,
             pfx=bool(self.prefix_blocks),
             pfx_ref=self.pfx_refs(),
+            pfx_ok=self.pfx_ok,
         )
 
     # ------------------------------------------------------------ integrity
