@@ -32,6 +32,7 @@ from refimpl.engine.base import (
     RX_WAITING,
     NotEnabled,
 )
+from refimpl.engine.data import gen
 from refimpl.engine.decode import DecodeActions
 from refimpl.engine.wire import parse
 from refimpl.errors import CapacityError, IdentityError, RefcountError
@@ -119,7 +120,8 @@ class IdentityActions(DecodeActions):
         if refs:
             raise RefcountError(f"the prefix blocks are referenced by {refs} requests")
         blocks = list(self.prefix_blocks)
-        other = torch.stack([self._block_kv(-2, j) for j in range(len(blocks))])
+        shape, dt = self.block_shape_full, self.dtype
+        other = torch.stack([gen(shape, dt, self.seed, "recycled", j) for j in range(len(blocks))])
         self.D.write_full(PREFIX_CACHE, blocks, other)  # another request's KV
         self.prefix_chain = [""] * len(blocks)  # each block's stored hash is reset
         self.pfx_ok = False
