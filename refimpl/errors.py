@@ -30,6 +30,7 @@ PROPERTY_IDS: tuple[str, ...] = (
     "RankAgreement",
     "PublishAfterCommit",
     "LoadXorStore",
+    "ContentIdentity",
 )
 
 
@@ -124,3 +125,9 @@ class CancelledError(OwnershipError):
     """The request reached a sticky end (cancelled or failed); no install after it."""
 
     prop = "StickyEnd"
+
+
+class IdentityError(OwnershipError):
+    """A block whose content is not the one its hash names: never staged, or foreign."""
+
+    prop = "ContentIdentity"

@@ -21,14 +21,15 @@ from spec import actions_prefill as P
 from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
 from spec.behaviours import decode_ranks as DR
+from spec.behaviours import identity as I
 from spec.behaviours import restarts as RS
 from spec.behaviours import retract as RT
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
+    CHUNKS,
     M_ACK,
     M_CHUNK,
-    M_CHUNK_BAD,
     M_DONE,
     M_HANDOFF,
     M_HANDOFF_BAD,
@@ -89,7 +90,7 @@ ACTIONS: dict[str, Action] = {
         _a(P.PrefillDiscard, "P", "recv", "msg", frozenset({M_READY, M_ACK, M_NACK})),
         _a(D.DecodeReserve, "D", "recv", "msg", _H),
         _a(D.DecodeReject, "D", "recv", "msg", _H),
-        _a(D.DecodeReceiveChunk, "D", "recv", "msg", frozenset({M_CHUNK, M_CHUNK_BAD})),
+        _a(D.DecodeReceiveChunk, "D", "recv", "msg", CHUNKS),
         _a(D.DecodeReceiveDone, "D", "recv", "msg", frozenset({M_DONE})),
         _a(D.DecodeValidate, "D", "local"),
         _a(D.DecodeCommit, "D", "local"),
@@ -115,6 +116,8 @@ ACTIONS: dict[str, Action] = {
         _a(RT.DecodeRetract, "D", "local"),
         _a(DR.DecodeRankInstall, "D", "local"),
         _a(RS.EnvRestart, "env", "fault", "worker"),
+        _a(I.PrefillStage, "P", "local"),
+        _a(I.DecodeRecyclePrefix, "D", "local", "global"),
     )
 }
 

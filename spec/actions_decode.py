@@ -5,8 +5,10 @@ from __future__ import annotations
 from spec.behaviours.async_steps import step_blocks_free
 from spec.behaviours.decode_failure import attempt_failed
 from spec.behaviours.decode_ranks import ranks_installed
+from spec.behaviours.identity import prefix_hit
 from spec.behaviours.irrevocable import fence, may_fence, quarantine_over
 from spec.behaviours.restarts import fenced
+from spec.behaviours.slots import resolve_by_slot, slot_free, slot_taken
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -29,6 +31,7 @@ from spec.state import (
     DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
+    DF_UNSTAGED,
     FAILED,
     FILLING,
     FINISHED,
@@ -37,6 +40,7 @@ from spec.state import (
     G_STALE,
     M_ACK,
     M_CHUNK_BAD,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_HANDOFF_BAD,
@@ -63,7 +67,7 @@ def _free(w: World, i: int, r: Req) -> World:
     """Free decode's replica of request i (``r``: its record with the other changes made);
     drop its prefix reference if it holds one."""
     ref = w.pfx_ref - (1 if r.hit else 0)
-    w = put(w, i, r._replace(d=NONE, hit=0, landed=0, rmask=0, rcnt=0, dmask=0))
+    w = put(w, i, r._replace(d=NONE, hit=0, landed=0, rmask=0, rcnt=0, dmask=0, sl=0))
     return w._replace(pfx_ref=ref) if ref != w.pfx_ref else w
 
 
@@ -76,12 +80,14 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     e = msg_epoch(arg)
     if e <= r.dep or fenced(w, c, m, arg):
         return refuse("Fencing")
-    hit = c.prefix if w.pfx else 0
-    if used_d(w, c) + c.blocks - hit > c.cap_d:
+    hit = prefix_hit(w, c, m)
+    if used_d(w, c) + c.blocks - hit > c.cap_d or not slot_free(w, c):
         return refuse("CapacityRefcount")
     dfl = DF_MISMATCH if kind == M_HANDOFF_BAD else 0
     net = send(w, take(r.net, arg), msg(M_READY, e, hit))
-    r2 = r._replace(d=RESERVED, dep=e, hit=hit, landed=0, rmask=0, rcnt=0, dfl=dfl, net=net)
+    r2 = r._replace(
+        d=RESERVED, dep=e, hit=hit, landed=0, rmask=0, rcnt=0, dfl=dfl, net=net, sl=slot_taken(c)
+    )
     w2 = put(w, i, r2)
     return w2._replace(pfx_ref=w.pfx_ref + 1) if hit else w2
 
@@ -94,8 +100,8 @@ def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     e = msg_epoch(arg)
     if e <= r.dep or fenced(w, c, m, arg):
         return NOT_ENABLED
-    hit = c.prefix if w.pfx else 0
-    if r.st == RUNNING and used_d(w, c) + c.blocks - hit <= c.cap_d:
+    hit = prefix_hit(w, c, m)
+    if r.st == RUNNING and used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c):
         return NOT_ENABLED
     net = send(w, take(r.net, arg), msg(M_NACK, e))
     return put(w, i, r._replace(dep=e, dfl=0, net=net))
@@ -115,6 +121,7 @@ def DecodeReceiveChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
         return put(w, i, r._replace(net=net))
     if e == r.dep and r.d in (RESERVED, FILLING, QUARANTINED):
         dfl = r.dfl | (DF_CORRUPT if kind == M_CHUNK_BAD else 0)
+        dfl |= DF_UNSTAGED if kind == M_CHUNK_UNSTAGED else 0
         d = FILLING if r.d == RESERVED else r.d
         return put(w, i, r._replace(d=d, landed=r.landed | (1 << msg_idx(arg)), dfl=dfl, net=net))
     return put(w, i, r._replace(g=r.g | G_FOREIGN, net=net))  # lands in blocks not held
@@ -123,7 +130,7 @@ def DecodeReceiveChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
 def DecodeReceiveDone(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.d_up or msg_kind(arg) != M_DONE or r.d not in _WAITING:
-        return NOT_ENABLED
+        return resolve_by_slot(w, c, m, i, arg) if w.d_up and c.slots else NOT_ENABLED
     bit = 1 << msg_idx(arg)
     rcnt = r.rcnt + 1 if "duplicate_rank_counted" in m else 0
     if fenced(w, c, m, arg):

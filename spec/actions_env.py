@@ -147,6 +147,7 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
                     dfl=0,
                     dstep=0,
                     dmask=0,
+                    sl=0,
                     net=tuple(x for x in r.net if msg_kind(x) in TO_PREFILL),
                 ),
                 r.d,

@@ -12,6 +12,7 @@ from spec.behaviours.async_steps import (
     step_blocks_freeze,
     step_blocks_preempt,
 )
+from spec.behaviours.identity import staged
 from spec.behaviours.irrevocable import writes_drained
 from spec.behaviours.restarts import fenced
 from spec.behaviours.retract import refetch_reuses_epoch
@@ -43,6 +44,7 @@ from spec.state import (
     IDLE,
     M_ACK,
     M_CHUNK,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_NACK,
@@ -195,7 +197,7 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if refetch_reuses_epoch(r, m):  # every attempt, a refetch included, is a new epoch
         e = r.ep
     net = send(w, r.net, msg(M_HANDOFF, e))
-    return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net))
+    return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net, stg=0))
 
 
 def PrefillRecvReady(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -220,6 +222,10 @@ def PrefillSendChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resul
     rank, pos = divmod(r.sent, per_rank + 1)
     if pos < per_rank:
         code = msg(M_CHUNK, r.ep, rank * per_rank + pos, r.rinc)  # to the Ready's pool
+        if not staged(c, r.stg, r.phit, pos):  # the block's bytes are not its hash's
+            if "unstaged_block_advertised" not in m:
+                return refuse("ContentIdentity")
+            code = msg(M_CHUNK_UNSTAGED, r.ep, rank * per_rank + pos, r.rinc)
     else:
         code = msg(M_DONE, r.ep, rank)
     net = send(w, r.net, code)

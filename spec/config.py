@@ -42,6 +42,8 @@ class Config:
     retract: bool = False  # decode may retract a committed copy (refetch: recompute)
     decode_ranks: bool = False  # each of the dst_tp decode ranks installs its own shard
     restarts: int = 0  # crashed workers that may come back (EnvRestart), in all
+    identity: bool = False  # content identity: staging, per-block hashes (behaviours/identity)
+    slots: bool = False  # one metadata slot on decode, reused across requests (behaviours/slots)
 
     def __post_init__(self) -> None:
         problems = []
@@ -288,6 +290,33 @@ CRASH_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in CRASH_WORLDS)
 
+# Worlds of the engine behaviours of issue #21 (spec/behaviours/): content identity,
+# metadata slots.
+BEHAVIOUR_WORLDS += (
+    Config(
+        name="identity_prefix",
+        doc="one request, 2 blocks, a 1-block cached prefix on decode that may be recycled"
+        " under a lagging index; the sender stages blocks before it sends them",
+        blocks=2,
+        cap_p=2,
+        cap_d=3,
+        prefix=1,
+        identity=True,
+        max_attempts=1,
+    ),
+    Config(
+        name="slots_two",
+        doc="two requests, 1 block each, one metadata slot on decode reused across them",
+        n_reqs=2,
+        blocks=1,
+        cap_p=2,
+        cap_d=2,
+        slots=True,
+        max_attempts=1,
+    ),
+)
+CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
+
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -302,12 +331,14 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp1to2",
     "restart_handoff",
     "crash_both",
+    "identity_prefix",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
 # ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured
 # after the residue reset); check it on its own with a bigger machine or a smaller world.
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
+DEEP_SUITE += ("slots_two",)
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances, not in the default suite: the scale curve (``scale_k``) and a

@@ -223,6 +223,29 @@ MUTANTS: dict[str, Mutant] = {
             "restarts (#21): the restarted decode honours the dead incarnation's registration",
             "A one-sided write to the old incarnation's registration lands in the new pool.",
         ),
+        Mutant(
+            "prefix_hash_unchecked",
+            "ContentIdentity",
+            ("identity_prefix",),
+            "issue 21 item 7 (a recycled prefix block matched by a lookup without its hash)",
+            "DecodeReserve counts the cached prefix as a hit without comparing its blocks'"
+            " hash with the manifest's: decode uses another request's KV.",
+        ),
+        Mutant(
+            "unstaged_block_advertised",
+            "ContentIdentity",
+            ("identity_prefix",),
+            "issue 21 item 7 (the sender advertises a block it never staged)",
+            "PrefillSendChunk sends a block's chunk before the block is staged.",
+        ),
+        Mutant(
+            "slot_reused_unfenced",
+            "Fencing",
+            ("slots_two",),
+            "issue 21 item 8 (a metadata slot / room reused while a notification is late)",
+            "DecodeReceiveDone resolves a late RankDone by its slot id alone and counts it for"
+            " the slot's new holder.",
+        ),
     )
 }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from spec.behaviours.async_steps import steps_drained, steps_held, steps_write_writable
 from spec.behaviours.decode_ranks import all_dst_ranks
+from spec.behaviours.identity import content_identity
 from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -240,6 +241,13 @@ SAFETY: tuple[Property, ...] = (
         "safety",
         "Per request, a load or stores are in flight, never both.",
         load_xor_store,
+    ),
+    Property(
+        "ContentIdentity",
+        "safety",
+        "A block used (validated, committed, decoded) holds the content its advertised hash"
+        " names: no foreign prefix block, no block its sender never staged.",
+        content_identity,
     ),
 )
 

@@ -52,6 +52,7 @@ DF_MISMATCH = 1  # the attempt's manifest is incompatible with the decode side
 DF_CORRUPT = 2  # a chunk landed whose checksum does not match the manifest
 DF_FENCED = 4  # decode fenced the attempt (closed the connection): its writes fail
 DF_FAILED = 8  # decode failed the attempt on its own error: terminal for that attempt
+DF_UNSTAGED = 16  # a chunk landed whose content the sender never staged (spec/behaviours/identity)
 
 # -- ghost (history) flags, used only by the property predicates ---------------------
 G_FROZEN_WRITE = 1  # the source was written while its snapshot was being transferred
@@ -74,6 +75,7 @@ M_DONE = 6  # P->D: source rank idx has sent all its chunks
 M_ACK = 7  # D->P: committed (the commit point has passed)
 M_NACK = 8  # D->P: this epoch will never commit; the source may resume
 M_QUIESCED = 9  # P->D: no write of this epoch is in flight any more
+M_CHUNK_UNSTAGED = 13  # P->D: chunk idx of a block the sender never staged (bytes not its hash's)
 MSG_NAMES = {
     M_HANDOFF: "Handoff",
     M_HANDOFF_BAD: "HandoffBadManifest",
@@ -84,10 +86,13 @@ MSG_NAMES = {
     M_ACK: "Ack",
     M_NACK: "Nack",
     M_QUIESCED: "Quiesced",
+    M_CHUNK_UNSTAGED: "ChunkUnstaged",
 }
-TO_DECODE = frozenset({M_HANDOFF, M_HANDOFF_BAD, M_CHUNK, M_CHUNK_BAD, M_DONE, M_QUIESCED})
+TO_DECODE = frozenset(
+    {M_HANDOFF, M_HANDOFF_BAD, M_CHUNK, M_CHUNK_BAD, M_DONE, M_QUIESCED, M_CHUNK_UNSTAGED}
+)
 TO_PREFILL = frozenset({M_READY, M_ACK, M_NACK})
-CHUNKS = frozenset({M_CHUNK, M_CHUNK_BAD})
+CHUNKS = frozenset({M_CHUNK, M_CHUNK_BAD, M_CHUNK_UNSTAGED})
 
 
 def msg(kind: int, epoch: int, idx: int = 0, inc: int = 0) -> int:
@@ -143,6 +148,8 @@ class Req(NamedTuple):
     dstep: int = 0  # a step dispatched on decode, not yet completed (async_steps)
     dmask: int = 0  # decode ranks that installed their shard (Config.decode_ranks)
     rinc: int = 0  # decode incarnation of the Ready prefill last took: its writes' target
+    stg: int = 0  # blocks the sender has staged for its current attempt (identity worlds)
+    sl: int = 0  # 1: decode holds the metadata slot for this request (slots worlds)
 
 
 class World(NamedTuple):
@@ -156,6 +163,7 @@ class World(NamedTuple):
     pfx_ref: int = 0  # references to the shared prefix (requests holding it)
     p_inc: int = 0  # prefill worker's incarnation (restarts so far; spec/behaviours/restarts)
     d_inc: int = 0  # decode worker's incarnation
+    pfx_ok: bool = True  # the cached prefix blocks hold the prefix's content (hash matches)
 
 
 _KEEP = object()  # "field not given" in the fast ``_replace`` below
@@ -219,10 +227,14 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("pstep/dstep", r.pstep in (0, 1) and r.dstep in (0, 1)),
             ("dmask", 0 <= r.dmask < (1 << 4)),
             ("rinc", 0 <= r.rinc <= w.d_inc),
+            ("stg", 0 <= r.stg <= n_blocks),
+            ("sl", r.sl in (0, 1)),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:
         bad.append("pfx_ref < 0")
     if w.p_inc < 0 or w.d_inc < 0:
         bad.append("p_inc/d_inc < 0")
+    if sum(r.sl for r in w.reqs) > 1:
+        bad.append("sl: more than one holder of the metadata slot")
     return bad

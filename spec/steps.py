@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spec.behaviours.decode_failure import nothing_after_decode_failure
+from spec.behaviours.identity import sent_staged
 from spec.behaviours.restarts import older_incarnation
+from spec.behaviours.slots import others_unchanged
 from spec.common import full_chunks
 from spec.config import Config
 from spec.state import (
@@ -180,6 +182,12 @@ def dst_ranks_from_installs(
     return True
 
 
+def own_request_only(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> bool:
+    """Fencing, across requests: a message of request ``i`` changes no other request
+    (its room names its request; a slot id reused by another request does not)."""
+    return name not in RECEIVES or others_unchanged(pre, i, post)
+
+
 def check_step(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> list[str]:
     """IDs of the properties whose transition predicate this step breaks."""
     if step_plain(pre, name, i, arg, post, c):
@@ -191,9 +199,9 @@ def check_step(pre: World, name: str, i: int, arg: int, post: World, c: Config) 
 def step_plain(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> bool:
     """A cheap sufficient test that no transition predicate can fail on this step (the
     explorer's fast path; ``tests/spec/test_steps.py`` checks it against the predicates):
-    not a write, not a receive, and no changed request has ended, gained landed chunks or
-    ranks, or left a reload."""
-    if name in WRITES or name in RECEIVES:
+    not a write, not a receive, not a send of a world that stages (``Config.identity``),
+    and no changed request has ended, gained landed chunks or ranks, or left a reload."""
+    if name in WRITES or name in RECEIVES or (c.identity and name == "PrefillSendChunk"):
         return False
     for a, b in zip(pre.reqs, post.reqs, strict=True):
         if a is b:
@@ -217,4 +225,6 @@ STEP_PREDS: tuple[tuple[str, StepPred], ...] = (
     ("RankAgreement", ranks_from_messages),
     ("StickyEnd", nothing_after_decode_failure),
     ("RankAgreement", dst_ranks_from_installs),
+    ("ContentIdentity", sent_staged),
+    ("Fencing", own_request_only),
 )

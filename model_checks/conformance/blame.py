@@ -36,6 +36,9 @@ from spec.state import (
     FILLING,
     FINISHED,
     IDLE,
+    M_CHUNK_UNSTAGED,
+    M_DONE,
+    M_READY,
     NONE,
     PREEMPTED,
     PREFILLING,
@@ -45,6 +48,7 @@ from spec.state import (
     Req,
     World,
     msg_epoch,
+    msg_idx,
     msg_kind,
 )
 
@@ -58,6 +62,7 @@ SPECIFICITY = (
     "LoadXorStore",
     "PublishAfterCommit",
     "ManifestGate",
+    "ContentIdentity",
     "NoPartialUse",
     "RankAgreement",
     "StickyEnd",
@@ -212,6 +217,23 @@ def _effect_props(w: World, c: Config, name: str, i: int) -> list[str]:
     return out + violated_safety(w2, c)
 
 
+def _identity_props(w: World, c: Config, r: Req, i: int, arg: int) -> list[str]:
+    """Content identity and slots (spec/behaviours): a message the spec never sent that
+    only a sender defect, a foreign prefix or a reused slot explains."""
+    kind, out = msg_kind(arg), list[str]()
+    if arg in r.net:
+        return out
+    if kind == M_CHUNK_UNSTAGED:
+        out.append("ContentIdentity")  # a chunk its sender never staged: the sender's fault
+    if kind == M_READY and msg_idx(arg) > 0 and w.pfx and not w.pfx_ok:
+        out.append("ContentIdentity")  # decode counted recycled prefix blocks as a hit
+    if kind == M_DONE and c.slots:
+        late = any(j != i and o.sl == 0 and arg in o.net for j, o in enumerate(w.reqs))
+        if late:
+            out.append("Fencing")  # another request's late notification, by its slot
+    return out
+
+
 def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: bool) -> list[str]:
     """Properties an event the spec does not enable breaks in ``w``: the guard's (ended
     request, crashed worker, other attempt) first, then those of the engine's state,
@@ -231,6 +253,7 @@ def blame(w: World, c: Config, name: str, actor: str, i: int, arg: int, msg: boo
             if msg_kind(arg) in CHUNKS and arg not in r.net:
                 if not (r.dep == e and r.d in _HELD_FOR_WRITES):
                     props.append("NoReuseUnderIO")  # a write no one holds blocks for lands
+        props.extend(_identity_props(w, c, r, i, arg) if msg else [])
         props.extend(_order_props(r, name, arg, msg))
         props.extend(_pool_props(r, name))
         return ordered(props) + [p for p in ordered(_effect_props(w, c, name, i)) if p not in props]

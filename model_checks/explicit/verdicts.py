@@ -9,7 +9,7 @@ state with that key (same reads, same branches), so the explorer uses it instead
 calling the predicate; one that reads more (``net``, ``landed``, ...) is called on the
 real state. The predicates stay in ``spec/properties.py``, evaluated in their order.
 
-Key: ``(faults, p_up, d_up, pfx, pfx_ref)`` and, per request, ``(st, p, d, h, ep,
+Key: ``(faults, p_up, d_up, pfx, pfx_ref, pfx_ok)`` and, per request, ``(st, p, d, h, ep,
 dep, ps, hit, g)``.
 """
 

@@ -36,7 +36,7 @@ PER_REQ: dict[str, ReqFn] = {
     for name, a in ACTIONS.items()
     if a.arg in ("req", "msg") and (fn := _mirror(name)) is not None
 }
-GLOBAL = ("DecodeEvictPrefix",)
+GLOBAL = ("DecodeEvictPrefix", "DecodeRecyclePrefix")
 WORKER = ("EnvCrash",)
 
 # Spec actions the z3 encoding does not mirror (yet), all behind a Config switch: restarts

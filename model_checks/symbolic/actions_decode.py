@@ -24,6 +24,7 @@ from spec.state import (
     DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
+    DF_UNSTAGED,
     FAILED,
     FILLING,
     FINISHED,
@@ -36,6 +37,7 @@ from spec.state import (
     M_ACK,
     M_CHUNK,
     M_CHUNK_BAD,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_HANDOFF_BAD,
@@ -78,11 +80,19 @@ def free(x: Ctx, r: RV) -> dict[str, Z]:
         "rcnt": 0,
         "dmask": 0,
         "pfx_ref": ITE(EQ(r.hit, 0), x.pfx_ref, x.pfx_ref - 1),
+        "sl": 0,
     }
 
 
 def _hit(x: Ctx) -> Z:
-    return ITE(x.pfx, x.num(x.c.prefix), x.num(0))
+    """``identity.prefix_hit``: the cached prefix counts when its blocks' hash matches."""
+    ok = True if "prefix_hash_unchecked" in x.m else x.pfx_ok
+    return ITE(A(x.pfx, ok), x.num(x.c.prefix), x.num(0))
+
+
+def _slot_free(x: Ctx) -> Z:
+    """``slots.slot_free``."""
+    return True if x.c.slots is False else O(N(x.c.slots), x.slot_free())
 
 
 def DecodeReserve(x: Ctx, r: RV, a: Msg | None) -> Rules:
@@ -91,7 +101,7 @@ def DecodeReserve(x: Ctx, r: RV, a: Msg | None) -> Rules:
     assert a is not None
     R.no(a.e <= r.dep, "Fencing")
     hit = _hit(x)
-    R.no(x.used_d() + c.blocks - hit > c.cap_d, "CapacityRefcount")
+    R.no(O(x.used_d() + c.blocks - hit > c.cap_d, N(_slot_free(x))), "CapacityRefcount")
     dfl = DF_MISMATCH if a.kind == M_HANDOFF_BAD else 0
     net = [_take(a), NetOp("send", M_READY, a.e, hit)]
     ref = ITE(EQ(hit, 0), x.pfx_ref, x.pfx_ref + 1)
@@ -105,6 +115,7 @@ def DecodeReserve(x: Ctx, r: RV, a: Msg | None) -> Rules:
         rcnt=0,
         dfl=dfl,
         pfx_ref=ref,
+        sl=ITE(c.slots, 1, 0),
     )
     return R
 
@@ -114,7 +125,7 @@ def DecodeReject(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.d_up), N(_kind(a) in HANDOFFS), r.d != NONE))
     assert a is not None
     R.no(a.e <= r.dep)
-    R.no(A(r.st == RUNNING, x.used_d() + c.blocks - _hit(x) <= c.cap_d))
+    R.no(A(r.st == RUNNING, x.used_d() + c.blocks - _hit(x) <= c.cap_d, _slot_free(x)))
     R.go(net=[_take(a), NetOp("send", M_NACK, a.e, 0)], dep=a.e, dfl=0)
     return R
 
@@ -126,6 +137,7 @@ def DecodeReceiveChunk(x: Ctx, r: RV, a: Msg | None) -> Rules:
     net = [_take(a)]
     R.go(A(a.e == r.dep, flag(r.dfl, DF_FENCED), x.c.revocable), net=net)
     dfl = r.dfl | DF_CORRUPT if a.kind == M_CHUNK_BAD else r.dfl
+    dfl = dfl | DF_UNSTAGED if a.kind == M_CHUNK_UNSTAGED else dfl
     d = ITE(r.d == RESERVED, FILLING, r.d)
     landed = x.ladd(r.landed, a.i)
     R.go(A(a.e == r.dep, IN(r.d, HELD_D)), net=net, d=d, landed=landed, dfl=dfl)
@@ -260,6 +272,16 @@ def DecodeEvictPrefix(x: Ctx) -> Rules:
     return R
 
 
+def DecodeRecyclePrefix(x: Ctx) -> Rules:
+    """Global (``spec/behaviours/identity.py``): the unreferenced cached prefix's blocks
+    are reused; a lagging index still lists them."""
+    R = Rules("DecodeRecyclePrefix")
+    R.no(O(N(x.c.identity), N(x.d_up), N(x.pfx), N(x.pfx_ok)))
+    R.no(x.pfx_ref > 0, "CapacityRefcount")
+    R.go(pfx_ok=False)
+    return R
+
+
 def decode_msg_stale(r: RV, a: Msg) -> Z:
     if a.kind in HANDOFFS:
         return a.e <= r.dep
@@ -373,6 +395,7 @@ def EnvCrash(x: Ctx, worker: int) -> Crash:
         out["dfl"] = 0
         out["dstep"] = 0
         out["dmask"] = 0
+        out["sl"] = 0
         out["st"] = ITE(fails, FAILED, r.st)
         out["g"] = ITE(fails, r.g | G_END_FAILED, r.g)
         return out

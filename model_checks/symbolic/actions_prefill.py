@@ -25,6 +25,7 @@ from spec.state import (
     IDLE,
     M_ACK,
     M_CHUNK,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_NACK,
@@ -161,7 +162,7 @@ def PrefillFreeze(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(busy_freeze(x, r), "FrozenSnapshot")
     e = refetch_epoch(x, r)
     send = NetOp("send", M_HANDOFF, e, 0)
-    R.go(net=[send], p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0)
+    R.go(net=[send], p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, stg=0)
     return R
 
 
@@ -189,10 +190,14 @@ def PrefillSendChunk(x: Ctx, r: RV, a: Msg | None) -> Rules:
     for rank in range(c.src_tp):
         in_rank = A(rank * q <= r.sent, r.sent < (rank + 1) * q)
         pos = r.sent - rank * q
-        items = (
-            (pos < per_rank, NetOp("send", M_CHUNK, r.ep, rank * per_rank + pos)),
-            (True, NetOp("send", M_DONE, r.ep, rank)),
-        )
+        staged = O(N(c.identity), r.phit + pos < r.stg)  # identity.staged
+        idx = rank * per_rank + pos
+        items = [(A(pos < per_rank, staged), NetOp("send", M_CHUNK, r.ep, idx))]
+        if "unstaged_block_advertised" in x.m:
+            items.append((pos < per_rank, NetOp("send", M_CHUNK_UNSTAGED, r.ep, idx)))
+        else:
+            R.no(A(in_rank, pos < per_rank, N(staged)), "ContentIdentity")
+        items.append((True, NetOp("send", M_DONE, r.ep, rank)))
         for is_item, op in items:
             at = A(in_rank, is_item)
             R.go(A(at, sent < total), net=[op], sent=sent)
@@ -264,4 +269,13 @@ def PrefillDiscard(x: Ctx, r: RV, a: Msg | None) -> Rules:
     assert a is not None
     R.no(N(prefill_msg_stale(r, a)))
     R.go(net=[NetOp("take", a.kind, a.e, a.i)])
+    return R
+
+
+def PrefillStage(x: Ctx, r: RV, a: Msg | None) -> Rules:
+    """``spec/behaviours/identity.py``: stage the next block of the frozen snapshot."""
+    c, R = x.c, Rules("PrefillStage")
+    R.no(O(N(c.identity), N(x.p_up), r.st != RUNNING, r.p != COMPLETE))
+    R.no(O(N(IN(r.ps, (AWAIT_READY, SENDING))), r.stg >= c.blocks))
+    R.go(stg=r.stg + 1)
     return R

@@ -19,6 +19,7 @@ from typing import Any
 
 import z3
 
+from model_checks.symbolic.actions import GLOBAL
 from model_checks.symbolic.agree import random_states
 from model_checks.symbolic.core import FIELDS, Msg, Z
 from model_checks.symbolic.unbounded import REQ, Probe, UAction, UModel, UState, contributions
@@ -26,7 +27,7 @@ from spec.actions import apply
 from spec.config import Config
 from spec.state import NONE, Req, World, msg, msg_epoch, msg_idx, msg_kind
 
-KINDS = tuple(range(1, 10))
+KINDS = (*range(1, 10), 13)  # 13: ChunkUnstaged (spec.state.M_CHUNK_UNSTAGED)
 
 
 @dataclass
@@ -40,6 +41,11 @@ class UReport:
 
 class UChecker:
     def __init__(self, c: Config) -> None:
+        if c.identity or c.slots:
+            raise ValueError(
+                f"config {c.name}: the unbounded model covers worlds without staging"
+                " (identity) and without a metadata slot (slots)"
+            )
         self.c = c
         self.m = UModel(c.src_tp)
         p = self.m.params
@@ -119,6 +125,7 @@ class UChecker:
             d_up=bool(g["d_up"]),
             pfx=bool(g["pfx"]),
             pfx_ref=g["pfx_ref"],
+            pfx_ok=bool(g["pfx_ok"]),
         )
 
     def labels(self, w: World) -> list[tuple[UAction, int, int]]:
@@ -127,7 +134,7 @@ class UChecker:
         for act in self.m.actions():
             if act.worker is not None:
                 out.append((act, 0, act.worker))
-            elif act.name == "DecodeEvictPrefix":
+            elif act.name in GLOBAL:
                 out.append((act, 0, 0))
             elif act.kind is None:
                 out += [(act, j, 0) for j in range(len(self.reqs))]

@@ -3,7 +3,7 @@
 The spec's actions are written once, in ``z3_actions_p`` / ``z3_actions_d``, against two
 small interfaces defined here:
 
-- ``RV``: a *request view*, the 18 scalar fields of one ``Req`` as z3 terms, plus a
+- ``RV``: a *request view*, the 20 scalar fields of one ``Req`` as z3 terms, plus a
   ``NetView`` on its in-flight messages;
 - ``Ctx``: what an action may read besides its request (globals, pool usage, the
   config as ``Params``, the mutants) and the set operations on ``landed``.
@@ -55,9 +55,11 @@ FIELDS: tuple[str, ...] = (
     "pstep",
     "dstep",
     "dmask",
+    "stg",
+    "sl",
 )
-GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref")
-BV_FIELDS = {"dfl": 4, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
+GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref", "pfx_ok")
+BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
 # -- constant-folding connectives ---------------------------------------------------------
@@ -248,6 +250,8 @@ class RV:
     gl: Z
     mv: Z
     g: Z
+    stg: Z
+    sl: Z
     net: NetView
     pstep: Z = 0  # async steps (spec/behaviours/async_steps): a step in flight on prefill
     dstep: Z = 0  # ... and on decode
@@ -281,6 +285,8 @@ class Params:
     retract: Z = False  # spec/behaviours/retract.py
     decode_ranks: Z = False  # spec/behaviours/decode_ranks.py
     dst_full: Z = 0  # the mask of every decode rank (0 without decode_ranks)
+    identity: Z = False  # Config.identity (spec/behaviours/identity.py)
+    slots: Z = False  # Config.slots (spec/behaviours/slots.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -305,6 +311,8 @@ class Params:
             retract=c.retract,
             decode_ranks=c.decode_ranks,
             dst_full=(1 << c.dst_tp) - 1 if c.decode_ranks else 0,
+            identity=c.identity,
+            slots=c.slots,
         )
 
 
@@ -318,6 +326,7 @@ class Ctx:
     d_up: Z
     pfx: Z
     pfx_ref: Z
+    pfx_ok: Z = True
 
     def num(self, v: Z) -> Z:
         """A number in the domain's scalar sort (a Python int is lifted)."""
@@ -337,6 +346,11 @@ class Ctx:
         raise NotImplementedError
 
     def admit_possible(self) -> Z:
+        raise NotImplementedError
+
+    def slot_free(self) -> Z:
+        """No request holds decode's metadata slot (``spec.behaviours.slots.slot_free``
+        without its config test)."""
         raise NotImplementedError
 
     # ``landed``: the set of chunk indices that landed

@@ -33,12 +33,13 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import PER_REQ, encodable
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
+from model_checks.symbolic.actions import GLOBAL, PER_REQ, encodable
+from model_checks.symbolic.actions_decode import DecodeEvictPrefix, DecodeRecyclePrefix, EnvCrash
 from model_checks.symbolic.core import (
     BV_FIELDS,
     EQ,
     FIELDS,
+    GLOBALS,
     ITE,
     RV,
     A,
@@ -149,7 +150,8 @@ class Encoding:
             for code in self.codes:
                 for name in by_kind[msg_kind(code)]:
                     yield Inst(name, i, code)
-        yield Inst("DecodeEvictPrefix", 0, 0)
+        for name in GLOBAL:
+            yield Inst(name, 0, 0)
         if "crash" in self.c.fault_kinds:
             yield Inst("EnvCrash", 0, 0)
             yield Inst("EnvCrash", 0, 1)
@@ -200,10 +202,9 @@ class Encoding:
     def _effects(self, k: Inst, x: FCtx, view: RV, s: FState) -> list[Case]:
         if k.name == "EnvCrash":
             return self._crash(x, s, k.arg)
-        if k.name == "DecodeEvictPrefix":
-            return [
-                (g, self._changes(x, s, 0, go), lb) for g, go, lb in DecodeEvictPrefix(x).cases()
-            ]
+        if k.name in GLOBAL:
+            fn = DecodeEvictPrefix if k.name == "DecodeEvictPrefix" else DecodeRecyclePrefix
+            return [(g, self._changes(x, s, 0, go), lb) for g, go, lb in fn(x).cases()]
         a = ACTIONS[k.name]
         m = None
         if a.arg == "msg":
@@ -350,7 +351,7 @@ class Encoding:
                 raise ValueError(f"message codes {sorted(extra)} outside the encoding")
             for code in self.codes:
                 out[("n", i, code)] = r.net.count(code)
-        for gname in ("faults", "p_up", "d_up", "pfx", "pfx_ref"):
+        for gname in GLOBALS:
             out[("g", gname)] = getattr(w, gname)
         return out
 
@@ -389,4 +390,5 @@ class Encoding:
             d_up=bool(val(("g", "d_up"))),
             pfx=bool(val(("g", "pfx"))),
             pfx_ref=val(("g", "pfx_ref")),
+            pfx_ok=bool(val(("g", "pfx_ok"))),
         )

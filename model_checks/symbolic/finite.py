@@ -22,6 +22,7 @@ from spec.state import (
     M_ACK,
     M_CHUNK,
     M_CHUNK_BAD,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_HANDOFF_BAD,
@@ -104,7 +105,9 @@ def possible_codes(c: Config) -> tuple[int, ...]:
         if "mismatch" in c.fault_kinds:
             out.add(msg(M_HANDOFF_BAD, e))
         out |= {msg(M_READY, e, 0), msg(M_READY, e, c.prefix)}
-        chunk_kinds = (M_CHUNK, M_CHUNK_BAD) if "corrupt" in c.fault_kinds else (M_CHUNK,)
+        chunk_kinds: tuple[int, ...] = (M_CHUNK,)
+        chunk_kinds += (M_CHUNK_BAD,) if "corrupt" in c.fault_kinds else ()
+        chunk_kinds += (M_CHUNK_UNSTAGED,) if c.identity else ()
         out |= {msg(k, e, i) for k in chunk_kinds for i in range(c.src_tp * c.blocks)}
         out |= {msg(M_DONE, e, rank) for rank in range(c.src_tp)}
     return tuple(sorted(out))
@@ -149,7 +152,7 @@ class FState:
                 self.v[("n", i, code)] = enc.scalar(f"net{i}_{code:x}@{tag}")
         self.v[("g", "faults")] = enc.scalar(f"faults@{tag}")
         self.v[("g", "pfx_ref")] = enc.scalar(f"pfx_ref@{tag}")
-        for b in ("p_up", "d_up", "pfx"):
+        for b in ("p_up", "d_up", "pfx", "pfx_ok"):
             self.v[("g", b)] = z3.Bool(f"{b}@{tag}")
 
     def __getitem__(self, key: Key) -> Z:
@@ -184,6 +187,7 @@ class FCtx(Ctx):
         self.c, self.m = enc.params, enc.m
         self.faults, self.pfx_ref = s[("g", "faults")], s[("g", "pfx_ref")]
         self.p_up, self.d_up, self.pfx = s[("g", "p_up")], s[("g", "d_up")], s[("g", "pfx")]
+        self.pfx_ok = s[("g", "pfx_ok")]
 
     def num(self, v: Z) -> Z:
         return self.enc.num(v)
@@ -222,6 +226,9 @@ class FCtx(Ctx):
             for i in self._reqs()
         )
         return A(self.p_up, self.used_p() + self.c.blocks <= self.c.cap_p, O(*waiting))
+
+    def slot_free(self) -> Z:
+        return A(*(self.s[("r", i, "sl")] == 0 for i in self._reqs()))
 
     def lempty(self) -> Z:
         return z3.BitVecVal(0, self.enc.width)

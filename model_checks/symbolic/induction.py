@@ -39,6 +39,7 @@ from typing import Any
 
 import z3
 
+from model_checks.symbolic.actions import GLOBAL
 from model_checks.symbolic.core import RV, A, Msg, Z
 from model_checks.symbolic.invariants import KINDS, PROPERTY_CONJUNCTS, STRENGTHENING, SUPPORT, Conj
 from model_checks.symbolic.unbounded import REQ, Probe, UAction, UModel, UState, contributions
@@ -266,7 +267,7 @@ class Prover:
             if act.kind is not None:
                 e, i = (model.eval(v, model_completion=True) for v in (self.em, self.im))
                 label = f"{act.name}({MSG_NAMES[act.kind]}(e={e},i={i})) by r0"
-            elif act.worker is None and act.name != "DecodeEvictPrefix":
+            elif act.worker is None and act.name not in GLOBAL:
                 label = f"{act.name} by r0"
             cti = CTI(
                 label, failed, self._describe(model, s, who, pt), self._describe(model, t, who, pt)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import z3
 
+from model_checks.symbolic.behaviours import identity as I
 from model_checks.symbolic.behaviours.async_steps import STEP_HELD_DOC, step_held
 from model_checks.symbolic.behaviours.decode_failure import (
     FAILED_NEEDS_SWITCH_DOC,
@@ -43,6 +44,7 @@ from spec.state import (
     M_ACK,
     M_CHUNK,
     M_CHUNK_BAD,
+    M_CHUNK_UNSTAGED,
     M_DONE,
     M_HANDOFF,
     M_HANDOFF_BAD,
@@ -67,7 +69,7 @@ GlobFn = Callable[[Ctx], Z]
 LIVE_D = (RESERVED, FILLING, COMPLETE, WRITABLE)
 HELD_D = (RESERVED, FILLING, QUARANTINED)
 LIVE_ST = (QUEUED, PREFILLING, RUNNING, PREEMPTED)
-KINDS = tuple(range(1, 10))
+KINDS = (*range(1, 10), M_CHUNK_UNSTAGED)
 
 
 @dataclass(frozen=True)
@@ -387,7 +389,10 @@ _IO = (
     "LandedSent",
     "ChunksHaveHome",
     "StepHeld",
+    "NoUnstaged",
 )
+# Worlds without staging (identity off: the unbounded model's): behaviours/identity.py.
+STRENGTHENING.update((c.name, c) for c in I.conjuncts(Conj))
 # Per property: the conjuncts its proof uses (from minimized unsat cores, closed under
 # the same relation; spec/INVARIANTS.md explains each). Property IDs may support others.
 SUPPORT: dict[str, tuple[str, ...]] = {
@@ -403,4 +408,5 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "RankAgreement": (),
     "PublishAfterCommit": (),
     "LoadXorStore": (),
+    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged"),
 }

@@ -1,4 +1,4 @@
-"""z3 mirror of the 12 safety predicates of ``spec/properties.py`` (same IDs).
+"""z3 mirror of the 13 safety predicates of ``spec/properties.py`` (same IDs).
 
 Each property is split by scope, so both domains can quantify it their own way:
 ``glob`` (globals and pool usage), ``req`` (one request) and ``msg`` (one message of a
@@ -24,6 +24,7 @@ from spec.state import (
     DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
+    DF_UNSTAGED,
     FAILED,
     FILLING,
     G_END_CANCELLED,
@@ -33,6 +34,7 @@ from spec.state import (
     G_POSTEND,
     G_STALE,
     IDLE,
+    M_CHUNK_UNSTAGED,
     PREFILLING,
     QUARANTINED,
     RESERVED,
@@ -140,6 +142,14 @@ ZPROPS: dict[str, ZProp] = {
         ZProp("RankAgreement", _ranks),
         ZProp("PublishAfterCommit", lambda x, r: N(A(r.h == COMPLETE, r.hl != x.c.blocks))),
         ZProp("LoadXorStore", lambda x, r: N(A(r.p == FILLING, r.h == FILLING))),
+        ZProp(
+            "ContentIdentity",
+            lambda x, r: N(
+                A(IN(r.d, HELD), O(flag(r.dfl, DF_UNSTAGED), A(r.hit > 0, N(x.pfx_ok))))
+            ),
+            msg=lambda x, r, kind, e, i: N(x.c.identity),  # no ChunkUnstaged in flight
+            msg_kinds=frozenset({M_CHUNK_UNSTAGED}),
+        ),
     )
 }
 

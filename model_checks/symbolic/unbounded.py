@@ -30,8 +30,8 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import PER_REQ
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
+from model_checks.symbolic.actions import GLOBAL, PER_REQ
+from model_checks.symbolic.actions_decode import DecodeEvictPrefix, DecodeRecyclePrefix, EnvCrash
 from model_checks.symbolic.core import (
     BV_FIELDS,
     FIELDS,
@@ -49,7 +49,7 @@ from model_checks.symbolic.core import (
 )
 from spec.actions import ACTIONS
 from spec.config import FAULT_KINDS
-from spec.state import M_CHUNK, M_CHUNK_BAD, MSG_NAMES, NONE, TO_DECODE
+from spec.state import M_CHUNK, M_CHUNK_BAD, M_CHUNK_UNSTAGED, MSG_NAMES, NONE, TO_DECODE
 
 REQ = z3.DeclareSort("Req")
 INT = z3.IntSort()
@@ -134,7 +134,7 @@ class UState:
         self.g: dict[str, Z] = {
             "faults": z3.Int(f"faults@{tag}"),
             "pfx_ref": z3.Int(f"pfx_ref@{tag}"),
-            **{n: z3.Bool(f"{n}@{tag}") for n in ("p_up", "d_up", "pfx")},
+            **{n: z3.Bool(f"{n}@{tag}") for n in ("p_up", "d_up", "pfx", "pfx_ok")},
         }
         self.k = {n: z3.Int(f"{n}@{tag}") for n in COUNTERS}
 
@@ -157,7 +157,8 @@ class UNet(NetView):
         b = z3.Bool(f"no_chunks_{len(self.side)}@{self.s.tag}")
         facts = []
         for pr, pk, pe, pi in self.probes:
-            chunk = z3.And(pr == self.r, z3.Or(pk == M_CHUNK, pk == M_CHUNK_BAD), pe == e)
+            kinds = z3.Or(pk == M_CHUNK, pk == M_CHUNK_BAD, pk == M_CHUNK_UNSTAGED)
+            chunk = z3.And(pr == self.r, kinds, pe == e)
             facts.append(z3.Implies(chunk, self.s.net[pr, pk, pe, pi] == 0))
         self.side.append(z3.Implies(b, z3.And(*facts)))
         return b
@@ -168,6 +169,7 @@ class UCtx(Ctx):
         self.c, self.m, self.s = p, frozenset(), s
         self.faults, self.pfx_ref = s.g["faults"], s.g["pfx_ref"]
         self.p_up, self.d_up, self.pfx = s.g["p_up"], s.g["d_up"], s.g["pfx"]
+        self.pfx_ok = s.g["pfx_ok"]
 
     def used_p(self) -> Z:
         return self.s.k["used_p"]
@@ -254,7 +256,7 @@ class UModel:
         c = self.params
         eqs = [s.f[f] == z3.K(REQ, _zero(field_sort(f, self.src_tp))) for f in FIELDS]
         eqs += [s.net[p] == 0 for p in probes]
-        eqs += [s.g["faults"] == 0, s.g["pfx_ref"] == 0, s.g["p_up"], s.g["d_up"]]
+        eqs += [s.g["faults"] == 0, s.g["pfx_ref"] == 0, s.g["p_up"], s.g["d_up"], s.g["pfx_ok"]]
         eqs.append(s.g["pfx"] == (c.prefix > 0))
         eqs += [v == 0 for v in s.k.values()]
         return A(*eqs)
@@ -270,8 +272,9 @@ class UModel:
             assert act.worker is not None
             return self._crash(x, s, t, act.worker, probes)
         side: list[Z] = []
-        if act.name == "DecodeEvictPrefix":
-            cases = [(g, go) for g, go, _ in DecodeEvictPrefix(x).cases()]
+        if act.name in GLOBAL:
+            fn = DecodeEvictPrefix if act.name == "DecodeEvictPrefix" else DecodeRecyclePrefix
+            cases = [(g, go) for g, go, _ in fn(x).cases()]
             return self._frame(x, s, t, r0, cases, None, probes)
         r = self.view(s, r0, probes, side)
         cases = [(g, go) for g, go, _ in PER_REQ[act.name](x, r, msg).cases()]
@@ -324,7 +327,7 @@ class UModel:
         pr, pk, pe, pi = p
         for op in ops:
             if op.op == "drop":
-                chunk = z3.Or(pk == M_CHUNK, pk == M_CHUNK_BAD)
+                chunk = z3.Or(pk == M_CHUNK, pk == M_CHUNK_BAD, pk == M_CHUNK_UNSTAGED)
                 v = ITE(A(op.when, pr == r0, chunk, pe == op.e), 0, v)
                 continue
             when = op.when

@@ -45,6 +45,7 @@ from spec.state import (
     DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
+    DF_UNSTAGED,
     MSG_NAMES,
     NONE,
     WRITABLE,
@@ -71,6 +72,7 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
         reqs = []
         for i, (r, x) in enumerate(zip(self.req, self.rx, strict=True)):
             dfl = (DF_MISMATCH if x.mismatch else 0) | (DF_CORRUPT if x.corrupt else 0)
+            dfl |= DF_UNSTAGED if self.unstaged[i] else 0
             reqs.append(
                 Req(
                     st=r.status,
@@ -96,6 +98,8 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
                     dstep=self.step_registers(i)[1],
                     dmask=self.dmask_of(i),
                     rinc=self.rinc[i],
+                    stg=self.stg[i],
+                    sl=int(self.config.slots and x.phase != RX_NONE and self.d_up),
                 )
             )
         return World(
@@ -107,6 +111,7 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
             pfx_ref=self.pfx_refs(),
             p_inc=self.p_inc,
             d_inc=self.d_inc,
+            pfx_ok=self.pfx_ok,
         )
 
     # ------------------------------------------------------------ integrity

@@ -14,8 +14,8 @@ Ownership intervals (who may touch which blocks, and when):
                   holder "r<i>#pfx"      the shared prefix blocks the attempt reuses
                   holder "prefix-cache"  the cache's own reference to the prefix blocks
 
-The records below hold what the allocators cannot: the router's status register, each
-side's protocol registers (epochs, phases, counters) and the ghost history flags.
+The records below hold what the allocators cannot: the router's status register, each side's
+protocol registers (epochs, phases, counters) and the ghost history flags.
 """
 
 from __future__ import annotations

@@ -91,6 +91,10 @@ class DecodeActions(PrefillActions):
             hit += 1
         return hit
 
+    def _room(self, i: int, need: int) -> bool:
+        """Room on decode for request i's ``need`` blocks (and, with slots, its slot)."""
+        return self.D.alloc.can_allocate(need)
+
     def _free_rx(self, i: int) -> None:
         """Free decode's replica of request i and its prefix reference (spec ``_free``).
 
@@ -154,7 +158,7 @@ class DecodeActions(PrefillActions):
         if self.fenced(msg):
             raise self._ne("DecodeReject", i)
         m = from_json_dict(self._header(self.wire.entries(ch)[k][0])["manifest"])
-        room = self.D.alloc.can_allocate(m.num_blocks - self._prefix_hit(m.token_ids))
+        room = self._room(i, m.num_blocks - self._prefix_hit(m.token_ids))
         if self.req[i].status == RUNNING and room:
             raise self._ne("DecodeReject", i)
         self.wire.take(ch, k)
@@ -165,7 +169,7 @@ class DecodeActions(PrefillActions):
         """A one-sided write lands: it goes wherever its header points, held or not."""
         i, x = req, self.rx[req]
         ch, k = self.find(i, msg, epoch, idx)
-        if not self.d_up or msg not in ("Chunk", "ChunkCorrupt"):
+        if not self.d_up or msg not in ("Chunk", "ChunkCorrupt", "ChunkUnstaged"):
             raise self._ne("DecodeReceiveChunk", i)
         text, data = self.wire.entries(ch)[k]
         h = self._header(text)

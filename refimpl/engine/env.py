@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 
 from refimpl.engine.base import RX_NONE, NotEnabled
-from refimpl.engine.decode import DecodeActions
+from refimpl.engine.identity import IdentityActions
 from refimpl.engine.wire import channel, dumps
 from refimpl.transport import Payload
 from spec.state import (
@@ -48,7 +48,7 @@ def flip_a_byte(data: Payload) -> bytes:
     return bytes(buf)
 
 
-class EnvActions(DecodeActions):
+class EnvActions(IdentityActions):
     def _fault_ok(self, kind: str) -> bool:
         c = self.config
         return kind in c.fault_kinds and self.faults < c.faults

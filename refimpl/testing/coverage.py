@@ -105,6 +105,9 @@ NONTRIVIAL: dict[str, Callable[[World, Config], bool]] = {
     "RankAgreement": lambda w, c: _any(w, lambda r: r.d in _WAITING and r.rmask != 0),
     "PublishAfterCommit": lambda w, c: _any(w, lambda r: r.h != NONE),
     "LoadXorStore": lambda w, c: _any(w, lambda r: FILLING in (r.p, r.h)),
+    "ContentIdentity": lambda w, c: (
+        not w.pfx_ok or _any(w, lambda r: c.identity and r.ps != IDLE and r.stg < c.blocks)
+    ),
 }
 assert set(NONTRIVIAL) == set(PREDS)
 

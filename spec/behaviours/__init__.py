@@ -6,4 +6,13 @@ fields, its actions with their guards, the property that protects it), gated by 
 The core modules of ``spec/`` register what these modules define.
 """
 
-__all__ = ["async_steps", "decode_failure", "irrevocable", "retract", "decode_ranks", "restarts"]
+__all__ = [
+    "async_steps",
+    "decode_failure",
+    "identity",
+    "irrevocable",
+    "decode_ranks",
+    "restarts",
+    "retract",
+    "slots",
+]

@@ -78,6 +78,13 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_restart_stale_ready.jsonl": None,
     "bug_restart_late_write.jsonl": (10, "NoReuseUnderIO"),
     "fixed_restart_late_write.jsonl": None,
+    # content identity and metadata slots (issue #21 items 7 and 8)
+    "bug_prefix_hash_unchecked.jsonl": (9, "ContentIdentity"),
+    "fixed_prefix_hash_unchecked.jsonl": None,
+    "bug_unstaged_block_advertised.jsonl": (8, "ContentIdentity"),
+    "fixed_unstaged_block_advertised.jsonl": None,
+    "bug_slot_reused_unfenced.jsonl": (17, "Fencing"),
+    "fixed_slot_reused_unfenced.jsonl": None,
 }
 
 

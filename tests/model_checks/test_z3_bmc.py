@@ -29,7 +29,11 @@ from spec.properties import PROPERTIES
 
 def test_scope() -> None:
     assert set(SAFETY_MUTANTS) | set(LIVENESS_MUTANTS) | set(UNENCODED_MUTANTS) == set(MUTANTS)
-    assert set(UNENCODED_MUTANTS) == {"stale_incarnation_accepted", "restart_keeps_pool"}
+    assert set(UNENCODED_MUTANTS) == {
+        "stale_incarnation_accepted",
+        "restart_keeps_pool",
+        "slot_reused_unfenced",
+    }
     assert set(LIVENESS_MUTANTS) == {
         "zero_block_never_done",
         "sweep_only_on_admit",

@@ -37,6 +37,7 @@ from spec.state import (
 )
 from tests.behaviours.test_decode_failure import CASES as DECODE_FAILURE_CASES
 from tests.behaviours.test_decode_ranks import CASES as DECODE_RANKS_CASES
+from tests.behaviours.test_identity_guards import CASES as IDENTITY_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
 from tests.behaviours.test_retract import CASES as RETRACT_CASES
 from tests.spec.spec_helpers import (
@@ -279,6 +280,7 @@ def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
     cases = CASES + PREFILL_CASES + DECODE_FAILURE_CASES + IRREVOCABLE_CASES
     cases += RETRACT_CASES
     cases += DECODE_RANKS_CASES
+    cases += IDENTITY_CASES
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled

@@ -33,6 +33,7 @@ from spec.state import (
     WRITABLE,
     msg,
 )
+from tests.behaviours.test_identity_guards import PROPERTY_CASES as IDENTITY_CASES
 from tests.spec.spec_helpers import R, W
 
 HO = CONFIGS["handoff_tp2to1"]
@@ -136,6 +137,7 @@ CASES = [
         W(R(st=RUNNING, p=FILLING, h=COMPLETE, hl=2), R()),
     ),
 ]
+CASES += IDENTITY_CASES
 
 
 @pytest.mark.parametrize("pid,c,bad,good", CASES, ids=[f"{x[0]}-{k}" for k, x in enumerate(CASES)])

@@ -24,6 +24,7 @@ from spec.state import (
     msg,
 )
 from spec.steps import STEP_PREDS, check_step, step_plain
+from tests.behaviours.test_identity_guards import STEP_CASES as IDENTITY_STEP_CASES
 from tests.spec.spec_helpers import ALL_SENT, HO, OFF, PFX, SENDING1, R, W
 
 DONE0 = msg(M_DONE, 1, 0)
@@ -143,6 +144,8 @@ CASES: list[tuple[str, object, Step, Step]] = [
         (W(RX), "DecodeValidate", 0, 0, W(RX._replace(d=COMPLETE))),
     ),
 ]
+
+CASES += IDENTITY_STEP_CASES
 
 
 @pytest.mark.parametrize("pid,c,bad,good", CASES, ids=[f"{x[0]}-{k}" for k, x in enumerate(CASES)])
