@@ -211,3 +211,20 @@ def test_a_refused_ranked_offer_ends_every_rank() -> None:
     assert [tx.state("r") for tx in txs] == [State.REFUSED, State.REFUSED]
     assert all("model_id" in tx.reasons("r")[0] for tx in txs)
     assert [tx.send_layer("r", 0) for tx in txs] == [0, 0]  # nothing more goes out
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_handoff_layered_lands_the_same_tokens(name: str) -> None:
+    from refimpl import handoff
+
+    src_kw, dst_kw = STREAMS[name]
+    p = pair(geo(num_layers=3, **src_kw), geo(num_layers=3, **dst_kw))
+    g = p.tx.geometry
+    blocks = p.src.alloc.allocate("r", g.blocks_for(10))
+    kv = _kv(g, 10)
+    for layer in range(3):
+        write_kv_layer(p.src, "r", blocks, layer, list(kv[layer]))
+    res = handoff(p.tx, p.rx, "r", TOKENS, blocks=blocks, decode_room=3, layered=True)
+    assert torch.equal(read_kv(p.dst, res.received.blocks, 10), kv)
+    assert res.chunks == 3 * 3 * len(p.tx.ranks)  # a chunk per (rank, block, layer)
+    assert held(p.src) == {} and held(p.dst) == {"owned": len(res.received.blocks)}
