@@ -11,7 +11,8 @@ size 8 against the prefill side's 16) waits for each layer (``layer_ready``: a c
 decodes greedily. Its tokens and logits must equal one unbroken process's run.
 
 Only the public API and ``refimpl.transport_dist.DistTransport`` are used. The launcher
-starts every process itself and ends each by its pid after a bounded wait.
+starts every process itself (forked on Linux) and ends each by its pid after a bounded
+wait; ``--worker RANK PORT TIMEOUT_S`` runs one rank alone (e.g. one per host).
 
     python examples/dist_layer_handoff.py [--json]
 """
@@ -23,7 +24,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -148,35 +148,55 @@ def worker(rank: int, port: int, timeout_s: float) -> int:
     return 0
 
 
+def _child(rank: int, port: int, timeout_s: float, conn: Any) -> None:
+    """A forked worker: its report goes back through ``conn`` (exit 0 once sent)."""
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    try:
+        with redirect_stdout(buf):
+            worker(rank, port, timeout_s)
+        conn.send(buf.getvalue())
+    except BaseException as e:  # report the failure, then exit non-zero
+        conn.send(f"ERROR {type(e).__name__}: {e}")
+        raise
+
+
 def launch(timeout_s: float = 90.0) -> list[dict[str, Any]]:
-    """Start the three processes, wait (bounded), end each by its pid; their reports."""
+    """Start the three processes, wait (bounded), end each by its pid; their reports.
+
+    Forked from this process on Linux (torch is imported once: seconds, not tens of
+    seconds under load), else started afresh (``spawn``)."""
+    import multiprocessing as mp
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--worker"]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(SRC_TP + 1)]
     procs = [
-        subprocess.Popen(
-            [*cmd, str(r), str(port), str(timeout_s)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        ctx.Process(target=_child, args=(r, port, timeout_s, pipes[r][1]), daemon=True)
         for r in range(SRC_TP + 1)
     ]
     end, reports = time.monotonic() + timeout_s + 15, []
     try:
         for p in procs:
-            out, err = p.communicate(timeout=max(1.0, end - time.monotonic()))
-            if p.returncode != 0:
-                raise RuntimeError(f"worker pid {p.pid} exited {p.returncode}: {err[-2000:]}")
+            p.start()
+        for r, p in enumerate(procs):
+            recv = pipes[r][0]
+            if not recv.poll(max(0.0, end - time.monotonic())):
+                raise TimeoutError(f"worker {r} (pid {p.pid}) sent no report in time")
+            out = recv.recv()
+            if out.startswith("ERROR"):
+                raise RuntimeError(f"worker {r} (pid {p.pid}): {out[:2000]}")
             reports.append(json.loads(out.strip().splitlines()[-1]))
+            p.join(max(0.0, end - time.monotonic()))
     finally:
         for p in procs:
-            if p.poll() is None:
+            if p.pid is not None and p.is_alive():
                 os.kill(p.pid, signal.SIGKILL)
-                p.wait(timeout=5)
+                p.join(5)
     return reports
 
 

@@ -42,6 +42,7 @@ def handoff(
     prefix_tokens: Sequence[int] | None = None,
     free_source: bool = True,
     max_idle_rounds: int = 1,
+    layered: bool = False,
 ) -> HandoffResult:
     """Move ``request_id``'s KV (``token_ids``, held in ``blocks`` at the sender).
 
@@ -51,8 +52,10 @@ def handoff(
     whose KV they hold (refused unless the manifest starts with them). ``epoch``: default
     the sender's next one for the request, so a retry never shares an old attempt's
     epoch. ``free_source``: the sender frees the
-    request's blocks once the receiver acknowledged. Raises the refusal or failure after
-    both ends gave back everything they held for the attempt.
+    request's blocks once the receiver acknowledged. ``layered``: the layer-by-layer
+    conversation (``offer(..., layers=L)``, every layer already computed: one chunk per
+    (rank, block, layer), each rank's blocks checked against its seal as they land).
+    Raises the refusal or failure after both ends gave back everything they held.
     """
     rx_bs, tx_bs = receiver.geometry.block_size, sender.geometry.block_size
     if len(prefix) * rx_bs % tx_bs:
@@ -68,7 +71,10 @@ def handoff(
         dst_cp=receiver.geometry.cp,
         prefix_blocks=len(prefix) * rx_bs // tx_bs,
         free_source=free_source,
+        layers=sender.geometry.num_layers if layered else None,
     )
+    for layer in range(sender.geometry.num_layers if layered else 0):
+        sender.send_layer(request_id, layer)  # computed already: sent on the ready
     rounds = idle = 0
     while not (sender.state(request_id).final and receiver.state(request_id).final):
         rounds += 1

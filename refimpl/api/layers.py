@@ -8,7 +8,9 @@ block bytes, layer 0 first; a tp=1 heads_major block is the manifest's canonical
 
 The receiver checks each layer chunk against its header's checksum, installs it, and
 hashes it into its block's digest in layer order (a layer that arrives early waits, as
-a copy, for the one before it): one pass over the bytes. ``layer_ready(layer)`` says that
+a copy, for the one before it): one pass over the bytes. The seal covers the bytes that
+arrived; their landing (heads resharded, axes permuted) is not hashed again, unlike the
+whole-block path's end-to-end check of every non-canonical block. ``layer_ready(layer)`` says that
 every sent block of every source rank has that layer installed: the decode side may wait
 on it (``wait_for_layer_load``), but the blocks are still RESERVED: the request owns
 them only once every digest matched its seal and the attempt committed. A failure at any

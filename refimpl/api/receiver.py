@@ -16,6 +16,7 @@ size, xxh3(payload) == the header's (else ``ChecksumError`` naming block and ran
 the install; only once it returned is the chunk counted. Same block size on both sides:
 it lands straight in its target block (TP heads and axis order by ``land_shard``); else
 in a private staging copy of the sender's geometry, resharded into the targets at the end.
+A streamed offer (``layers=L``): a chunk per layer, a seal per rank (``refimpl.api.layers``).
 
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
 checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any

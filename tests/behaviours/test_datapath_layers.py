@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refimpl import KVGeometry, Receiver, Sender, State, channels, read_kv
+from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State, channels, read_kv
 from refimpl.api import write_kv_layer
 from refimpl.errors import CancelledError, ChecksumError, ChunkError, InUseError
 from refimpl.transport import Fault, InProcessTransport
@@ -192,3 +192,39 @@ def test_a_chunk_of_a_layer_that_does_not_exist_aborts() -> None:
     p.t.send(channels("r").to_receiver, {**bad, "layer": 2, "checksum": "0" * 16}, b"")
     p.rx.poll("r")
     assert isinstance(p.rx.error("r"), ChunkError) and held(p.dst) == {}
+
+
+def test_a_refused_ranked_offer_ends_every_rank() -> None:
+    """The nack of a manifest from rank 0 reaches every rank's Sender (each its own)."""
+    src, dst = geo(tp=2), geo()
+    t = InProcessTransport()
+    pools = [src.make_rank_pools(r, 4) for r in range(2)]
+    txs = [Sender(pools[r], src, t, MODEL, rank=r) for r in range(2)]
+    other = ModelIdentity("another-model", MODEL.rope)
+    rx = Receiver(dst.make_pools(4), dst, t, other)
+    for tx, pl in zip(txs, pools, strict=True):
+        tx.offer("r", TOKENS, blocks=pl.alloc.allocate("r", 3), layers=2)
+    rx.poll("r")
+    for tx in txs:
+        tx.poll("r")
+    assert rx.state("r") is State.REFUSED
+    assert [tx.state("r") for tx in txs] == [State.REFUSED, State.REFUSED]
+    assert all("model_id" in tx.reasons("r")[0] for tx in txs)
+    assert [tx.send_layer("r", 0) for tx in txs] == [0, 0]  # nothing more goes out
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_handoff_layered_lands_the_same_tokens(name: str) -> None:
+    from refimpl import handoff
+
+    src_kw, dst_kw = STREAMS[name]
+    p = pair(geo(num_layers=3, **src_kw), geo(num_layers=3, **dst_kw))
+    g = p.tx.geometry
+    blocks = p.src.alloc.allocate("r", g.blocks_for(10))
+    kv = _kv(g, 10)
+    for layer in range(3):
+        write_kv_layer(p.src, "r", blocks, layer, list(kv[layer]))
+    res = handoff(p.tx, p.rx, "r", TOKENS, blocks=blocks, decode_room=3, layered=True)
+    assert torch.equal(read_kv(p.dst, res.received.blocks, 10), kv)
+    assert res.chunks == 3 * 3 * len(p.tx.ranks)  # a chunk per (rank, block, layer)
+    assert held(p.src) == {} and held(p.dst) == {"owned": len(res.received.blocks)}
