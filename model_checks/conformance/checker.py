@@ -20,13 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_checks.conformance.blame import (
-    UNMODELLED,
-    blame,
-    blame_observed,
-    blame_state,
-    ordered,
-)
+from model_checks.conformance.blame import UNMODELLED, blame, blame_observed, blame_state, ordered
 from model_checks.conformance.clocks import Deadlines
 from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
 from model_checks.conformance.nearest import detail
