@@ -35,6 +35,7 @@ from spec.state import (
     WRITABLE,
     msg,
 )
+from tests.behaviours.test_async_steps_spec import CASES as ASYNC_CASES
 from tests.spec.spec_helpers import (
     ALL_SENT,
     CR,
@@ -265,7 +266,7 @@ def test_guard(name, c, w, i, arg, expected):  # type: ignore[no-untyped-def]
 
 
 def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
-    cases = CASES + PREFILL_CASES
+    cases = CASES + PREFILL_CASES + ASYNC_CASES
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled
