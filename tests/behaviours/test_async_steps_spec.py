@@ -3,6 +3,8 @@ refusals while a step is in flight, the property extensions, and the mutants."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from model_checks.explicit.runner import check_config, check_mutant
@@ -26,6 +28,39 @@ from spec.state import (
 
 AS = CONFIGS["async_handoff"]
 SYNC = CONFIGS["handoff_crash"]
+
+# guard-table rows (tests/spec/test_guards_decode.py reads them too): (action, config,
+# state, request, message, expected request-0 fields or ("disabled", None))
+_D = Req(st=RUNNING, d=WRITABLE, ep=1, dep=1)
+CASES = [
+    ("PrefillStepDispatch", AS, World(reqs=(Req(st=PREFILLING, p=WRITABLE),)), 0, 0, {"pstep": 1}),
+    ("PrefillStepDispatch", SYNC, World(reqs=(Req(st=PREFILLING, p=WRITABLE),)), 0, 0, ("x", None)),
+    (
+        "PrefillStepComplete",
+        AS,
+        World(reqs=(Req(st=PREFILLING, p=WRITABLE, pstep=1),)),
+        0,
+        0,
+        {"pstep": 0, "st": RUNNING},
+    ),
+    ("PrefillStepComplete", AS, World(reqs=(Req(st=RUNNING, p=WRITABLE),)), 0, 0, ("x", None)),
+    ("DecodeStepDispatch", AS, World(reqs=(_D,)), 0, 0, {"dstep": 1}),
+    ("DecodeStepDispatch", AS, World(reqs=(_D._replace(st=CANCELLED),)), 0, 0, ("x", None)),
+    ("DecodeStepComplete", AS, World(reqs=(_D._replace(dstep=1),)), 0, 0, {"dstep": 0}),
+    ("DecodeStepComplete", AS, World(reqs=(_D,), d_up=False), 0, 0, ("x", None)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c[0]))
+def test_guard_table(case: tuple[Any, ...]) -> None:
+    name, c, w, i, arg, expected = case
+    s = apply(w, c, frozenset(), name, i, arg)
+    if isinstance(expected, tuple):
+        assert isinstance(s, Refused) and s.prop is expected[1], (name, s)
+    else:
+        assert isinstance(s, World), (name, s)
+        for f, v in expected.items():
+            assert getattr(s.reqs[i], f) == v, (name, f)
 
 
 def _w(**f: int) -> World:
