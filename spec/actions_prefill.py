@@ -194,7 +194,7 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if (busy := step_blocks_freeze(c, r, m)) is not None:
         return busy
     e = r.ep + 1
-    if refetch_reuses_epoch(r, m):  # every attempt, a refetch included, is a new epoch
+    if refetch_reuses_epoch(r, m):  # the retract_keeps_epoch bug: a refetch re-opens ep
         e = r.ep
     net = send(w, r.net, msg(M_HANDOFF, e))
     return put(w, i, r._replace(p=COMPLETE, ep=e, ps=AWAIT_READY, sent=0, phit=0, net=net, stg=0))
