@@ -11,9 +11,16 @@ from refimpl.testing.run import KILL_EXAMPLES, kill
 ADAPTER = EngineAdapter()
 SWITCHES = ADAPTER.switches()
 MAX_STEPS = 25  # the model check's shortest counterexamples are 4 to 20 steps
+# Switches the random walk does not reach in the ci profile's examples. Each is killed by
+# the replay of the explorer's counterexample on the engine (tests/refimpl/
+# test_engine_mutants.py); driving the engine through the graph's edges (issue #27) is
+# what would let the fuzz machine reach them too.
+UNREACHED = {
+    "restart_keeps_pool": "a 9-step crash, restart and late-write path on restart_handoff",
+}
 
 
-@pytest.mark.parametrize("name", [n for n, ok in SWITCHES.items() if ok])
+@pytest.mark.parametrize("name", [n for n, ok in SWITCHES.items() if ok and n not in UNREACHED])
 def test_the_machine_kills_the_switch(name: str) -> None:
     k = kill(ADAPTER, name, profile="ci")
     assert k.killed, f"{name} survived {KILL_EXAMPLES['ci']} examples on {k.config}"
@@ -28,3 +35,10 @@ def test_a_switch_that_does_not_apply_here_is_not_a_survivor(name: str) -> None:
     k = kill(ADAPTER, name, profile="ci")
     assert (k.applicable, k.killed) == (False, None)
     assert k.to_json()["killed"] == "n/a"
+
+
+def test_every_unreached_switch_is_a_switch_the_engine_replay_kills() -> None:
+    from tests.refimpl.test_engine_mutants import SAFETY_MUTANTS as REPLAYED
+
+    assert set(UNREACHED) <= {n for n, ok in SWITCHES.items() if ok}
+    assert set(UNREACHED) <= set(REPLAYED)
