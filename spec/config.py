@@ -290,8 +290,7 @@ CRASH_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in CRASH_WORLDS)
 
-# Worlds of the engine behaviours of issue #21 (spec/behaviours/): content identity,
-# metadata slots.
+# Content identity and metadata slots (spec/behaviours/identity.py, slots.py).
 BEHAVIOUR_WORLDS += (
     Config(
         name="identity_prefix",

@@ -272,16 +272,6 @@ def DecodeEvictPrefix(x: Ctx) -> Rules:
     return R
 
 
-def DecodeRecyclePrefix(x: Ctx) -> Rules:
-    """Global (``spec/behaviours/identity.py``): the unreferenced cached prefix's blocks
-    are reused; a lagging index still lists them."""
-    R = Rules("DecodeRecyclePrefix")
-    R.no(O(N(x.c.identity), N(x.d_up), N(x.pfx), N(x.pfx_ok)))
-    R.no(x.pfx_ref > 0, "CapacityRefcount")
-    R.go(pfx_ok=False)
-    return R
-
-
 def decode_msg_stale(r: RV, a: Msg) -> Z:
     if a.kind in HANDOFFS:
         return a.e <= r.dep

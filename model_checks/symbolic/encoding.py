@@ -34,7 +34,8 @@ from typing import Any
 import z3
 
 from model_checks.symbolic.actions import GLOBAL, PER_REQ, encodable
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, DecodeRecyclePrefix, EnvCrash
+from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
+from model_checks.symbolic.behaviours.identity import DecodeRecyclePrefix
 from model_checks.symbolic.core import (
     BV_FIELDS,
     EQ,

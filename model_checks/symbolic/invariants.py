@@ -30,6 +30,7 @@ from model_checks.symbolic.behaviours.decode_failure import (
 )
 from model_checks.symbolic.behaviours.retract import ack_retracted, retracted
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
+from model_checks.symbolic.props import SUPPORT as SUPPORT  # re-exported: the table lives there
 from model_checks.symbolic.props import ZPROPS
 from spec.state import (
     AWAIT_ACK,
@@ -369,44 +370,5 @@ STRENGTHENING: dict[str, Conj] = {
     )
 }
 
-_HANDOFF = (
-    "TypeOK",
-    "MsgOK",
-    "Frozen",
-    "DecodeEpoch",
-    "DecodeCurrent",
-    "DecodeLiveSource",
-    "IdleSeen",
-    "HandoffFresh",
-    "NackGaveUp",
-    "AckCommitted",
-)
-_IO = (
-    "SameHit",
-    "ReadyMatches",
-    "QuiescedStopped",
-    "ChunkOnce",
-    "LandedSent",
-    "ChunksHaveHome",
-    "StepHeld",
-    "NoUnstaged",
-)
 # Worlds without staging (identity off: the unbounded model's): behaviours/identity.py.
 STRENGTHENING.update((c.name, c) for c in I.conjuncts(Conj))
-# Per property: the conjuncts its proof uses (from minimized unsat cores, closed under
-# the same relation; spec/INVARIANTS.md explains each). Property IDs may support others.
-SUPPORT: dict[str, tuple[str, ...]] = {
-    "SingleWriter": _HANDOFF,
-    "NoPartialUse": (),
-    "NothingLost": (*_HANDOFF, "SingleWriter"),
-    "FrozenSnapshot": ("StepHeld",),
-    "Fencing": (),
-    "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
-    "StickyEnd": ("FailedNeedsSwitch",),
-    "ManifestGate": (),
-    "CapacityRefcount": (*_HANDOFF, "SingleWriter"),
-    "RankAgreement": (),
-    "PublishAfterCommit": (),
-    "LoadXorStore": (),
-    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged"),
-}

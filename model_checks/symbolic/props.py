@@ -154,3 +154,45 @@ ZPROPS: dict[str, ZProp] = {
 }
 
 assert tuple(ZPROPS) == tuple(p.id for p in SAFETY), "z3 properties out of step with spec"
+
+# Per property: the strengthening conjuncts (``invariants.STRENGTHENING``, by name) its
+# induction proof uses.
+_HANDOFF = (
+    "TypeOK",
+    "MsgOK",
+    "Frozen",
+    "DecodeEpoch",
+    "DecodeCurrent",
+    "DecodeLiveSource",
+    "IdleSeen",
+    "HandoffFresh",
+    "NackGaveUp",
+    "AckCommitted",
+)
+_IO = (
+    "SameHit",
+    "ReadyMatches",
+    "QuiescedStopped",
+    "ChunkOnce",
+    "LandedSent",
+    "ChunksHaveHome",
+    "StepHeld",
+    "NoUnstaged",
+)
+# Per property: the conjuncts its proof uses (from minimized unsat cores, closed under
+# the same relation; spec/INVARIANTS.md explains each). Property IDs may support others.
+SUPPORT: dict[str, tuple[str, ...]] = {
+    "SingleWriter": _HANDOFF,
+    "NoPartialUse": (),
+    "NothingLost": (*_HANDOFF, "SingleWriter"),
+    "FrozenSnapshot": ("StepHeld",),
+    "Fencing": (),
+    "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
+    "StickyEnd": ("FailedNeedsSwitch",),
+    "ManifestGate": (),
+    "CapacityRefcount": (*_HANDOFF, "SingleWriter"),
+    "RankAgreement": (),
+    "PublishAfterCommit": (),
+    "LoadXorStore": (),
+    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged"),
+}

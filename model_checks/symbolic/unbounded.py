@@ -31,7 +31,8 @@ from typing import Any
 import z3
 
 from model_checks.symbolic.actions import GLOBAL, PER_REQ
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, DecodeRecyclePrefix, EnvCrash
+from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
+from model_checks.symbolic.behaviours.identity import DecodeRecyclePrefix
 from model_checks.symbolic.core import (
     BV_FIELDS,
     FIELDS,

@@ -4,7 +4,10 @@
 a typed error naming the property (changing nothing), and maps its state to a spec state
 (``abstract``). Prefill's actions live in ``prefill``, decode's in ``decode``, the
 environment's faults in ``env``; ``base`` holds the records and the shared machinery,
-``data`` the per-rank pools and seeded ground truth, ``wire`` the message encoding.
+``data`` the per-rank pools and seeded ground truth, ``wire`` the message encoding,
+``copies`` prefill's data moves, ``restarts`` the incarnations; the engine behaviours of
+``spec/behaviours`` have ``async_steps``/``inflight``, ``transfer_rules``, ``identity``
+and the ``behaviours`` package (retraction, decode ranks).
 """
 
 from refimpl.engine.base import (

@@ -16,14 +16,16 @@ orders from ``spec.shardmap.layout_permutation``. Nothing here decides protocol 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 import torch
 import xxhash
 
 from refimpl.blocks import BlockAllocator
 from refimpl.checksum import Buffer, block_checksum, copy_bytes_into, tensor_from_bytes
-from refimpl.pool import KVPool, PoolGeometry
+from refimpl.pool import TORCH_DTYPES, KVPool, PoolGeometry
 from spec import shardmap as sm
+from spec.manifest import Manifest
 
 HEADS_MAJOR = "heads_major"
 
@@ -180,3 +182,31 @@ def land_shard(
     for pc in pieces:
         view = dst.hm_block(pc.dst_rank, b)
         view[:, :, pc.dst_slice].copy_(shard[:, :, pc.src_slice])
+
+
+@lru_cache(maxsize=64)
+def _source_layout(
+    m_key: tuple[int, int, int, int, int, int, str, str],
+) -> tuple[PoolGeometry, tuple[tuple[sm.HeadPiece, ...], ...]]:
+    """The sender's per-rank block geometry and the reshard pieces per source rank."""
+    layers, fields, heads, src_tp, dst_tp, bs_hd, dtype, layout = m_key
+    bs, hd = divmod(bs_hd, 1 << 16)
+    geo = PoolGeometry(
+        layers, fields, sm.tp_local_heads(heads, src_tp), bs, hd, TORCH_DTYPES[dtype], layout
+    )
+    plan = sm.tp_reshard_plan(heads, src_tp, dst_tp)
+    return geo, tuple(tuple(pc for pc in plan if pc.src_rank == r) for r in range(src_tp))
+
+
+def source_layout(m: Manifest) -> tuple[PoolGeometry, tuple[tuple[sm.HeadPiece, ...], ...]]:
+    key = (
+        m.num_layers,
+        len(m.cache_fields),
+        m.kv_heads,
+        m.src_tp,
+        m.dst_tp,
+        (m.block_size << 16) | m.head_dim,
+        m.dtype,
+        m.layout,
+    )
+    return _source_layout(key)

@@ -13,7 +13,6 @@ write to the physical blocks named in its header (decode's Ready told prefill wh
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from refimpl.checksum import bytes_checksum
@@ -27,7 +26,7 @@ from refimpl.engine.base import (
     NotEnabled,
     RankError,
 )
-from refimpl.engine.data import land_shard, token_chain
+from refimpl.engine.data import land_shard, source_layout, token_chain
 from refimpl.engine.inflight import step_guard
 from refimpl.engine.prefill import PrefillActions
 from refimpl.engine.transfer_rules import may_fence, quarantine_over
@@ -41,40 +40,10 @@ from refimpl.errors import (
     RefcountError,
     StaleError,
 )
-from refimpl.pool import TORCH_DTYPES, PoolGeometry
-from spec import shardmap as sm
-from spec.manifest import Manifest, from_json_dict
+from spec.manifest import from_json_dict
 from spec.state import CANCELLED, FAILED, FILLING, FINISHED, G_FOREIGN, G_POSTEND, G_STALE, RUNNING
 
 _HANDOFFS = ("Handoff", "HandoffBadManifest")
-
-
-@lru_cache(maxsize=64)
-def _source_layout(
-    m_key: tuple[int, int, int, int, int, int, str, str],
-) -> tuple[PoolGeometry, tuple[tuple[sm.HeadPiece, ...], ...]]:
-    """The sender's per-rank block geometry and the reshard pieces per source rank."""
-    layers, fields, heads, src_tp, dst_tp, bs_hd, dtype, layout = m_key
-    bs, hd = divmod(bs_hd, 1 << 16)
-    geo = PoolGeometry(
-        layers, fields, sm.tp_local_heads(heads, src_tp), bs, hd, TORCH_DTYPES[dtype], layout
-    )
-    plan = sm.tp_reshard_plan(heads, src_tp, dst_tp)
-    return geo, tuple(tuple(pc for pc in plan if pc.src_rank == r) for r in range(src_tp))
-
-
-def source_layout(m: Manifest) -> tuple[PoolGeometry, tuple[tuple[sm.HeadPiece, ...], ...]]:
-    key = (
-        m.num_layers,
-        len(m.cache_fields),
-        m.kv_heads,
-        m.src_tp,
-        m.dst_tp,
-        (m.block_size << 16) | m.head_dim,
-        m.dtype,
-        m.layout,
-    )
-    return _source_layout(key)
 
 
 class DecodeActions(PrefillActions):

@@ -8,10 +8,6 @@ names the same property the spec's refusal names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch
-
 from refimpl.checksum import bytes_checksum
 from refimpl.chunks import Snapshot, build_manifest, pin_name
 from refimpl.engine.base import (
@@ -20,12 +16,10 @@ from refimpl.engine.base import (
     ReqState,
     UnpublishedError,
 )
-from refimpl.engine.data import RankPools
+from refimpl.engine.copies import CopyBase
 from refimpl.engine.inflight import step_guard
-from refimpl.engine.restarts import RestartBase
 from refimpl.engine.transfer_rules import writes_drained
 from refimpl.errors import CapacityError, FrozenError, IncompleteError, InUseError, StaleError
-from refimpl.pool import copy_blocks
 from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
@@ -47,43 +41,10 @@ from spec.state import (
 )
 
 
-class PrefillActions(RestartBase):
+class PrefillActions(CopyBase):
     # ------------------------------------------------------------ helpers
     def _ne(self, name: str, i: int) -> NotEnabled:
         return NotEnabled(f"{name}(req={i}) does not apply in {self.describe(i)}")
-
-    def _append_token(self, i: int, pools: RankPools, logical: Sequence[int], holder: str) -> None:
-        """Decode one token: write its KV into slot (j, s) of the writable replica."""
-        r = self.req[i]
-        where = self._next_slot(i)
-        if where is not None:
-            j, s = where
-            tok = self._token_kv(i, r.steps)
-            pools.write_token(holder, logical[j], s, tok)  # asks the allocator first
-            truth = self.truth[i]
-            assert truth is not None
-            if truth is self.frozen_truth[i]:  # copy on write: the snapshot keeps its version
-                truth = self.truth[i] = truth.clone()
-            truth[j, :, :, :, s] = tok
-            r.slots[(j, s)] = r.steps
-        r.steps += 1
-
-    def _copy(
-        self, src: RankPools, s_ids: list[int], dst: RankPools, d_ids: list[int], i: int
-    ) -> None:
-        """Offload/reload copy of whole blocks, every TP rank; on CUDA on the transfer stream
-        (the ``reload_on_critical_stream`` switch puts it on the compute stream instead)."""
-        critical = "reload_on_critical_stream" in self.mutants and dst.device.type == "cuda"
-        if critical:
-            dst.alloc.check_write(self.rid(i), d_ids)
-        for r in range(src.tp):
-            if not critical:
-                copy_blocks(src.pools[r], s_ids, dst.pools[r], d_ids, self.rid(i))
-                continue
-            for s, d in zip(s_ids, d_ids, strict=True):  # on the compute stream: blocks decode
-                dst.pools[r].kv[d].copy_(src.pools[r].kv[s], non_blocking=True)
-        if critical:
-            torch.cuda.synchronize()
 
     def _drop_prefill(self, i: int) -> None:
         """Free everything the prefill worker holds for request i (local copies stop first)."""
