@@ -4,7 +4,8 @@ print). ``main`` dispatches (``kvown_cli.main.main(argv) -> exit code``, ``COMMA
 model-check commands never import torch.
 
 Commands: ``check``, ``list`` (``listing``), ``prove``, ``check-trace`` (``check_trace``),
-``demo``, ``fuzz``, ``repro``, ``cluster``, ``mutate``. Exit codes: see ``kvown_cli.main``.
+``demo``, ``fuzz``, ``repro``, ``cluster``, ``mutate``, ``replay``. Exit codes: see
+``kvown_cli.main``. ``progress``: the one progress display and table console of them all.
 """
 
 import importlib

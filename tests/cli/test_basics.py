@@ -49,28 +49,21 @@ def test_bare_kvown_prints_the_usage_on_stderr_and_exits_2(
     assert got.err.strip().splitlines()[-1].startswith("error: kvown: no command")
 
 
+def closed_stdout(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    """``kvown ARGV >&-``: the command run with its stdout closed."""
+    line = f"{sys.executable} -m kvown_cli.main {' '.join(argv)} >&-"
+    return subprocess.run(line, shell=True, cwd=ROOT, env=ENV, capture_output=True)
+
+
 @pytest.mark.parametrize("argv", [["list"], ["list", "--json"], ["--version"], ["--help"]])
 def test_a_closed_stdout_ends_quietly_with_0(argv: list[str]) -> None:
     """``kvown list >&-``: no output to write to, no error, exit 0."""
-    r = subprocess.run(
-        f"{sys.executable} -m kvown_cli.main {' '.join(argv)} >&-",
-        shell=True,
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stderr == b""
+    r = closed_stdout(*argv)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
 
 
 def test_a_closed_stdout_keeps_a_violations_exit_code() -> None:
-    r = subprocess.run(
-        f"{sys.executable} -m kvown_cli.main check --mutant failed_store_visible >&-",
-        shell=True,
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-    )
+    r = closed_stdout("check", "--mutant", "failed_store_visible")
     assert r.returncode == 1 and b"error" not in r.stderr
 
 

@@ -57,7 +57,7 @@ def test_a_command_shorter_than_one_tick_writes_nothing(
 
 
 def test_check_writes_progress_to_a_log(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--config", "handoff_tp2to1", "--json"]) == 0
+    assert main(["check", "--config", "offload_contend", "--json"]) == 0
     got = progress_lines(capsys.readouterr().err, "check")
     assert got and all(m.group(4) == "1" for m in got)
 
@@ -140,10 +140,24 @@ def test_mutate_prints_its_plan_an_estimate_and_ctrl_c_the_tally(
             kw["on_result"](_mutant_result(k))
         raise KeyboardInterrupt
 
+    from types import SimpleNamespace
+
+    from model_checks.mutation import Check
+
+    fake = SimpleNamespace(  # a target of 40 mutants (the real one takes 20 s to generate)
+        name="refimpl",
+        root=Path("."),
+        copy=("refimpl",),
+        checks=(Check("fuzz", ("true",)),),
+        mutants=lambda: [_mutant_result(k).mutant for k in range(40)],
+        load_equivalents=dict,
+    )
+    monkeypatch.setattr(mutate, "_build", lambda args: fake)
     monkeypatch.setattr(mutate, "run_mutants", run_mutants)
     assert main(["mutate", "--target", "refimpl", "--sample", "5", "--jobs", "2"]) == 130
     err = capfd.readouterr().err
-    assert re.search(r"^kvown mutate: plan: 5 of \d+ mutants, 2 at a time", err, re.M), err
+    plan = r"^kvown mutate: plan: 5 of 40 mutants, 2 at a time, judged by fuzz"
+    assert re.search(plan, err, re.M), err
     assert err.index("plan:") < err.index("started")  # the plan comes before the work
     assert re.search(r"estimate: \d+ s per mutant \(the first 2\), about .* for the other 3", err)
     assert progress_lines(err, "mutate")
