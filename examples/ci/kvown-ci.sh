@@ -26,7 +26,8 @@
 #   OUT_DIR             JUnit files and artifacts (default: ./kvown-ci)
 #   KVOWN_SPEC          what pip installs as kvown (default: kvown==0.1.0, the release this
 #                       script belongs to); or "kvown @ git+https://HOST/OWNER/kvown@TAG",
-#                       a wheel, or a local checkout's path
+#                       a wheel, or a local checkout's path (kvown is not on PyPI yet:
+#                       until it is, the default does not install; set this)
 #   TORCH_SPEC          the torch requirement (default: torch==2.13.0)
 #   TORCH_INDEX         extra index for torch (default: the CPU wheels,
 #                       https://download.pytorch.org/whl/cpu; empty: none)
