@@ -27,6 +27,7 @@ writes into decode blocks the retraction freed (NoReuseUnderIO).
 from __future__ import annotations
 
 from spec.actions_decode import _free
+from spec.behaviours.async_steps import step_blocks_free
 from spec.common import NOT_ENABLED, Mutants, Result
 from spec.config import Config
 from spec.state import PREEMPTED, RUNNING, WRITABLE, Req, World
@@ -41,6 +42,9 @@ def DecodeRetract(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.mv >= c.max_moves:
         return NOT_ENABLED
+    busy = step_blocks_free(c, r, "d", m)  # a decode step in flight still writes them
+    if busy is not None:
+        return busy
     st = RUNNING if "retract_loses_kv" in m else PREEMPTED
     return _free(w, i, r._replace(st=st, mv=r.mv + 1))
 

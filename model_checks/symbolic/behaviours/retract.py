@@ -3,6 +3,7 @@ the parts of the inductive invariant that a retraction adds (spec/INVARIANTS.md)
 
 from __future__ import annotations
 
+from model_checks.symbolic.behaviours.async_steps import busy_free
 from model_checks.symbolic.core import ITE, RV, A, Ctx, Msg, N, O, Rules, Z, flag
 from spec.state import DF_FENCED, IDLE, NONE, PREEMPTED, RUNNING, WRITABLE
 
@@ -16,6 +17,7 @@ def DecodeRetract(x: Ctx, r: RV, a: Msg | None) -> Rules:
     c, R = x.c, Rules("DecodeRetract")
     R.no(O(N(c.retract), N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
     R.no(r.mv >= c.max_moves)
+    R.no(busy_free(x, r, "d"), "NoReuseUnderIO")
     st = RUNNING if "retract_loses_kv" in x.m else PREEMPTED
     R.go(st=st, mv=r.mv + 1, **free(x, r))
     return R

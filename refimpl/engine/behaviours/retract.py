@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from refimpl.engine.base import RX_COMMITTED
 from refimpl.engine.env import EnvActions
+from refimpl.engine.inflight import step_guard
 from spec.state import PREEMPTED, RUNNING
 
 __all__ = ["RetractActions"]
@@ -20,6 +21,7 @@ class RetractActions(EnvActions):
             raise self._ne("DecodeRetract", i)
         if r.status != RUNNING or r.moves >= self.config.max_moves:
             raise self._ne("DecodeRetract", i)
+        step_guard(self, i, "d", "free")  # a decode step in flight still writes the blocks
         if "retract_loses_kv" not in self.m:
             r.status = PREEMPTED
         r.moves += 1
