@@ -12,9 +12,11 @@ from model_checks.explicit import pin
 from model_checks.explicit.explore import explore
 from model_checks.explicit.runner import check_config, check_mutant
 from model_checks.explicit.trace import pretty, replay, same_state
+from spec.actions import decode_args
 from spec.config import CONFIGS, DEEP_SUITE, DEFAULT_SUITE, get_config
 from spec.mutants import MUTANTS
 from spec.properties import PROPERTIES, violated_safety
+from spec.steps import check_step
 
 PINNED = pin.load()
 
@@ -33,7 +35,11 @@ def test_mutant_is_caught_with_pinned_trace(name: str) -> None:
     c = get_config(r.config)
     worlds = replay(c, frozenset({name}), r.trace.steps)  # the cex replays on the spec
     if PROPERTIES[r.expected].kind == "safety":
-        assert r.expected in violated_safety(worlds[-1], c)
+        # the last state breaks it, or the last step does (its transition predicate)
+        last = r.trace.steps[-1]
+        i, arg = decode_args(last["action"], last.get("args", {}))
+        by_step = check_step(worlds[-2], last["action"], i, arg, worlds[-1], c)
+        assert r.expected in violated_safety(worlds[-1], c) or r.expected in by_step
         assert r.expected not in violated_safety(worlds[-2], c)
     assert "=> violates" in pretty(c, frozenset({name}), r.trace.steps, r.expected)
 

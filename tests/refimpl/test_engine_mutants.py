@@ -32,6 +32,7 @@ DAMAGE = {
     "source_writes_while_frozen": ["r0@p"],  # the frozen snapshot changed under the handoff
     "partial_as_complete": ["r0@d"],  # validated with nothing landed
     "failed_store_visible": ["r0@h"],  # a half-written host copy published
+    "prefix_hash_unchecked": ["r0@d"],  # a recycled prefix block (other KV) taken as a hit
 }
 
 
