@@ -25,7 +25,7 @@ from refimpl.replay.common import (
     statuses,
     step,
 )
-from refimpl.replay.repro import Repro, choose, next_request_writes, replay_one
+from refimpl.replay.repro import Repro, choose, late_step_damage, next_request_writes, replay_one
 
 __all__ = [
     "NEXT",
@@ -40,6 +40,7 @@ __all__ = [
     "fmt_step",
     "guarded",
     "held_blocks",
+    "late_step_damage",
     "msg",
     "next_request_writes",
     "prefetch",

@@ -24,6 +24,7 @@ from refimpl.replay.common import (
     fmt_step,
     held_blocks,
     statuses,
+    step,
 )
 from spec.actions import ACTIONS, apply, decode_args, encode_args, successors
 from spec.config import Config, get_config
@@ -260,3 +261,32 @@ def next_request_writes(e: Engine, pools: RankPools, n: int) -> tuple[list[int],
     kv = gen((n, *e.block_shape_full), e.dtype, e.seed, NEXT)
     pools.write_full(NEXT, blocks, kv)
     return blocks, kv
+
+
+def late_step_damage(r: Repro, freed: str, prevented: str) -> None:
+    """The async-step repros' shared path: with the bug, r0's blocks go back to the pool
+    under its dispatched step (``freed`` says how), the next request is admitted into
+    them and writes its KV, and the step's completion overwrites it; without it, the
+    free waits for the step (refused with NoReuseUnderIO) and ``prevented`` says what
+    follows. Fills ``r.damage`` and ``r.prevented``."""
+    e = r.engine(bug=True)
+    r.run_steps(e, r.steps[:-1])
+    src = e.P.alloc.blocks_of("r0")  # the block table the dispatched step writes through
+    e = r.replay_with_bug()
+    mine, kv = next_request_writes(e, e.P, len(src))
+    reused = [b for b in src if b in mine]
+    r.expect(bool(reused), f"the next request got block(s) {reused} that r0's step still writes")
+    r.apply(e, step("PrefillStepComplete", req=0))
+    now = e.P.gather(mine)
+    r.expect(not torch.equal(now, kv), "the step's late write overwrote the next request's KV")
+    r.damage = (
+        f"r0's blocks {list(src)} were {freed} under its dispatched step; the next request "
+        f"wrote block(s) {reused}, and the step's completion overwrote them with r0's KV"
+    )
+    e, err = r.replay_without_bug("NoReuseUnderIO")
+    waited = r.survives(e)
+    r.prevented = (
+        f"the {'free' if freed == 'freed' else 'preemption'} under the step is refused"
+        f" ({type(err).__name__}, NoReuseUnderIO); {prevented}"
+        f" ({len(waited.steps)} steps, nothing held)"
+    )

@@ -17,10 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
-from refimpl.replay import Out, Repro, Result, next_request_writes, step  # noqa: E402
+from refimpl.replay import Out, Repro, Result, late_step_damage  # noqa: E402
 from repro._script import script_main  # noqa: E402
 
 PROPERTY = "NoReuseUnderIO"
@@ -33,27 +31,8 @@ def run(out: Out | None = print) -> Result:
     r = Repro(Path(__file__).stem, PROPERTY, MUTANT, out)
     r.say(__doc__ or "")
     r.model_check()
-    e = r.engine(bug=True)
-    r.run_steps(e, r.steps[:-1])
-    src = e.P.alloc.blocks_of("r0")  # the block table the dispatched step writes through
-    e = r.replay_with_bug()
-    mine, kv = next_request_writes(e, e.P, len(src))
-    reused = [b for b in src if b in mine]
-    r.expect(bool(reused), f"the next request got block(s) {reused} that r0's step still writes")
-    r.apply(e, step("PrefillStepComplete", req=0))
-    now = e.P.gather(mine)
-    r.expect(not torch.equal(now, kv), "the step's late write overwrote the next request's KV")
-    r.damage = (
-        f"r0's blocks {list(src)} were freed under its dispatched step; the next request "
-        f"wrote block(s) {reused}, and the step's completion overwrote them with r0's KV"
-    )
-
-    e, err = r.replay_without_bug("NoReuseUnderIO")
-    waited = r.survives(e)
-    r.prevented = (
-        f"the free under the step is refused ({type(err).__name__}, NoReuseUnderIO); the step "
-        f"completes, its output is discarded, then the blocks are freed "
-        f"({len(waited.steps)} steps, nothing held)"
+    late_step_damage(
+        r, "freed", "the step completes, its output is discarded, then the blocks are freed"
     )
     return r.result()
 
