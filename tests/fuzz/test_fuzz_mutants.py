@@ -20,6 +20,9 @@ UNREACHED = {
 }
 
 
+# Nightly: a random walk of 500 examples per switch (30 to 140 CPU s each), and its draws
+# depend on the process's history, so a kill in one run was a survivor in CI's.
+@pytest.mark.nightly
 @pytest.mark.parametrize("name", [n for n, ok in SWITCHES.items() if ok and n not in UNREACHED])
 def test_the_machine_kills_the_switch(name: str) -> None:
     k = kill(ADAPTER, name, profile="ci")

@@ -54,6 +54,7 @@ print(json.dumps({"accepted": sorted(a for a in cov.accepted if cov.accepted[a])
 """
 
 
+@pytest.mark.nightly  # every default world's machine again, in a fresh process: ~340 CPU s
 def test_the_suite_takes_every_action_and_presses_every_property() -> None:
     """The machines above, under the derandomised ci profile, in a fresh interpreter.
 
