@@ -25,7 +25,14 @@ from refimpl.replay.common import (
     statuses,
     step,
 )
-from refimpl.replay.repro import Repro, choose, late_step_damage, next_request_writes, replay_one
+from refimpl.replay.repro import (
+    Repro,
+    choose,
+    late_step_damage,
+    late_write_quarantined,
+    next_request_writes,
+    replay_one,
+)
 
 __all__ = [
     "NEXT",
@@ -41,6 +48,8 @@ __all__ = [
     "guarded",
     "held_blocks",
     "late_step_damage",
+    "late_write_quarantined",
+    "late_write_quarantined",
     "msg",
     "next_request_writes",
     "prefetch",

@@ -290,3 +290,26 @@ def late_step_damage(r: Repro, freed: str, prevented: str) -> None:
         f" ({type(err).__name__}, NoReuseUnderIO); {prevented}"
         f" ({len(waited.steps)} steps, nothing held)"
     )
+
+
+def late_write_quarantined(r: Repro, late: Step, attempt: str) -> None:
+    """The correct decode's half of the late-write repros: the ``attempt``'s blocks stay
+    quarantined (two, not free), the next request is refused them (CapacityRefcount),
+    the ``late`` write lands in quarantine harming nobody, and the blocks are freed once
+    prefill quiesces. Fills ``r.prevented``."""
+    e, _ = r.replay_without_bug(None)
+    q = e.D.alloc.quarantined("r0")
+    r.expect(len(q) == 2, f"the {attempt}'s blocks {q} are quarantined, not free")
+    try:
+        next_request_writes(e, e.D, 1)
+        r.expect(False, "a quarantined block cannot be reallocated")
+    except OwnershipError as exc:
+        r.expect(exc.prop == "CapacityRefcount", f"the next request is refused: {exc}")
+    r.apply(e, late)
+    r.expect(e.damaged() == [], "r0's late write lands in quarantine, harming nobody")
+    waited = r.survives(e)
+    r.prevented = (
+        f"the {attempt}'s blocks {list(q)} stay quarantined (not reallocatable) until "
+        f"prefill, its writes done, says Quiesced; then freed ({len(waited.steps)} steps, "
+        "nothing held)"
+    )

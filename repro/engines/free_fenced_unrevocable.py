@@ -18,8 +18,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
-from refimpl.errors import OwnershipError  # noqa: E402
-from refimpl.replay import Out, Repro, Result, diff_elems, msg, next_request_writes  # noqa: E402
+from refimpl.replay import (  # noqa: E402
+    Out,
+    Repro,
+    Result,
+    diff_elems,
+    late_write_quarantined,
+    msg,
+    next_request_writes,
+)
 from repro._script import script_main  # noqa: E402
 
 PROPERTY = "NoReuseUnderIO"
@@ -47,21 +54,7 @@ def run(out: Out | None = print) -> Result:
         f"reallocated: {n} of {kv.numel()} of the next request's KV elements are r0's bytes"
     )
 
-    e, _ = r.replay_without_bug(None)
-    q = e.D.alloc.quarantined("r0")
-    r.expect(len(q) == 2, f"the timed-out attempt's blocks {q} are quarantined, not free")
-    try:
-        next_request_writes(e, e.D, 1)
-        r.expect(False, "a quarantined block cannot be reallocated")
-    except OwnershipError as exc:
-        r.expect(exc.prop == "CapacityRefcount", f"the next request is refused: {exc}")
-    r.apply(e, LATE)
-    r.expect(e.damaged() == [], "r0's write lands in quarantine, harming nobody")
-    waited = r.survives(e)
-    r.prevented = (
-        f"the blocks {list(q)} stay quarantined until prefill, its writes done, says "
-        f"Quiesced; then freed ({len(waited.steps)} steps, nothing held)"
-    )
+    late_write_quarantined(r, LATE, "timed-out attempt")
     return r.result()
 
 

@@ -18,8 +18,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
-from refimpl.errors import OwnershipError  # noqa: E402
-from refimpl.replay import Out, Repro, Result, diff_elems, msg, next_request_writes  # noqa: E402
+from refimpl.replay import (  # noqa: E402
+    Out,
+    Repro,
+    Result,
+    diff_elems,
+    late_write_quarantined,
+    msg,
+    next_request_writes,
+)
 from repro._script import script_main  # noqa: E402
 from spec import shardmap as sm  # noqa: E402
 
@@ -58,21 +65,7 @@ def run(out: Out | None = print) -> Result:
         f"{n} of {now.numel()} of its KV elements are r0's (foreign) bytes"
     )
 
-    e, _ = r.replay_without_bug(None)
-    q = e.D.alloc.quarantined("r0")
-    r.expect(len(q) == 2, f"the aborted attempt's blocks {q} are quarantined, not free")
-    try:
-        next_request_writes(e, e.D, 1)
-        r.expect(False, "a quarantined block cannot be reallocated")
-    except OwnershipError as exc:
-        r.expect(exc.prop == "CapacityRefcount", f"the next request is refused: {exc}")
-    r.apply(e, LATE)
-    r.expect(e.damaged() == [], "r0's late write lands in quarantine, harming nobody")
-    waited = r.survives(e)
-    r.prevented = (
-        f"the aborted attempt's blocks {list(q)} stay quarantined (not reallocatable) until "
-        f"prefill quiesces; then freed ({len(waited.steps)} steps, nothing held)"
-    )
+    late_write_quarantined(r, LATE, "aborted attempt")
     return r.result()
 
 
