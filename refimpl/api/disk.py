@@ -68,6 +68,7 @@ class Stored:
     path: Path
     manifest: Manifest
     nbytes: int
+    checks: int = 0  # checksum comparisons that passed on the way to the file
 
 
 @dataclass(frozen=True, slots=True)

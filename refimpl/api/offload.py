@@ -23,6 +23,7 @@ after the commit. A refusal anywhere leaves the device and the directory as they
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import overload
 
 from refimpl.api.disk import DiskTier, Miss, Stored, file_manifest
@@ -162,7 +163,7 @@ def reload(
         )
         if free_host:
             host.remove(got.key)
-        return res
+        return replace(res, checks=res.checks + got.checks)  # the file's blocks, then the copy
     if host_geometry is None:
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
     return _move(
@@ -210,4 +211,4 @@ def _offload_to_disk(
     stored = tier.store(file_manifest(res.received.manifest), kv)
     if free_device:
         device.alloc.free(request_id)
-    return stored
+    return replace(stored, checks=res.checks)
