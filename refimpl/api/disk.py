@@ -161,9 +161,18 @@ class DiskTier:
 
     # ------------------------------------------------------------ load
     def load(
-        self, geometry: KVGeometry, token_ids: Sequence[int], request_id: str
+        self,
+        geometry: KVGeometry,
+        token_ids: Sequence[int],
+        request_id: str,
+        *,
+        into: RankPools | None = None,
     ) -> Loaded | Miss:
-        """The verified file for ``token_ids`` (the KV ``geometry`` means), else a Miss."""
+        """The verified file for ``token_ids`` (the KV ``geometry`` means), else a Miss.
+
+        ``into``: staging pools of the file's geometry to load into (a reused buffer);
+        default fresh ones. Blocks are read and verified one at a time, so a corrupt block
+        stops the read; on a miss the blocks taken in ``into`` are given back."""
         key = self.key(geometry, token_ids)
         try:
             f = open(self.path(key), "rb")  # noqa: SIM115  # closed below
@@ -175,18 +184,24 @@ class DiskTier:
                 m, geo = self._check(header, geometry, token_ids)
             except (TornFileError, SpecManifestError) as e:
                 return Miss(key, f"{type(e).__name__}: {e}")
-            pools = geo.make_pools(m.num_blocks)  # allocated only now, to the size checked
+            if into is None:
+                pools = geo.make_pools(m.num_blocks)  # allocated only now, to the size checked
+            else:
+                geo.check_pools(into, "DiskTier.load into")
+                pools = into
             blocks = tuple(pools.alloc.allocate(request_id, m.num_blocks, epoch=m.epoch))
-            kv = pools.pools[0].kv[blocks[0] : blocks[0] + len(blocks)]
+            kv, size = pools.pools[0].kv, geo.rank_pool_geometry().block_bytes
             try:
-                read_into(f, header, TENSOR, kv)
+                for i, b in enumerate(blocks):  # read one block, verify it while it is hot
+                    read_into(f, header, TENSOR, kv[b], offset=i * size)
+                    if (got := block_checksum(kv[b])) != m.block_checksums[i]:
+                        want = m.block_checksums[i]
+                        raise TornFileError(
+                            f"block {i}: bytes hash to {got}, the manifest says {want}"
+                        )
             except TornFileError as e:
+                pools.alloc.free(request_id)
                 return Miss(key, f"TornFileError: {e}")
-        for i, (got, want) in enumerate(
-            zip(map(block_checksum, kv), m.block_checksums, strict=True)
-        ):
-            if got != want:
-                return Miss(key, f"block {i}: bytes hash to {got}, the manifest says {want}")
         return Loaded(key, m, pools, blocks, len(blocks))
 
     def _check(

@@ -218,13 +218,16 @@ def read_header(f: BinaryIO) -> Header:
     return Header(meta, entries, 8 + n, size)
 
 
-def read_into(f: BinaryIO, header: Header, name: str, out: torch.Tensor) -> None:
-    """Read tensor ``name`` into ``out`` (contiguous CPU, its dtype and shape)."""
+def read_into(
+    f: BinaryIO, header: Header, name: str, out: torch.Tensor, *, offset: int = 0
+) -> None:
+    """Read ``out.nbytes`` bytes of tensor ``name``, from byte ``offset`` of it, into ``out``
+    (contiguous CPU, the entry's dtype): the whole tensor, or one block of it."""
     e = header.entries[name]
-    if out.dtype != e.dtype or tuple(out.shape) != e.shape:
-        raise ValueError(f"read_into {name!r}: out is {out.dtype}{tuple(out.shape)}, file {e}")
     view = writable_byte_view(out)
-    f.seek(header.data_start + e.begin)
+    if out.dtype != e.dtype or not 0 <= offset <= offset + view.nbytes <= e.end - e.begin:
+        raise ValueError(f"read_into {name!r}: {out.dtype} bytes [{offset}, +{view.nbytes}) of {e}")
+    f.seek(header.data_start + e.begin + offset)
     got = 0
     while got < view.nbytes:
         n = f.readinto(view[got:])  # type: ignore[attr-defined]

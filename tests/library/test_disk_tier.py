@@ -56,7 +56,9 @@ def test_round_trip_across_geometries_is_bit_exact(tmp_path: Path) -> None:
     other = KVGeometry(2, 4, 8, 2, "bfloat16")  # tp=1, another block size and layout
     dst = other.make_pools(16)
     back = reload(DiskTier(tmp_path, MODEL), None, dst, other, "r1", TOKENS, decode_room=4)
-    assert len(back.received.blocks) == 7 and back.checks == 6  # per chunk and per block at the end
+    assert (
+        len(back.received.blocks) == 7 and back.checks == 3 + 6
+    )  # the file's 3 blocks, then per chunk and per block
     assert torch.equal(_per_token(dst, list(back.received.blocks), len(TOKENS)), want)
     assert not st.path.exists()  # free_host: the file is unpublished after the commit
 
@@ -211,3 +213,18 @@ def test_two_writers_of_one_key_never_share_a_temp_name(
     offload(dev, DEV, tier, None, "r1", TOKENS)
     offload(dev, DEV, tier, None, "r1", TOKENS)
     assert len(seen) == 2 and seen[0] != seen[1] and tier.keys() == [tier.key(DEV, TOKENS)]
+
+
+def test_a_load_into_reused_staging_gives_its_blocks_back_on_a_miss(
+    stored: tuple[DiskTier, Stored, torch.Tensor],
+) -> None:
+    tier, st, _ = stored
+    staging = KVGeometry.from_manifest_source(st.manifest).make_pools(8)
+    got = tier.load(DEV, TOKENS, "r2", into=staging)
+    assert isinstance(got, Loaded) and got.pools is staging and len(got.blocks) == 3
+    staging.alloc.free("r2")
+    _rewrite(st.path, TORN["a data byte flipped"])  # the last block's bytes
+    got = tier.load(DEV, TOKENS, "r2", into=staging)
+    assert isinstance(got, Miss) and "block 2" in got.reason and staging.alloc.num_free == 8
+    with pytest.raises(ValueError, match="do not match"):
+        tier.load(DEV, TOKENS, "r2", into=DEV.make_pools(8))  # not the file's geometry
