@@ -18,6 +18,8 @@ through Python bytes).
 
 Restart (``sweep_orphans``): temp files of writers that are gone are removed; published
 names are adopted as they are (``published_names``); their content is checked on read.
+"Gone" is read from the pid in the temp name, so the directory's writers must share one
+pid namespace (one host); writers on several hosts need a lease instead.
 
 Format: 8 bytes little-endian header length ``N``, ``N`` bytes of UTF-8 JSON (padded with
 spaces to 8 bytes), then the tensors' bytes back to back, as in the safetensors spec;
