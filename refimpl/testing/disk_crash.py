@@ -142,9 +142,11 @@ def kill_rounds(
         start = next_key
         tier = DiskTier(d, MODEL)
         r, w = os.pipe()
-        pids = [_fork_writer(tier, base, kv, next_key, w) for _ in range(writers)]
-        os.close(w)
+        pids: list[int] = []
         try:
+            for _ in range(writers):
+                pids.append(_fork_writer(tier, base, kv, next_key, w))
+            os.close(w)
             time.sleep(rng.uniform(0.0, window_s))
         finally:
             for pid in pids:  # every process started here ends here, by its pid
