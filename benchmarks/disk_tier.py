@@ -39,7 +39,7 @@ from refimpl.api import DiskTier, KVGeometry  # noqa: E402
 from refimpl.api.disk import Loaded  # noqa: E402
 from refimpl.checksum import block_checksum, byte_view, writable_byte_view  # noqa: E402
 from refimpl.engine.data import RankPools, gen  # noqa: E402
-from refimpl.testing.disk_crash import MODEL, _base, kill_rounds  # noqa: E402
+from refimpl.testing.disk_crash import MODEL, kill_rounds, sample_file  # noqa: E402
 from spec.manifest import Manifest  # noqa: E402
 
 GEO = KVGeometry(16, 8, 128, 16, "float16")  # the seed's config: 1024 tokens = 64 MiB
@@ -80,7 +80,7 @@ def _tier(
 
 
 def round_trip(directory: Path, rounds: int) -> dict[str, float]:
-    base, _ = _base(GEO, 64)  # 64 blocks of 16 tokens: 1024 tokens
+    base, _ = sample_file(GEO, 64)  # 64 blocks of 16 tokens: 1024 tokens
     kv = gen((64, *GEO.rank_pool_geometry().block_shape), GEO.torch_dtype, "bench")
     buf = torch.empty_like(kv)  # the raw side reads into memory allocated once,
     staging = GEO.make_pools(64)  # and so does the tier (``DiskTier.load(into=...)``)

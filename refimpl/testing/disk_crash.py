@@ -56,7 +56,9 @@ class CrashReport:
         )
 
 
-def _base(geometry: KVGeometry, blocks: int) -> tuple[Manifest, torch.Tensor]:
+def sample_file(geometry: KVGeometry, blocks: int) -> tuple[Manifest, torch.Tensor]:
+    """A file's manifest and canonical blocks of deterministic values (``blocks`` blocks
+    of ``geometry``, this module's MODEL, token ids 0..n-1)."""
     kv = gen((blocks, *geometry.rank_pool_geometry().block_shape), geometry.torch_dtype, "crash")
     tokens = tuple(range(blocks * geometry.block_size))
     m = Manifest.from_json_dict(
@@ -131,7 +133,7 @@ def kill_rounds(
     """Run ``rounds`` kill-and-restart rounds in ``directory``; see the module docstring."""
     geo = geometry or KVGeometry(4, 4, 64, 16, "bfloat16")
     d = Path(directory)
-    base, kv = _base(geo, blocks)
+    base, kv = sample_file(geo, blocks)
     rng = random.Random(seed)
     rep = CrashReport()
     reported: set[int] = set()
@@ -258,7 +260,7 @@ def kill_at(directory: str | os.PathLike[str], phase: str, *, blocks: int = 4) -
         raise ValueError(f"phase {phase!r}; known: {PHASES}")
     geo = KVGeometry(4, 4, 64, 16, "bfloat16")
     d = Path(directory)
-    base, kv = _base(geo, blocks)
+    base, kv = sample_file(geo, blocks)
     tier = DiskTier(d, MODEL)
     r, w = os.pipe()
     pid = os.fork()
