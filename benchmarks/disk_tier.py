@@ -85,6 +85,8 @@ def round_trip(directory: Path, rounds: int) -> dict[str, float]:
     buf = torch.empty_like(kv)  # the raw side reads into memory allocated once,
     staging = GEO.make_pools(64)  # and so does the tier (``DiskTier.load(into=...)``)
     tier = DiskTier(directory, MODEL)
+    _raw(directory / "raw.bin", kv, buf)  # one untimed round each: files, pages, caches
+    _tier(tier, base, kv, staging)
     raw, disk, sums = [], [], []
     for _ in range(rounds):  # interleaved: drift hits both sides alike
         raw.append(_raw(directory / "raw.bin", kv, buf))
