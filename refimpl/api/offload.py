@@ -207,7 +207,9 @@ def _offload_to_disk(
         model=tier.model,
     )
     blocks = list(res.received.blocks)
-    kv = staging.pools[0].kv[blocks]  # whole canonical blocks, in logical order
+    run = blocks == list(range(blocks[0], blocks[0] + len(blocks))) if blocks else False
+    kv = staging.pools[0].kv  # whole canonical blocks, in logical order (no copy: a run)
+    kv = kv[blocks[0] : blocks[0] + len(blocks)] if run else kv[blocks]
     stored = tier.store(file_manifest(res.received.manifest), kv)
     if free_device:
         device.alloc.free(request_id)
