@@ -20,7 +20,8 @@ process per side or per TP rank).
 Built on it: ``engine`` (one method per spec action, ``abstract()`` to a spec state),
 ``testing`` (the Hypothesis machines, parametrised by your implementation), ``demo``
 (handoff paths on the tiny model), ``replay`` (counterexamples on real tensors),
-``cluster`` (prefill and decode as separate processes on torch.distributed).
+``cluster`` (prefill and decode as separate processes on torch.distributed), ``tiers``
+(crash-safe safetensors files for the disk tier, ``DiskTier`` in the API).
 
 The API names load on first use, so ``import refimpl.blocks`` stays torch-light.
 """
@@ -46,6 +47,8 @@ _API = (
     "reload",
     "write_kv",
     "write_kv_layer",
+    "DiskTier",
+    "Stored",
 )
 
 __all__ = [
@@ -67,6 +70,7 @@ __all__ = [
     "testing",
     "transport",
     "transport_dist",
+    "tiers",
 ]
 
 

@@ -44,6 +44,11 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return _raw_view(t, "byte_view").toreadonly()
 
 
+def writable_byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, without copying them (``readinto``)."""
+    return _raw_view(t, "writable_byte_view")
+
+
 def copy_bytes_into(t: torch.Tensor, data: Buffer) -> None:
     """Copy ``data`` into a contiguous CPU tensor's bytes: one memcpy, no torch dispatch."""
     dst = _raw_view(t, "copy_bytes_into")

@@ -9,11 +9,17 @@ With L=16, B=1, T=1024, H_kv=8, D=128, s=2 this is 64 MiB; at a nominal 100 Gbit
 (12.5e9 B/s) the payload-only lower bound ``M_KV / BW`` is 5.369 ms. The bound leaves
 out serialization, registration, headers, hops, queues, synchronisation, block-table
 metadata, retries and the install on the target; it is not a measured latency.
+
+Per tier (issue #22): ``swap_or_recompute_per_tier`` weighs recompute against each
+``Tier`` (host, disk, ...) given its measured store and load rates and its fixed cost per
+round trip, and says why in ``TierChoice.reason``; ``refimpl.demo.tiers`` measures the
+rates on the real paths for ``kvown demo``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -151,3 +157,65 @@ def offload_benefit(
     full_hit_saving = recompute_s_per_token * offloaded_tokens
     break_even = swap_in / full_hit_saving if full_hit_saving > 0 else math.inf
     return OffloadBenefit(saved, swap_in, saved - swap_in, saved > swap_in, break_even)
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """A tier's measured rates: store (out), load (in), and a fixed cost per round trip
+    (a disk tier's fsync and rename, a lookup, a staging buffer's setup)."""
+
+    name: str
+    out_bytes_per_s: float
+    in_bytes_per_s: float
+    fixed_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TierChoice:
+    """Recompute, or the tier whose round trip is fastest, for one request's KV."""
+
+    choice: str  # "recompute" or a Tier's name
+    tokens: int  # T, per sequence
+    kv_bytes: int  # M_KV
+    recompute_s: float
+    swap_s: dict[str, float]  # per tier: fixed_s + M_KV / out + M_KV / in
+    break_even_tokens: dict[str, float]  # per tier: it beats recompute above this length
+    reason: str
+
+
+def swap_or_recompute_per_tier(
+    tokens: int,
+    tiers: Sequence[Tier],
+    prefill_tokens_per_s: float,
+    *,
+    num_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    batch: int = 1,
+    num_fields: int = 2,
+) -> TierChoice:
+    """``swap_or_recompute`` for every tier from the bytes ``M_KV = 2·L·B·T·H_kv·D·s``:
+    the fastest tier that beats recompute wins; with none, recompute (ties go to
+    recompute, which holds nothing, then to the earlier tier)."""
+    per_token = kv_bytes_per_token(num_layers, kv_heads, head_dim, dtype_bytes, num_fields)
+    m = kv_bytes(num_layers, batch, tokens, kv_heads, head_dim, dtype_bytes, num_fields)
+    swap: dict[str, float] = {}
+    even: dict[str, float] = {}
+    recompute = recompute_s(batch * tokens, prefill_tokens_per_s)
+    for t in tiers:
+        d = swap_or_recompute(
+            batch * tokens,
+            per_token,
+            t.out_bytes_per_s,
+            t.in_bytes_per_s,
+            prefill_tokens_per_s,
+            t.fixed_s,
+        )
+        swap[t.name], even[t.name] = d.swap_s, d.break_even_tokens / batch
+    best = min(swap, key=lambda n: swap[n], default=None)
+    choice = best if best is not None and swap[best] < recompute else "recompute"
+    terms = f"{num_fields}·{num_layers}·{batch}·{tokens}·{kv_heads}·{head_dim}·{dtype_bytes}"
+    parts = [f"M_KV = {terms} = {m} B", f"recompute {recompute * 1e3:.3g} ms"]
+    parts += [f"{n} {s * 1e3:.3g} ms (wins above {even[n]:.3g} tokens)" for n, s in swap.items()]
+    return TierChoice(choice, tokens, m, recompute, swap, even, "; ".join(parts))

@@ -131,3 +131,10 @@ class IdentityError(OwnershipError):
     """A block whose content is not the one its hash names: never staged, or foreign."""
 
     prop = "ContentIdentity"
+
+
+class MissError(OwnershipError):
+    """A tier holds no whole, matching copy (absent, torn, truncated, corrupt or another
+    model's): a miss, never a hit; the caller recomputes. Nothing was allocated."""
+
+    prop = "NoPartialUse"

@@ -8,9 +8,12 @@ of a request, for fault injection), ``State``, and ``write_kv``/``read_kv`` (con
 per-token KV <-> a request's blocks, batched, asking the allocator; ``write_kv_layer``
 one layer as prefill computes it). ``Sender.offer(..., layers=L)`` + ``send_layer`` and
 ``Receiver.layer_ready`` hand a request off layer by layer; ``Sender(..., rank=r)`` is one
-TP rank's Sender in its own process.
+TP rank's Sender in its own process. ``DiskTier`` (a directory of crash-safe safetensors
+files) is a tier ``offload``/``reload`` take in place of host pools (``Stored``: a
+published file; a torn or mismatched file is a miss, ``MissError``).
 """
 
+from refimpl.api.disk import DiskTier, Stored
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.handoff import HandoffResult, handoff
 from refimpl.api.offload import offload, reload
@@ -35,4 +38,6 @@ __all__ = [
     "reload",
     "write_kv",
     "write_kv_layer",
+    "DiskTier",
+    "Stored",
 ]

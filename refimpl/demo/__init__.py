@@ -1,8 +1,10 @@
 """``kvown demo``: the data path on a tiny GQA+RoPE decoder, logits bit-exact.
 
 ``paths`` runs every handoff path (TP 2→1, 1→2, 4→2, a prefix hit, an offload round trip,
-a block-size and layout change) and compares the logits with decoding without a handoff;
+a block-size and layout change, a disk round trip through a published file) and compares
+the logits with decoding without a handoff;
 ``handoff`` is the manifest → checksum → reshard → install pipeline between two workers;
+``tiers`` measures the host and disk tiers and chooses swap or recompute per tier;
 ``mismatch`` shows what a wrong RoPE base or adapter does with the compatibility check off.
 """
 
@@ -21,6 +23,7 @@ from refimpl.demo.paths import (
     run_all,
     run_path,
 )
+from refimpl.demo.tiers import choices, disk_round_trip, measure_prefill, measure_tiers
 
 __all__ = [
     "DEMO_CONFIG",
@@ -38,4 +41,8 @@ __all__ = [
     "prompt_of",
     "run_all",
     "run_path",
+    "choices",
+    "disk_round_trip",
+    "measure_prefill",
+    "measure_tiers",
 ]

@@ -19,13 +19,16 @@ The model runs in float32: the manifest names the storage dtype and has no float
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
 from refimpl.api import offload, reload
 from refimpl.demo.handoff import Handoff, Worker, handoff
+from refimpl.demo.tiers import disk_round_trip
 from refimpl.model import Generation, TinyConfig, TinyDecoder, decode, generate
 from spec import shardmap as sm
 
@@ -56,6 +59,7 @@ class PathSpec:
     dst: tuple[int, int, str]  # decode (tp, block_size, layout)
     prefix_tokens: int = 0  # tokens the decode side already holds from an earlier request
     offload: bool = False  # decode side: device -> host -> device before decoding
+    disk: bool = False  # decode side: device -> a published file -> device before decoding
 
 
 SPECS = {
@@ -67,6 +71,7 @@ SPECS = {
         PathSpec("tp2->tp1 +prefix", (2, 4, HM), (1, 4, HM), prefix_tokens=8),
         PathSpec("tp2->tp1 +offload", (2, 4, HM), (1, 4, HM), offload=True),
         PathSpec("bs4->6 +layout", (2, 4, TM), (2, 6, HM)),
+        PathSpec("tp2->tp1 +disk", (2, 4, HM), (1, 4, TM), disk=True),
     )
 }
 
@@ -126,6 +131,11 @@ def run_path(
         table, n, moved = offload_reload(dst, "req", prompt_len, steps)
         store, checks = dst.store(table, prompt_len), checks + n
         note = f"{note}; offload+reload {moved} B"
+    if spec.disk:
+        with tempfile.TemporaryDirectory(prefix="kvown-demo-disk-") as d:
+            table, n, nbytes = disk_round_trip(dst, "req", prompt.tolist(), steps, Path(d))
+        store, checks = dst.store(table, prompt_len), checks + n
+        note = f"{note}; disk: {nbytes} B file published, read back verified"
     if spec.prefix_tokens:
         note = f"{note}; {h.manifest.prefix_blocks} blocks cached"
     rows, tokens = decode(dst.model, h.first_token, prompt_len, steps, store)  # (N, V)
@@ -182,6 +192,7 @@ tp4_to_tp2 = _path("tp4->tp2")
 prefix_cached = _path("tp2->tp1 +prefix")
 offload_round_trip = _path("tp2->tp1 +offload")
 block_size_change = _path("bs4->6 +layout")
+disk_tier_round_trip = _path("tp2->tp1 +disk")
 PATHS: tuple[Callable[..., DemoRecord], ...] = (
     tp2_to_tp1,
     tp1_to_tp2,
@@ -189,6 +200,7 @@ PATHS: tuple[Callable[..., DemoRecord], ...] = (
     prefix_cached,
     offload_round_trip,
     block_size_change,
+    disk_tier_round_trip,
 )
 
 

@@ -91,3 +91,28 @@ def test_offload_benefit_seed_model() -> None:
     assert above.worthwhile and above.net_s > 0
     with pytest.raises(ValueError, match="hit_rate"):
         cm.offload_benefit(1.5, 1e-5, 1, 1, 1)
+
+
+def test_per_tier_choice_follows_the_bytes_and_the_rates() -> None:
+    # 2*16*1*T*8*128*2 = 64 KiB per token. Host: 10 GB/s each way, 0.1 ms fixed; disk:
+    # 2 GB/s each way, 5 ms fixed (fsync); prefill 10k tok/s (100 us per token).
+    host = cm.Tier("host", 10e9, 10e9, 1e-4)
+    disk = cm.Tier("disk", 2e9, 2e9, 5e-3)
+    geo = dict(num_layers=16, kv_heads=8, head_dim=128, dtype_bytes=2)
+    per_token = cm.kv_bytes_per_token(16, 8, 128, 2)
+    assert per_token == 64 * 1024
+    short = cm.swap_or_recompute_per_tier(1, [host, disk], 1e4, **geo)
+    assert short.choice == "recompute" and short.kv_bytes == per_token  # 100 us < 113 us
+    long = cm.swap_or_recompute_per_tier(1024, [host, disk], 1e4, **geo)
+    assert long.choice == "host" and long.kv_bytes == 64 * 2**20
+    assert long.swap_s["host"] == pytest.approx(1e-4 + 2 * 64 * 2**20 / 10e9)
+    assert long.swap_s["disk"] == pytest.approx(5e-3 + 2 * 64 * 2**20 / 2e9)
+    assert long.recompute_s == pytest.approx(0.1024)
+    only_disk = cm.swap_or_recompute_per_tier(1024, [disk], 1e4, **geo)
+    assert only_disk.choice == "disk" and "M_KV = 2·16·1·1024·8·128·2" in only_disk.reason
+    assert only_disk.break_even_tokens["disk"] == pytest.approx(5e-3 / (1e-4 - 2 * per_token / 2e9))
+    slow_disk = cm.Tier("disk", 5e8, 5e8, 5e-3)  # 262 us per token to move > 100 us to compute
+    never = cm.swap_or_recompute_per_tier(10**5, [slow_disk], 1e4, **geo)
+    assert never.choice == "recompute" and never.break_even_tokens["disk"] == math.inf
+    batched = cm.swap_or_recompute_per_tier(1024, [host], 1e4, batch=4, **geo)
+    assert batched.kv_bytes == 4 * 64 * 2**20 and batched.recompute_s == pytest.approx(0.4096)

@@ -37,6 +37,8 @@ EXPECTED = {  # name: (blocks moved, checksums verified)
     "tp2->tp1 +prefix": (PROMPT_BLOCKS - 2, (PROMPT_BLOCKS - 2) * (2 + 1)),
     "tp2->tp1 +offload": (PROMPT_BLOCKS, PROMPT_BLOCKS * (2 + 1) + PROMPT_BLOCKS * 2),
     "bs4->6 +layout": (PROMPT_BLOCKS, PROMPT_BLOCKS * (2 + 1)),
+    # + to the file 1, the file's blocks on read 1, back into tokens_major 2 (staged)
+    "tp2->tp1 +disk": (PROMPT_BLOCKS, PROMPT_BLOCKS * (2 + 1) + PROMPT_BLOCKS * (1 + 1 + 2)),
 }
 
 
@@ -135,11 +137,19 @@ def test_cli_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     for p in out["paths"]:
         assert set(p) == {"name", "blocks_moved", "bytes_moved", "logits_equal", "max_abs_diff"}
         assert p["logits_equal"] is True and p["max_abs_diff"] == 0.0
+    rows = out["swap_or_recompute"]  # per tier, rates measured here
+    assert [r["tokens"] for r in rows] == [13, 1024, 32768]
+    for r in rows:
+        assert r["kv_bytes"] == 2 * 2 * r["tokens"] * 4 * 8 * 4  # 2·L·B·T·H_kv·D·s, float32
+        assert r["choice"] in {"recompute", "host", "disk"} and r["reason"].startswith("M_KV")
+        fastest = min([r["recompute_s"], *r["swap_s"].values()])
+        want = r["choice"] == "recompute" or r["swap_s"][r["choice"]] == fastest
+        assert want and set(r["swap_s"]) == {"host", "disk"}
 
 
 def test_cli_demo_table_and_mismatch(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
-    assert "tp4->tp2" in capsys.readouterr().out
+    assert main(["demo", "--no-tiers"]) == 0
+    assert "tp2->tp1 +disk" in capsys.readouterr().out
     assert main(["demo", "--mismatch", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["mismatch"]
     assert [(r["name"], r["check"], r["installed"]) for r in out] == [

@@ -1,0 +1,273 @@
+"""Crash-safe published files in the safetensors format (no pickle), for a disk tier.
+
+Write (``write_published``): the bytes go to a temp name unique to this writer
+(``.<name>.<pid>.<random>.tmp``, opened with ``O_EXCL``), are flushed (``fsync``), then
+published by ``os.replace`` onto ``<name>.safetensors`` and the directory is fsynced, so
+the name appears only with every byte behind it, and survives a power loss once
+``write_published`` returned. Two writers of one name never share a temp file (LMCache
+#2517: a shared temp name let one writer's rename take the other's file away); the last
+rename wins, and both files are whole. A writer killed at any point leaves at most its
+own temp file, never a published name with partial bytes.
+
+Read (``read_header`` then ``read_into``): the 8-byte header length, the header (strict
+JSON, capped), every tensor entry (known dtype, shape, offsets) and the sum of the
+entries against the file's size are checked before the caller allocates anything; a
+file that is torn, truncated, extended or malformed raises ``TornFileError`` and a tier
+reads it as a miss. ``read_into`` fills a preallocated tensor with ``readinto`` (no copy
+through Python bytes).
+
+Restart (``sweep_orphans``): temp files of writers that are gone are removed; published
+names are adopted as they are (``published_names``); their content is checked on read.
+"Gone" is read from the pid in the temp name, so the directory's writers must share one
+pid namespace (one host); writers on several hosts need a lease instead.
+
+Format: 8 bytes little-endian header length ``N``, ``N`` bytes of UTF-8 JSON (padded with
+spaces to 8 bytes), then the tensors' bytes back to back, as in the safetensors spec;
+``safetensors.torch.load_file`` reads these files, and this reader reads its files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from refimpl.checksum import byte_view, writable_byte_view
+from spec.strict_json import StrictJSONError, loads_strict
+
+PUBLISHED_SUFFIX = ".safetensors"
+TEMP_SUFFIX = ".tmp"
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's cap
+WRITE_CHUNK_BYTES = 16 << 20  # one os.write at most (a short write is retried)
+_NAME = re.compile(r"^[0-9a-z][0-9a-z_-]{0,127}$")
+_TEMP = re.compile(r"^\.(?P<name>[0-9a-z][0-9a-z_-]*)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp$")
+
+ST_DTYPES: dict[torch.dtype, str] = {
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.int32: "I32",
+    torch.int64: "I64",
+}
+_TORCH_OF = {v: k for k, v in ST_DTYPES.items()}
+
+
+class TornFileError(ValueError):
+    """A file that is not one whole, well-formed published file; a tier reads it as a miss."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor of a file: dtype, shape and its byte range after the header."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A file's validated header: metadata, tensor entries, where the data starts."""
+
+    metadata: dict[str, str]
+    entries: dict[str, Entry]
+    data_start: int
+    file_size: int
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"name {name!r}: lowercase letters, digits, '_' or '-' (<= 128)")
+
+
+def published_path(directory: Path, name: str) -> Path:
+    _check_name(name)
+    return directory / f"{name}{PUBLISHED_SUFFIX}"
+
+
+def _header_bytes(
+    metadata: Mapping[str, str], tensors: Sequence[tuple[str, torch.Tensor]]
+) -> bytes:
+    head: dict[str, object] = {"__metadata__": dict(metadata)}
+    off = 0
+    for name, t in tensors:
+        if t.dtype not in ST_DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
+        n = t.numel() * t.element_size()
+        head[name] = {
+            "dtype": ST_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [off, off + n],
+        }
+        off += n
+    text = json.dumps(head, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)  # the data starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data.nbytes:
+        n = os.write(fd, data[:WRITE_CHUNK_BYTES])
+        data = data[n:]
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_published(
+    directory: Path,
+    name: str,
+    metadata: Mapping[str, str],
+    tensors: Sequence[tuple[str, torch.Tensor]],
+) -> Path:
+    """Write ``tensors`` (contiguous, CPU) and ``metadata`` as ``<name>.safetensors``:
+    temp file unique to this writer, fsync, atomic rename, fsync of the directory.
+    On any failure the temp file is removed and nothing is published."""
+    final = published_path(directory, name)
+    names = [n for n, _ in tensors]
+    if len(set(names)) != len(names) or "__metadata__" in names:
+        raise ValueError(f"tensor names {names} must be distinct and not '__metadata__'")
+    views = [byte_view(t) for _, t in tensors]  # raises on a CUDA or strided tensor
+    header = _header_bytes(metadata, tensors)
+    tmp = directory / f".{name}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            _write_all(fd, memoryview(header))
+            for v in views:
+                _write_all(fd, v)
+            os.fsync(fd)  # every byte on the device before the name can appear
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)  # the publish: atomic within one directory
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(directory)  # the rename itself survives a power loss
+    return final
+
+
+def _entry(name: str, v: object, data_bytes: int) -> Entry:
+    if not isinstance(v, dict) or set(v) != {"dtype", "shape", "data_offsets"}:
+        raise TornFileError(f"tensor {name!r}: entry must hold dtype, shape, data_offsets")
+    dtype, shape, offs = v["dtype"], v["shape"], v["data_offsets"]
+    if dtype not in _TORCH_OF:
+        raise TornFileError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise TornFileError(f"tensor {name!r}: shape {shape!r} is not a list of ints >= 0")
+    ok = isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
+    if not ok or not 0 <= offs[0] <= offs[1] <= data_bytes:
+        raise TornFileError(f"tensor {name!r}: offsets {offs!r} outside {data_bytes} data bytes")
+    t = _TORCH_OF[dtype]
+    if offs[1] - offs[0] != math.prod(shape) * t.itemsize:
+        raise TornFileError(f"tensor {name!r}: {offs[1] - offs[0]} bytes for shape {shape}")
+    return Entry(name, t, tuple(shape), offs[0], offs[1])
+
+
+def read_header(f: BinaryIO) -> Header:
+    """Validate an open file's header against its size (nothing large is allocated)."""
+    size = os.fstat(f.fileno()).st_size
+    f.seek(0)
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise TornFileError(f"{size} bytes: shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", raw)
+    if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
+        raise TornFileError(f"header length {n} does not fit a {size}-byte file")
+    text = f.read(n)
+    if len(text) != n:
+        raise TornFileError(f"header: {len(text)} of {n} bytes")
+    try:
+        head = loads_strict(text.rstrip(b" "), max_depth=3, max_int_digits=19)
+    except StrictJSONError as e:
+        raise TornFileError(f"header: {e}") from None
+    if not isinstance(head, dict):
+        raise TornFileError("header: not a JSON object")
+    meta = head.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(x, str) for x in meta.values()):
+        raise TornFileError("header: __metadata__ must map strings to strings")
+    data_bytes = size - 8 - n
+    entries = {k: _entry(k, v, data_bytes) for k, v in head.items()}
+    spans = sorted((e.begin, e.end) for e in entries.values())
+    at = 0
+    for lo, hi in spans:  # back to back, covering the data exactly: no gap, no overlap
+        if lo != at:
+            raise TornFileError(f"data: a gap or overlap at byte {at}")
+        at = hi
+    if at != data_bytes:
+        raise TornFileError(f"data: entries cover {at} bytes, the file holds {data_bytes}")
+    return Header(meta, entries, 8 + n, size)
+
+
+def read_into(
+    f: BinaryIO, header: Header, name: str, out: torch.Tensor, *, offset: int = 0
+) -> None:
+    """Read ``out.nbytes`` bytes of tensor ``name``, from byte ``offset`` of it, into ``out``
+    (contiguous CPU, the entry's dtype): the whole tensor, or one block of it."""
+    e = header.entries[name]
+    view = writable_byte_view(out)
+    if out.dtype != e.dtype or not 0 <= offset <= offset + view.nbytes <= e.end - e.begin:
+        raise ValueError(f"read_into {name!r}: {out.dtype} bytes [{offset}, +{view.nbytes}) of {e}")
+    f.seek(header.data_start + e.begin + offset)
+    got = 0
+    while got < view.nbytes:
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise TornFileError(f"tensor {name!r}: {got} of {view.nbytes} bytes")
+        got += n
+
+
+def published_names(directory: Path) -> list[str]:
+    """Names published in ``directory`` (temp files and foreign files are not)."""
+    out = []
+    for p in directory.iterdir():
+        stem = p.name[: -len(PUBLISHED_SUFFIX)]
+        if p.name.endswith(PUBLISHED_SUFFIX) and _NAME.match(stem) and p.is_file():
+            out.append(stem)
+    return sorted(out)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def sweep_orphans(directory: Path, *, all_writers: bool = False) -> list[str]:
+    """Remove temp files whose writer is gone (every temp file with ``all_writers``);
+    returns their names. A writer whose temp file was removed fails its own rename and
+    publishes nothing."""
+    removed = []
+    for p in directory.iterdir():
+        m = _TEMP.match(p.name)
+        if m and (all_writers or not _alive(int(m["pid"]))):
+            p.unlink(missing_ok=True)
+            removed.append(p.name)
+    return sorted(removed)
