@@ -49,7 +49,6 @@ __all__ = [
     "held_blocks",
     "late_step_damage",
     "late_write_quarantined",
-    "late_write_quarantined",
     "msg",
     "next_request_writes",
     "prefetch",
