@@ -83,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--restarts", type=int_in(0, 8), default=2,
         help="restarts of killed workers, in all (a restarted worker is a new incarnation)",
     )  # fmt: skip
+    p.add_argument(
+        "--retries", type=int_in(0, 4), default=2,
+        help="new attempts of a request whose attempt failed (a crash, a timeout, a refusal)",
+    )  # fmt: skip
     p.add_argument("--cancel", type=probability, default=0.05, help="P(a request is cancelled)")
     p.add_argument("--delay", type=probability, default=0.05, help="P(a control msg is delayed)")
     p.add_argument("--delay-ms", type=millis, default=20.0, help="how long a delay lasts")
@@ -114,6 +118,7 @@ def _config(a: argparse.Namespace) -> Any:
         return ClusterConfig(
             requests=a.requests, prefill_tp=a.prefill_tp, decode_tp=a.decode_tp,
             decode_workers=a.decode_workers, seed=a.seed, kill=a.kill, restarts=a.restarts,
+            retries=a.retries,
             cancel_p=a.cancel, delay_p=a.delay, delay_s=a.delay_ms / 1000, drop_p=a.drop,
             timeout_s=a.timeout, deadline_s=a.deadline, mutant=a.mutant, model=model,
             steps=a.steps, max_inflight=a.max_inflight, raw_baseline=not a.no_raw,

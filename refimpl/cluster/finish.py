@@ -23,8 +23,20 @@ if TYPE_CHECKING:
 
 
 def finish(r: Router) -> None:
+    await_restarts(r)
     raw_baseline(r)
     shutdown(r)
+
+
+def await_restarts(r: Router, timeout_s: float = 120.0) -> None:
+    """A restart still booting when the last request ended comes up first (bounded), so
+    that it reports at the shutdown like every live worker."""
+    deadline = time.monotonic() + timeout_s
+    while r.booting and time.monotonic() < deadline:
+        for m in r.ch.poll():
+            r.on_message(m)
+        r.watch(time.monotonic())
+        time.sleep(0.01)
 
 
 def raw_baseline(r: Router) -> None:

@@ -29,6 +29,7 @@ HOSTILE: tuple[tuple[str, ...], ...] = (
     ("--decode-tp", "2"),
     ("--decode-workers", "5"),
     ("--restarts", "9"),
+    ("--retries", "5"),
     ("--cancel", "1.5"),
     ("--cancel", "nan"),
     ("--drop", "-0.1"),
