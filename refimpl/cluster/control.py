@@ -10,7 +10,9 @@ current. When told of a peer's restart (``Channel.set_inc``), a reader discards 
 left in the old incarnation's mailbox, counted in ``fenced`` (spec ``PrefillDiscard`` /
 ``DecodeDiscard``: a control message of an older incarnation changes nothing).
 
-A reader keeps one cursor per peer and asks ``check([next key])`` (a non-blocking
+Each send also rings the receiver's doorbell (``n/{dst}.{dst_inc}``, a counter set
+after the message): a reader whose doorbell has not moved reads nothing, in one round
+trip. A reader keeps one cursor per peer and asks ``check([next key])`` (a non-blocking
 round trip) before it reads, so a dead writer never hangs it: its mailbox just stops
 growing. Nothing waits without a timeout; the store's own timeout bounds every call.
 
@@ -107,6 +109,7 @@ class Channel:
     dropped: int = 0
     delayed: int = 0
     fenced: int = 0  # messages of a dead incarnation, discarded unread
+    rung: int = 0  # the doorbell's count when this end last read everything
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.faults.seed}/{self.name}")
@@ -137,6 +140,7 @@ class Channel:
     def _put(self, box: str, text: str) -> None:
         seq = self.sent.get(box, 0) + 1
         self.store.set(f"{box}/{seq}", text)
+        self.store.add(f"n/{box.split('>')[1]}", 1)  # the receiver's doorbell, after the set
         self.sent[box] = seq
 
     def set_inc(self, peer: str, inc: int) -> None:
@@ -173,10 +177,17 @@ class Channel:
     def poll(self, peers: Iterable[str] | None = None, limit: int = 64) -> list[Message]:
         """Every message that has arrived, in per-sender order (non-blocking)."""
         self.flush()
+        bell = 0
+        if peers is None:  # one round trip when nothing came (the usual case)
+            bell = int(self.store.add(f"n/{self.name}.{self.inc}", 0))
+            if bell == self.rung:
+                return []
         out: list[Message] = []
         for src in self.peers if peers is None else peers:
             box = self.box(src, self.incs.get(src, 0), self.name, self.inc)
             out += self._read(box, limit - len(out))
+        if peers is None and len(out) < limit:  # everything counted in ``bell`` is read
+            self.rung = bell
         return out
 
     def _read(self, box: str, limit: int) -> list[Message]:

@@ -80,7 +80,15 @@ def proc_name(role: str, rank: int) -> str:
 
 
 def peers_of(a: WorkerArgs) -> tuple[str, ...]:
-    names = [ROUTER, *prefill_names(a.prefill_tp), *decode_names(a.decode_workers)]
+    """Who may send to this process: the router; the prefill leader hears its other
+    ranks and every decode worker; another prefill rank hears the leader only; a decode
+    worker hears every prefill rank (decode workers never talk to each other)."""
+    if a.role == "decode":
+        names = [ROUTER, *prefill_names(a.prefill_tp)]
+    elif a.rank == 0:
+        names = [ROUTER, *prefill_names(a.prefill_tp), *decode_names(a.decode_workers)]
+    else:
+        names = [ROUTER, "p0"]
     return tuple(n for n in names if n != a.name)
 
 
