@@ -300,18 +300,21 @@ class PrefillWorker(Base):
         if not r.cancel_logged:
             self.event("ClientCancel", r.rid)
         self.event("PrefillQuiesce", r.rid)
-        self.drop_everywhere(r.rid)
-        del self.reqs[r.rid]
-        self.ended.add(r.rid)
-        self.early.pop(r.rid, None)
+        self.end_here(r)
         self.report("outcome", rid=r.rid, outcome="cancelled", reason="cancelled on prefill")
 
     def fail(self, r: PReq, reason: str) -> None:
+        self.end_here(r)
+        self.report("outcome", rid=r.rid, outcome="failed", reason=reason)
+
+    def end_here(self, r: PReq) -> None:
+        """The request is over on prefill: its blocks go on every rank, and a later turn
+        (an early "frozen" handled in the same admit) finds it ended."""
         self.drop_everywhere(r.rid)
         del self.reqs[r.rid]
+        r.phase = "ended"
         self.ended.add(r.rid)
         self.early.pop(r.rid, None)
-        self.report("outcome", rid=r.rid, outcome="failed", reason=reason)
 
     def drop_everywhere(self, rid: str) -> None:
         self.kv.drop(rid)

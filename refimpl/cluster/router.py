@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
@@ -298,9 +297,13 @@ class Router:
     def watch(self, now: float) -> None:
         """A worker whose process exited, or whose heartbeat stood still, is dead."""
         for w, since in list(self.booting.items()):
-            if now - since > 120.0 or not self.procs.alive(w):
-                del self.booting[w]  # a restart that never came up: down for good
-                self.rep.crashed.append(f"{w}.{self.inc[w]} (restart did not start)")
+            if now - since > 120.0 or not self.procs.alive(w):  # it never came up
+                del self.booting[w]
+                self.rep.crashed.append(f"{w}.{self.inc[w] + 1} (restart did not start)")
+                if self.procs.alive(w):
+                    self.procs.kill(w, injected=False)
+                if self.can_restart():
+                    self.restart(self.group(w))
         live = [w for w in self.workers if self.group(w) not in self.down]
         live = [w for w in live if w not in self.booting]
         counts = heartbeats(self.store, live)
@@ -394,7 +397,3 @@ class Router:
 
 def run_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> ClusterReport:
     return Router(cfg, progress).run()
-
-
-def describe(cfg: ClusterConfig) -> dict[str, Any]:
-    return {**asdict(cfg), "model": asdict(cfg.model)}

@@ -221,6 +221,7 @@ def main(argv: list[str]) -> int:
 
         w = DecodeWorker(a)
     w.report("hello")
+    w.ch.drain(a.timeout_s)  # a delayed hello must be out before the rendezvous blocks
     w.connect_all()
     w.report("connected")
     w.loop()
