@@ -5,10 +5,8 @@ It hosts the control store (a TCPStore), starts one process per prefill TP rank 
 per decode worker (the data plane is one gloo group per prefill rank and decode worker
 pair: ``pairs.py``), and then loops, never blocking without a deadline:
 
-- admits requests (to every prefill rank, naming the decode worker: round robin over
-  the live ones) up to ``max_inflight`` at a time, while a prefill worker and a decode
-  worker are up;
-- fires the planned kill (SIGKILL by pid) once enough requests have ended;
+- admits requests (to every prefill rank, naming a live decode worker, round robin) up
+  to ``max_inflight`` at a time; fires the planned kill (SIGKILL by pid);
 - declares a worker dead when its process has exited or its heartbeat has not moved
   for ``timeout_s``; it reads what the dead process had sent, logs ``EnvCrash`` after
   everything the crashed worker logged (see ``on_death``), gives the attempts it held
@@ -19,9 +17,7 @@ pair: ``pairs.py``), and then loops, never blocking without a deadline:
   is retried as a new attempt ``rid~k`` (up to ``retries``) on a decode worker that is
   up: the retry recomputes the prefill (the spec's "the router may retry it");
 - ends when every request has an outcome, or at ``deadline_s`` (the rest are "lost").
-
-Then ``finish`` measures the raw baseline, shuts the workers down and checks the run.
-"""
+Then ``finish`` measures the raw baseline, shuts the workers down and checks the run."""
 
 from __future__ import annotations
 
@@ -141,7 +137,7 @@ class Router:
         self.inc: dict[str, int] = {w: 0 for w in self.workers}
         self.down: set[str] = set()  # PREFILL and decode names: crashed, not back yet
         self.booting: dict[str, float] = {}  # restarted process -> started at (no hello yet)
-        self.restarting: tuple[str, list[str], list[str], int] = ("", [], [], 0)
+        self.restarting: dict[str, tuple[list[str], list[str], int]] = {}  # group -> ...
         self.rr = 0
         self.stats: dict[str, dict[str, float]] = {}
         self.beats: dict[str, tuple[int, float]] = {}
@@ -377,17 +373,22 @@ class Router:
         for n in names:  # the router reads the new incarnation's mailboxes from now on
             self.ch.set_inc(n, inc)
         self.rep.restarted += [f"{n}.{inc}" for n in names]
-        self.restarting = (g, names, spawned, inc)
+        self.restarting[g] = (names, spawned, inc)  # two workers may restart at once
+
+    def running_inc(self, w: str) -> int:
+        """The incarnation process ``w`` runs as (a booting one: its new incarnation)."""
+        return self.restarting[self.group(w)][2] if w in self.booting else self.inc[w]
 
     def on_back(self, w: str) -> None:
         """The restarted process said hello: every live process learns the incarnation."""
         del self.booting[w]
-        g, names, spawned, inc = self.restarting
+        g = self.group(w)
+        names, spawned, inc = self.restarting[g]
         if any(n in self.booting for n in names):
             return
         for peer in self.workers:  # a survivor of the worker hears it at its old incarnation
             if self.procs.alive(peer) and peer not in spawned:
-                to = inc - 1 if peer in names else self.inc[peer]
+                to = inc - 1 if peer in names else self.running_inc(peer)
                 self.ch.send(peer, "restarted", who=names, inc=inc, to_inc=to)
         for n in names:
             self.inc[n] = inc
