@@ -1,10 +1,18 @@
 """The control channel: JSON messages through torch.distributed's TCPStore.
 
-Every pair of processes (src, dst) has its own mailbox, written by src only:
+Every pair of process incarnations (src, dst) has its own mailbox, written by src only:
 
-    key  ctl/{src}>{dst}/{seq}   value  one JSON object (seq counts from 1, no holes)
+    key  ctl/{src}.{src_inc}>{dst}.{dst_inc}/{seq}   value  one JSON object (seq from 1)
 
-A reader keeps one cursor per peer and asks ``check([next key])`` (a non-blocking
+A restarted worker is a new incarnation (``inc + 1``, spec ``EnvRestart``): it reads
+and writes new mailboxes, so a message of (or to) the dead incarnation is never taken as
+current. When told of a peer's restart (``Channel.set_inc``), a reader discards what is
+left in the old incarnation's mailbox, counted in ``fenced`` (spec ``PrefillDiscard`` /
+``DecodeDiscard``: a control message of an older incarnation changes nothing).
+
+Each send also rings the receiver's doorbell (``n/{dst}.{dst_inc}``, a counter set
+after the message): a reader whose doorbell has not moved reads nothing, in one round
+trip. A reader keeps one cursor per peer and asks ``check([next key])`` (a non-blocking
 round trip) before it reads, so a dead writer never hangs it: its mailbox just stops
 growing. Nothing waits without a timeout; the store's own timeout bounds every call.
 
@@ -15,7 +23,9 @@ Faults (``ControlFaults``): a message may be held back for ``delay_s`` (sent lat
 ``flush``, from the same loop; later messages to the same peer wait behind it, as on a
 slow TCP link, so each pair stays FIFO) or dropped. Only the kinds named in ``droppable`` can be
 dropped: the router picks them so that a drop stays inside what the protocol recovers
-from by a timeout (see ``refimpl/cluster/faults.py``).
+from by a timeout (see ``refimpl/cluster/faults.py``). Whether a message is dropped is a
+hash of the seed, its kind, request and epoch (``drops``), not a draw in send order, so
+the same seed drops the same messages whatever the processes' timing.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+import xxhash
 
 Store = Any  # torch.distributed.TCPStore (torch's stubs do not export it)
 
@@ -53,6 +64,13 @@ class ControlFaults:
                 raise ValueError(f"{name}={v} not in [0, 1]")
         if self.delay_s < 0:
             raise ValueError(f"delay_s={self.delay_s} < 0")
+
+    def drops(self, kind: str, body: dict[str, Any]) -> bool:
+        """Is this message dropped? A function of (seed, kind, rid, epoch) only."""
+        if kind not in self.droppable or not self.drop_p:
+            return False
+        key = f"{self.seed}/{kind}/{body.get('rid')}/{body.get('epoch')}".encode()
+        return xxhash.xxh64_intdigest(key) / 2.0**64 < self.drop_p
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> Store:
@@ -83,22 +101,32 @@ class Channel:
     peers: tuple[str, ...]
     clock: Callable[[int], int]  # merges a received lc, returns the local lc to stamp
     faults: ControlFaults = field(default_factory=ControlFaults)
-    sent: dict[str, int] = field(default_factory=dict)
-    cursor: dict[str, int] = field(default_factory=dict)
-    held: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # dst -> (due, json)
+    inc: int = 0  # this process's incarnation
+    incs: dict[str, int] = field(default_factory=dict)  # each peer's current incarnation
+    sent: dict[str, int] = field(default_factory=dict)  # mailbox -> last seq
+    cursor: dict[str, int] = field(default_factory=dict)  # mailbox -> last seq read
+    held: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # box -> (due, json)
     dropped: int = 0
     delayed: int = 0
+    fenced: int = 0  # messages of a dead incarnation, discarded unread
+    rung: int = 0  # the doorbell's count when this end last read everything
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.faults.seed}/{self.name}")
 
-    def send(self, dst: str, kind: str, **body: Any) -> None:
-        msg = {"kind": kind, "src": self.name, "lc": self.clock(0), **body}
+    def box(self, src: str, src_inc: int, dst: str, dst_inc: int) -> str:
+        return f"ctl/{src}.{src_inc}>{dst}.{dst_inc}"
+
+    def send(self, dst: str, kind: str, *, to_inc: int | None = None, **body: Any) -> None:
+        """Queue a message to ``dst``'s current incarnation (or ``to_inc``)."""
+        msg = {"kind": kind, "src": self.name, "inc": self.inc, "lc": self.clock(0), **body}
         text = json.dumps(msg, separators=(",", ":"))
         f = self.faults
-        if kind in f.droppable and f.drop_p and self.rng.random() < f.drop_p:
+        if f.drops(kind, body):
             self.dropped += 1
             return
+        dinc = self.incs.get(dst, 0) if to_inc is None else to_inc
+        dst = self.box(self.name, self.inc, dst, dinc)
         due = time.monotonic()
         if f.delay_p and self.rng.random() < f.delay_p:
             self.delayed += 1
@@ -109,10 +137,28 @@ class Channel:
         queue.append((due, text))
         self.flush()
 
-    def _put(self, dst: str, text: str) -> None:
-        seq = self.sent.get(dst, 0) + 1
-        self.store.set(f"ctl/{self.name}>{dst}/{seq}", text)
-        self.sent[dst] = seq
+    def _put(self, box: str, text: str) -> None:
+        seq = self.sent.get(box, 0) + 1
+        self.store.set(f"{box}/{seq}", text)
+        self.store.add(f"n/{box.split('>')[1]}", 1)  # the receiver's doorbell, after the set
+        self.sent[box] = seq
+
+    def set_inc(self, peer: str, inc: int) -> None:
+        """``peer`` is now incarnation ``inc``: what is left from its old one is fenced."""
+        old = self.incs.get(peer, 0)
+        if inc == old:
+            return
+        self.fenced += len(self._read(self.box(peer, old, self.name, self.inc), 1 << 30))
+        self.incs[peer] = inc
+
+    def set_own_inc(self, inc: int) -> None:
+        """This process restarts its worker as incarnation ``inc`` (a survivor of a
+        crashed TP worker): messages to the old incarnation are fenced; held ones go."""
+        for peer in self.peers:
+            box = self.box(peer, self.incs.get(peer, 0), self.name, self.inc)
+            self.fenced += len(self._read(box, 1 << 30))
+        self.held.clear()
+        self.inc = inc
 
     def flush(self) -> None:
         """Send every held message that is due, in order, per destination."""
@@ -131,18 +177,31 @@ class Channel:
     def poll(self, peers: Iterable[str] | None = None, limit: int = 64) -> list[Message]:
         """Every message that has arrived, in per-sender order (non-blocking)."""
         self.flush()
+        bell = 0
+        if peers is None:  # one round trip when nothing came (the usual case)
+            bell = int(self.store.add(f"n/{self.name}.{self.inc}", 0))
+            if bell == self.rung:
+                return []
         out: list[Message] = []
         for src in self.peers if peers is None else peers:
-            while len(out) < limit:
-                nxt = self.cursor.get(src, 0) + 1
-                key = f"ctl/{src}>{self.name}/{nxt}"
-                if not self.store.check([key]):
-                    break
-                msg = json.loads(self.store.get(key))
-                self.store.delete_key(key)
-                self.cursor[src] = nxt
-                self.clock(int(msg.get("lc", 0)))
-                out.append(msg)
+            box = self.box(src, self.incs.get(src, 0), self.name, self.inc)
+            out += self._read(box, limit - len(out))
+        if peers is None and len(out) < limit:  # everything counted in ``bell`` is read
+            self.rung = bell
+        return out
+
+    def _read(self, box: str, limit: int) -> list[Message]:
+        out: list[Message] = []
+        while len(out) < limit:
+            nxt = self.cursor.get(box, 0) + 1
+            key = f"{box}/{nxt}"
+            if not self.store.check([key]):
+                break
+            msg = json.loads(self.store.get(key))
+            self.store.delete_key(key)
+            self.cursor[box] = nxt
+            self.clock(int(msg.get("lc", 0)))
+            out.append(msg)
         return out
 
 

@@ -1,5 +1,6 @@
-"""The decode worker (TP=1): receives handoffs one at a time, then decodes every
-committed request a token per loop turn, so that a cancel can land mid-decode.
+"""A decode worker (TP=1; a cluster may run several): receives handoffs one at a time,
+then decodes every committed request a token per loop turn, so that a cancel can land
+mid-decode.
 
 One handoff (``receive``), after the manifest is accepted and the blocks reserved
 (DecodeReserve): send Ready, then wait, within the timeout, for every rank's RankDone;
@@ -10,6 +11,11 @@ checked block by block against its RankDone, the ranks' checksums against the ma
 (DecodeReceiveChunk/Done, DecodeValidate), staged, resharded into the target blocks and
 committed (DecodeCommit), and the Ack goes back. A timeout or a dead peer on the way:
 DecodeTimeout (fence, free, Nack). No room: DecodeReject (Nack).
+
+A killed decode worker comes back as a new process, a new incarnation with empty pools
+(the router starts it); what the old one held is gone with it (the router retries those
+requests). A cancel planned at decode step K (the handoff's ``cancel_step``) is the
+client's cancel arriving after K tokens, the same in every run of a seed.
 
 Mutant ``cancel_ignored`` (spec/mutants.py): a cancel is recorded (ClientCancel) but
 decoding goes on as if it had not come.
@@ -22,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from refimpl.cluster.control import Message
 from refimpl.cluster.kvpath import RAW_TAG, DecodeKV, Incoming, data_tag
@@ -39,6 +44,8 @@ class Running:
     position: int  # position of the next token fed to the model
     steps: int  # decode steps still to run
     cancelled: bool = False
+    cancel_step: int | None = None  # the client cancels after this many steps
+    done: int = 0  # steps run
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -96,9 +103,11 @@ class DecodeWorker(Base):
         stats["bytes"] = float(self.kv.rank_bytes(inc) * man.src_tp)
         self.report("committed", rid=rid, stats=stats)
         first = int(m["first"])
+        cs = m.get("cancel_step")
         self.running[rid] = Running(
-            rid, self._store, [first], man.num_tokens, int(m["steps"]), stats=stats
-        )
+            rid, self._store, [first], man.num_tokens, int(m["steps"]), stats=stats,
+            cancel_step=None if cs is None else int(cs),
+        )  # fmt: skip
 
     def receive(self, inc: Incoming, t_ready: float) -> tuple[dict[str, float], str | None]:
         """Every rank's RankDone (each posts that rank's receive), its bytes, verified,
@@ -122,10 +131,11 @@ class DecodeWorker(Base):
                         return stats, f"rank {r} sends {msg['nbytes']} bytes, expected {size}"
                     sums[r] = list(msg["sums"])
                     bufs[r] = torch.empty(size, dtype=torch.uint8)
-                    works[r] = dist.irecv(bufs[r], r, tag=data_tag(rid, m.epoch))
+                    works[r] = self.pairs.irecv(f"p{r}", bufs[r], data_tag(rid, m.epoch))
                 elif kind == "rankdone":
                     self.on_rankdone(msg)
                 elif kind == "dead" and msg["who"].startswith("p"):
+                    self.learned(msg)
                     self.backlog.append(msg)
                     return stats, f"prefill rank {msg['who']} died"
                 else:
@@ -134,7 +144,7 @@ class DecodeWorker(Base):
                 time.sleep(0.0005)
         stats["rankdone"] = time.perf_counter()
         for r in range(tp):
-            if not self.wait(works[r]):
+            if works[r] is None or not self.wait(works[r]):
                 return stats, f"rank {r}'s bytes did not arrive (peer dead or timeout)"
         stats["data"] = time.perf_counter()
         try:
@@ -158,6 +168,9 @@ class DecodeWorker(Base):
     # ------------------------------------------------------------------ decoding
     def step(self) -> bool:
         for r in list(self.running.values()):
+            if r.cancel_step is not None and r.done >= r.cancel_step and not r.cancelled:
+                self.event("ClientCancel", r.rid)  # the client's cancel, at its planned step
+                r.cancelled = True
             if r.cancelled and self.a.mutant != "cancel_ignored":
                 self.event("DecodeAbort", r.rid)
                 self.kv.finish(r.rid)
@@ -169,6 +182,7 @@ class DecodeWorker(Base):
                 r.tokens.append(int(logits.argmax()))
                 r.position += 1
                 r.steps -= 1
+                r.done += 1
                 self.event("DecodeStep", r.rid)
                 continue
             self.event("DecodeFinish", r.rid)
@@ -190,14 +204,22 @@ class DecodeWorker(Base):
         if f"p{src}" in self.dead:
             return
         scratch = torch.empty(int(m["nbytes"]), dtype=torch.uint8)
-        self.wait(dist.irecv(scratch, src, tag=data_tag(m["rid"], int(m["epoch"]))))
+        work = self.pairs.irecv(f"p{src}", scratch, data_tag(m["rid"], int(m["epoch"])))
+        if work is not None:
+            self.wait(work)
 
     # ------------------------------------------------------------------ the router
     def on_dead(self, m: Message) -> None:
+        self.learned(m)
         self.dead.add(m["who"])
         if m["who"].startswith("p"):
             self.prefill_down = True
             self.report("settled", lc=self.log.lc)
+
+    def on_restarted(self, m: Message) -> None:
+        super().on_restarted(m)
+        if any(str(w).startswith("p") for w in m["who"]):
+            self.prefill_down = False
 
     def on_status(self, m: Message) -> None:
         self.report("status", open=sorted(self.running))
@@ -218,8 +240,8 @@ class DecodeWorker(Base):
         for i, sizes in enumerate(self.raw_sizes):
             bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
             t = time.perf_counter()
-            works = [dist.irecv(b, r, tag=RAW_TAG + i) for r, b in enumerate(bufs)]
-            if not all(self.wait(w) for w in works):
+            works = [self.pairs.irecv(f"p{r}", b, RAW_TAG + i) for r, b in enumerate(bufs)]
+            if not all(w is not None and self.wait(w) for w in works):
                 self.report("raw_done", ok=False, bytes=total, seconds=seconds)
                 return
             seconds += time.perf_counter() - t

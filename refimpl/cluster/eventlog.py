@@ -55,10 +55,14 @@ class ProcLog:
         rid: str | None,
         now: float,
         observed: dict[str, str] | None = None,
+        victims: list[str] | None = None,
         **args: Any,
     ) -> None:
         self.seq += 1
         rec: dict[str, Any] = {"action": action, "args": dict(args)}
+        if victims is not None:
+            rec["victims"] = list(victims)  # the processes a crash took down
+            rec["crash"] = self.seq  # its id: the crash notices name it (CrashSeen)
         if rid is not None:
             rec["args"]["req"] = 0
             rec["rid"] = rid
@@ -109,15 +113,52 @@ def merge(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def per_request(merged: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Each request's events with the global ones that come after its first event."""
+    """Each request's events with the global ones that come after its first event.
+
+    A crash that names its ``victims`` (the processes of the crashed worker's
+    incarnation) goes only into the logs of the requests one of them had logged for:
+    with several decode workers, decode d1's crash is not an event of a request d0
+    serves, and a request admitted after a restart never saw the dead incarnation (the
+    per-request configs have no restarts: ``EnvRestart`` stays in the router's log)."""
+    seen: dict[int, dict[str, int]] = {}  # crash -> process -> seq of its CrashSeen
+    for e in merged:
+        if e["action"] == "CrashSeen":
+            seen.setdefault(int(e["args"]["crash"]), {})[e["proc"]] = int(e["seq"])
     logs: dict[str, list[dict[str, Any]]] = {}
+    touched: dict[str, set[str]] = {}
+    pending: dict[str, list[dict[str, Any]]] = {}  # crashes not yet placed in a log
     for e in merged:
         if e["action"] in GLOBAL_ACTIONS:
-            for evs in logs.values():
-                evs.append(e)
+            victims = e.get("victims")
+            for rid in logs:
+                if victims is None:
+                    logs[rid] += [*pending.pop(rid, []), e]
+                elif touched[rid] & set(victims):
+                    pending.setdefault(rid, []).append(e)
         elif e.get("rid") is not None:
-            logs.setdefault(e["rid"], []).append(e)
+            rid = e["rid"]
+            waiting = pending.get(rid, [])
+            while waiting and _follows(e, waiting[0], seen):
+                logs[rid].append(waiting.pop(0))
+            logs.setdefault(rid, []).append(e)
+            touched.setdefault(rid, set()).add(e.get("proc", ""))
+    for rid, waiting in pending.items():
+        logs[rid] += waiting
     return logs
+
+
+def _follows(e: dict[str, Any], crash: dict[str, Any], seen: dict[int, dict[str, int]]) -> bool:
+    """Does event ``e`` causally follow ``crash``? Its process had heard of the crash
+    (a ``CrashSeen`` before it), or, for a process that never heard (a new incarnation,
+    started after it), by Lamport clock. An event concurrent with the crash may be
+    placed before it: that order is one the processes could have run in."""
+    proc = e.get("proc", "")
+    heard = seen.get(int(crash.get("crash", -1)), {})
+    if proc in heard:
+        return int(e["seq"]) > heard[proc]
+    if proc in crash.get("victims", ()):
+        return False
+    return int(e["lc"]) > int(crash["lc"])
 
 
 def config_name(prefill_tp: int, blocks: int) -> str:
@@ -129,7 +170,8 @@ def dumps(e: dict[str, Any]) -> str:
 
 
 def owner(proc: str) -> str:
-    """The worker whose clock a cluster process keeps (``p<r>``, ``d0``, ``router``)."""
+    """The worker whose clock a cluster process keeps (``p<r>``, ``d<k>``, ``d0.1``: an
+    incarnation, ``router``)."""
     return {"p": "prefill", "d": "decode"}.get(proc[:1], "env")
 
 

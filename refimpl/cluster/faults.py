@@ -2,10 +2,15 @@
 
 ``--kill`` forms:
 
-- ``random``: one worker process, chosen at random (any prefill rank or the decode
+- ``random``: one worker process, chosen at random (any prefill rank or any decode
   worker), when a random 20..80 % of the requests have ended;
 - ``prefill:RANK@P%``: prefill rank RANK when P % of the requests have ended;
-- ``decode@P%``: the decode worker likewise (the decode worker is rank 0).
+- ``decode@P%`` or ``decode:N@P%``: decode worker N (default 0) likewise.
+
+Cancels are planned per request from the seed (``CancelPlan.plan``) at a point of the
+request's own life, not at a wall-clock time: before it is prefilled, once it is
+prefilled (before the handoff), or after K decode steps. The same seed therefore
+cancels the same requests with the same outcome however the processes are scheduled.
 
 Control drops hit decode's ``ready`` only (the spec's EnvLose of a Ready): decode's
 bounded wait for the bytes ends in DecodeTimeout and a Nack, and prefill resumes and
@@ -23,7 +28,7 @@ import re
 from dataclasses import dataclass
 
 DROPPABLE = frozenset({"ready"})
-_KILL = re.compile(r"^(?:(prefill):(\d+)|(decode))@(\d+(?:\.\d+)?)%$")
+_KILL = re.compile(r"^(?:(prefill):(\d{1,3})|(decode)(?::(\d{1,3}))?)@(\d{1,3}(?:\.\d{1,6})?)%$")
 
 
 @dataclass(frozen=True)
@@ -37,22 +42,23 @@ class Kill:
         return f"{self.role[0]}{self.rank}"
 
 
-def parse_kill(text: str | None, prefill_tp: int, decode_tp: int, seed: int) -> Kill | None:
+def parse_kill(text: str | None, prefill_tp: int, decode_workers: int, seed: int) -> Kill | None:
     """The kill a ``--kill`` value asks for; ValueError naming the problem."""
     if text is None or text == "none":
         return None
     if text == "random":
         rng = random.Random(f"kill/{seed}")
         targets = [("prefill", r) for r in range(prefill_tp)]
-        targets += [("decode", r) for r in range(decode_tp)]
+        targets += [("decode", r) for r in range(decode_workers)]
         role, rank = rng.choice(targets)
         return Kill(role, rank, rng.uniform(0.2, 0.8))
     m = _KILL.match(text)
     if m is None:
         raise ValueError(
-            f"--kill {text!r}: expected random, prefill:RANK@P% or decode@P% (e.g. prefill:1@30%)"
+            f"--kill {text[:40]!r}: expected random, prefill:RANK@P%, decode@P% or "
+            "decode:N@P% (e.g. prefill:1@30%)"
         )
-    pct = float(m.group(4))
+    pct = float(m.group(5))
     if not 0 <= pct < 100:
         raise ValueError(f"--kill {text!r}: P={pct} not in [0, 100)")
     if m.group(1):
@@ -60,24 +66,27 @@ def parse_kill(text: str | None, prefill_tp: int, decode_tp: int, seed: int) -> 
         if rank >= prefill_tp:
             raise ValueError(f"--kill {text!r}: prefill rank {rank} >= --prefill-tp {prefill_tp}")
         return Kill("prefill", rank, pct / 100)
-    return Kill("decode", 0, pct / 100)
+    n = int(m.group(4) or 0)
+    if n >= decode_workers:
+        raise ValueError(f"--kill {text!r}: decode worker {n} >= --decode-workers {decode_workers}")
+    return Kill("decode", n, pct / 100)
 
 
 @dataclass(frozen=True)
 class CancelPlan:
-    """Each request is cancelled with probability ``p``, ``0..window_s`` after admission."""
+    """Each request is cancelled with probability ``p``, at a planned point of its life."""
 
     p: float = 0.0
-    window_s: float = 0.2
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p <= 1.0:
             raise ValueError(f"cancel probability {self.p} not in [0, 1]")
-        if self.window_s < 0:
-            raise ValueError(f"cancel window {self.window_s} < 0")
 
-    def draw(self, rng: random.Random) -> float | None:
-        """Seconds after admission at which to cancel, or None."""
-        if self.p and rng.random() < self.p:
-            return rng.uniform(0.0, self.window_s)
-        return None
+    def plan(self, seed: int, rid: str, steps: int) -> str | None:
+        """Where the client cancels request ``rid``: None, ``queued``, ``prefilled`` or
+        ``decode:K`` (after K of its ``steps`` decode steps); a function of the seed."""
+        rng = random.Random(f"cancel/{seed}/{rid}")
+        if not (self.p and rng.random() < self.p):
+            return None
+        where = rng.choice(("queued", "prefilled", "decode"))
+        return where if where != "decode" else f"decode:{rng.randrange(max(1, steps))}"

@@ -17,6 +17,15 @@ the request fails (fail closed). A cancel before the freeze ends the request her
 (ClientCancel, PrefillQuiesce); after it, the cancel waits for decode's word: on the
 Ack it goes on to decode, on a Nack it is applied here.
 
+Each request goes to the decode worker the router names in its admit (``decode``). A
+cancel is a client event the router plans at a point of the request's own life (the
+admit's ``cancel``: ``queued``, ``prefilled`` or ``decode:K``, after K decode steps), so
+that the same seed cancels the same requests whatever the processes' timing.
+
+A crash of any rank is the prefill worker's crash (spec ``EnvCrash``): every rank stops
+and drops what it holds. When the router restarts the worker, every rank takes the new
+incarnation (``restart_self``) with empty pools and joins new pair groups.
+
 Mutant ``release_before_install`` (spec/mutants.py): every rank frees its source
 blocks as soon as its shard is sent, before the Ack. The leader's log states what its
 allocator holds after its RankDone (``observed.p``), which is how the checker sees it.
@@ -28,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from refimpl.cluster.control import Message
 from refimpl.cluster.kvpath import RAW_TAG, PrefillKV, data_tag
@@ -51,6 +59,9 @@ class PReq:
     sums: dict[int, list[str]] = field(default_factory=dict)
     deadline: float = 0.0
     cancel_pending: bool = False
+    decode: str = "d0"  # the decode worker the router chose
+    cancel_step: int | None = None  # the client cancels after this many decode steps
+    cancel_logged: bool = False
 
 
 class PrefillWorker(Base):
@@ -61,10 +72,9 @@ class PrefillWorker(Base):
             self.spec.model(), a.prefill_tp, a.rank, self.spec.block_size, a.capacity
         )
         self.reqs: dict[str, PReq] = {}
-        self.decode_rank = a.prefill_tp  # world rank of d0
         self.others = [f"p{r}" for r in range(1, a.prefill_tp)]
-        self.down = False  # the prefill worker crashed (one of its ranks): stop for good
-        self.decode_dead = False
+        self.down = False  # the prefill worker crashed (one of its ranks): stop until restart
+        self.dest: dict[str, str] = {}  # rid -> its decode worker (every rank)
         self.bytes_sent = 0
         self.pending: list[tuple[Any, torch.Tensor, float]] = []  # posted sends
         self.admits: list[Message] = []  # admitted, not yet prefilled (one per loop turn)
@@ -78,11 +88,24 @@ class PrefillWorker(Base):
             self.shutdown()
             return
         if kind == "dead":
+            self.learned(m)
             self.on_dead(m["who"])
+            return
+        if kind == "restarted":
+            self.on_restarted(m)
             return
         if self.down:
             return
         if kind == "admit":  # compute waits; control goes first (see step)
+            if m.get("cancel") == "queued":  # the client cancels before it is prefilled
+                if self.leader:
+                    self.ended.add(m["rid"])
+                    self.event("ClientCancel", m["rid"])
+                    self.report(
+                        "outcome", rid=m["rid"], outcome="cancelled", reason="cancelled queued"
+                    )
+                return
+            self.dest[m["rid"]] = m.get("decode", "d0")
             self.admits.append(m)
             return
         getattr(self, f"on_{kind}")(m)
@@ -96,7 +119,13 @@ class PrefillWorker(Base):
             return
         self.event("PrefillAdmit", rid)
         self.event("PrefillRun", rid)
-        r = PReq(rid, prompt, int(m["steps"]), first, sums={0: sums})
+        r = PReq(rid, prompt, int(m["steps"]), first, sums={0: sums}, decode=self.dest[rid])
+        cancel = m.get("cancel")
+        if cancel == "prefilled":
+            self.event("ClientCancel", rid)
+            r.cancel_pending = r.cancel_logged = True
+        elif isinstance(cancel, str) and cancel.startswith("decode:"):
+            r.cancel_step = int(cancel.split(":")[1])
         self.reqs[rid] = r
         for early in self.early.pop(rid, []):
             self.on_frozen(early)
@@ -121,11 +150,11 @@ class PrefillWorker(Base):
         man = self.kv.manifest(r.rid, r.epoch, r.prompt, ranks)
         self.event("PrefillFreeze", r.rid)
         self.ch.send(
-            "d0", "handoff", rid=r.rid, epoch=r.epoch, manifest=man.to_json_dict(),
-            first=r.first, steps=r.steps,
+            r.decode, "handoff", rid=r.rid, epoch=r.epoch, manifest=man.to_json_dict(),
+            first=r.first, steps=r.steps, cancel_step=r.cancel_step,
         )  # fmt: skip
         r.phase, r.deadline = "await_ready", self.now() + self.a.ready_wait_s
-        if self.decode_dead:
+        if r.decode in self.dead:
             r.deadline = 0.0
 
     def on_ready(self, m: Message) -> None:
@@ -134,12 +163,13 @@ class PrefillWorker(Base):
             return  # stale (PrefillDiscard, assumable: not logged)
         self.event("PrefillRecvReady", r.rid, msg="Ready", epoch=r.epoch, idx=0)
         for p in self.others:
-            self.ch.send(p, "go", rid=r.rid, epoch=r.epoch)
+            self.ch.send(p, "go", rid=r.rid, epoch=r.epoch, decode=r.decode)
         r.phase, r.deadline = "await_ack", self.now() + ACK_WAIT * self.a.timeout_s
         self.send_shard(r.rid, r.epoch, r.sums[0])
 
     def on_go(self, m: Message) -> None:
         rid, epoch = m["rid"], int(m["epoch"])
+        self.dest[rid] = m.get("decode", self.dest.get(rid, "d0"))
         self.send_shard(rid, epoch, None)
 
     def send_shard(self, rid: str, epoch: int, sums: list[str] | None) -> None:
@@ -151,9 +181,12 @@ class PrefillWorker(Base):
         if (rid, epoch) not in self.kv.snaps:
             return
         data = self.kv.payload(rid, epoch)
+        decode = self.dest.get(rid, "d0")
         try:
-            work = dist.isend(data, self.decode_rank, tag=data_tag(rid, epoch))
+            work = self.pairs.isend(decode, data, data_tag(rid, epoch))
         except RuntimeError:
+            work = None
+        if work is None:
             return  # decode's end of the pair is gone: the router says so, we time out
         self.pending.append((work, data, self.now() + ACK_WAIT * self.a.timeout_s))
         sums = sums if sums is not None else list(self.kv.snaps[(rid, epoch)].checksums)
@@ -166,7 +199,7 @@ class PrefillWorker(Base):
             obs = {"p": "complete" if self.kv.alloc.blocks_of(rid) else "none"}
         self.event("PrefillSendChunk", rid, observed=obs)
         self.ch.send(
-            "d0", "rankdone", rid=rid, epoch=epoch, rank=self.a.rank, sums=sums,
+            decode, "rankdone", rid=rid, epoch=epoch, rank=self.a.rank, sums=sums,
             nbytes=data.numel(),
         )  # fmt: skip
 
@@ -196,7 +229,7 @@ class PrefillWorker(Base):
         self.ended.add(r.rid)
         self.early.pop(r.rid, None)
         if r.cancel_pending:
-            self.ch.send("d0", "cancel", rid=r.rid)
+            self.ch.send(r.decode, "cancel", rid=r.rid)
 
     def on_nack(self, m: Message) -> None:
         r = self.reqs.get(m["rid"])
@@ -242,7 +275,7 @@ class PrefillWorker(Base):
                 self.ch.send(p, "drop", rid=m["rid"])
             self.report("outcome", rid=m["rid"], outcome="cancelled", reason="cancelled queued")
         elif r is None:
-            self.ch.send("d0", "cancel", rid=m["rid"])  # handed off: decode owns it
+            self.ch.send(self.dest.get(m["rid"], "d0"), "cancel", rid=m["rid"])  # decode owns it
         elif r.phase == "admitted":
             self.cancel_here(r)
         else:
@@ -257,26 +290,31 @@ class PrefillWorker(Base):
         bufs = [torch.ones(n, dtype=torch.uint8) for n in sizes]
         deadline = self.now() + ACK_WAIT * self.a.timeout_s + 10.0
         for i, b in enumerate(bufs):  # posted, then retired by sends_done (never timed out:
-            work = dist.isend(b, self.decode_rank, tag=RAW_TAG + i)  # that closes the pair)
-            self.pending.append((work, b, deadline))
-        self.ch.send("d0", "raw_posted", rank=self.a.rank)
+            work = self.pairs.isend(m["to"], b, RAW_TAG + i)  # that closes the pair)
+            if work is not None:
+                self.pending.append((work, b, deadline))
+        self.ch.send(m["to"], "raw_posted", rank=self.a.rank)
 
     # ------------------------------------------------------------------ endings
     def cancel_here(self, r: PReq) -> None:
-        self.event("ClientCancel", r.rid)
+        if not r.cancel_logged:
+            self.event("ClientCancel", r.rid)
         self.event("PrefillQuiesce", r.rid)
-        self.drop_everywhere(r.rid)
-        del self.reqs[r.rid]
-        self.ended.add(r.rid)
-        self.early.pop(r.rid, None)
+        self.end_here(r)
         self.report("outcome", rid=r.rid, outcome="cancelled", reason="cancelled on prefill")
 
     def fail(self, r: PReq, reason: str) -> None:
+        self.end_here(r)
+        self.report("outcome", rid=r.rid, outcome="failed", reason=reason)
+
+    def end_here(self, r: PReq) -> None:
+        """The request is over on prefill: its blocks go on every rank, and a later turn
+        (an early "frozen" handled in the same admit) finds it ended."""
         self.drop_everywhere(r.rid)
         del self.reqs[r.rid]
+        r.phase = "ended"
         self.ended.add(r.rid)
         self.early.pop(r.rid, None)
-        self.report("outcome", rid=r.rid, outcome="failed", reason=reason)
 
     def drop_everywhere(self, rid: str) -> None:
         self.kv.drop(rid)
@@ -295,9 +333,9 @@ class PrefillWorker(Base):
             if r.phase in ("await_ready", "await_ack") and now >= r.deadline:
                 self.event("PrefillTimeout", r.rid)
                 why = (
-                    "decode worker died"
-                    if self.decode_dead
-                    else f"no word from decode in {self.a.timeout_s}s"
+                    f"decode worker {r.decode} died"
+                    if r.decode in self.dead
+                    else f"no word from decode {r.decode} in {self.a.timeout_s}s"
                 )
                 self.fail(r, f"prefill timeout: {why}")
                 busy = True
@@ -317,10 +355,18 @@ class PrefillWorker(Base):
             self.early.clear()
             self.report("stopped", lc=self.log.lc)
         else:
-            self.decode_dead = True
             for r in self.reqs.values():
-                if r.phase in ("await_ready", "await_ack"):
+                if r.decode == who and r.phase in ("await_ready", "await_ack"):
                     r.deadline = 0.0
+
+    def restart_self(self, inc: int) -> None:
+        """The restarted prefill worker: this rank comes back as incarnation ``inc``, its
+        pools empty (on_dead emptied them) and no request of the old one left."""
+        self.down = False
+        self.dest.clear()
+        self.ended.clear()
+        self.pending.clear()
+        self.dead = {w for w in self.dead if not w.startswith("p")}
 
     def shutdown(self) -> None:
         integrity: str | None = None

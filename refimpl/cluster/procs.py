@@ -1,5 +1,7 @@
 """Worker processes: started with subprocess (a fresh interpreter each, no fork), each
-known by its pid, and always ended by that pid (``Procs.close`` in a ``finally``)."""
+known by its pid, and always ended by that pid (``Procs.close`` in a ``finally``). A
+restart starts a new process under the same worker name; the dead one is kept
+(``retired``) so that it is reaped too."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Procs:
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.killed: list[str] = []
+        self.retired: list[subprocess.Popen[bytes]] = []  # dead incarnations' processes
 
     def start(self, a: WorkerArgs) -> None:
         env = dict(os.environ)
@@ -34,7 +37,10 @@ class Procs:
             os.pathsep
         )
         env.setdefault("OMP_NUM_THREADS", "1")
-        out = open(Path(a.log_dir) / f"{a.name}.out", "wb")  # noqa: SIM115 (child owns it)
+        out = open(Path(a.log_dir) / f"{a.log_name}.out", "wb")  # noqa: SIM115 (child owns it)
+        old = self.procs.pop(a.name, None)
+        if old is not None:  # a restart: the dead incarnation's process stays reaped by pid
+            self.retired.append(old)
         try:
             self.procs[a.name] = subprocess.Popen(
                 [sys.executable, "-m", "refimpl.cluster.worker", a.to_json()],
@@ -75,7 +81,7 @@ class Procs:
     def close(self, grace_s: float = 5.0) -> None:
         """Wait up to ``grace_s`` for the workers to exit, then SIGKILL each by pid."""
         deadline = time.monotonic() + grace_s
-        for p in self.procs.values():
+        for p in [*self.retired, *self.procs.values()]:
             left = max(0.0, deadline - time.monotonic())
             try:
                 p.wait(timeout=left)

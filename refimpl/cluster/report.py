@@ -17,6 +17,15 @@ def percentile(xs: list[float], q: float) -> float | None:
     return s[k - 1]
 
 
+REASONS = 50  # reasons listed one by one in --json (reason_counts has them all)
+VIOLATIONS = 5  # flagged request logs listed in --json (violations_total counts all)
+
+
+def _rid_key(rid: str) -> tuple[int, str]:
+    digits = rid[1:].split("~")[0]
+    return (int(digits), rid) if digits.isdigit() else (1 << 62, rid)
+
+
 @dataclass
 class ClusterReport:
     n: int
@@ -43,6 +52,12 @@ class ClusterReport:
     wall_s: float = 0.0
     backend: str = "gloo"
     log_dir: str = ""
+    raw_skipped: str | None = None  # why there is no raw baseline (None: measured)
+    restarted: list[str] = field(default_factory=list)  # new incarnations, e.g. d0.1
+    retried: int = 0  # new attempts of failed requests
+    retry_reasons: dict[str, int] = field(default_factory=dict)
+    mutant: dict[str, Any] | None = None  # the switch, its spec property, and whether caught
+    pids: list[int] = field(default_factory=list)  # every worker process started (not JSON)
 
     def counts(self) -> dict[str, int]:
         c = {"finished": 0, "cancelled": 0, "failed": 0, "lost": 0}
@@ -81,8 +96,19 @@ class ClusterReport:
             and self.conforms is True
         )
 
+    def reason_counts(self) -> dict[str, int]:
+        """Every reason given, with how many requests gave it (full, never cut)."""
+        out: dict[str, int] = {}
+        for why in self.reasons.values():
+            out[why] = out.get(why, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def to_json(self) -> dict[str, Any]:
+        """``--json``. The lists that may be long are cut (``reasons`` at REASONS,
+        ``violations`` at VIOLATIONS) and say so: ``*_total`` is the full count, and
+        ``reason_counts`` counts every reason."""
         p50, p99 = percentile(self.handoff_ms, 50), percentile(self.handoff_ms, 99)
+        reasons = sorted(self.reasons.items(), key=lambda kv: _rid_key(kv[0]))
         return {
             "requests": self.counts(),
             "leaked_blocks": self.leaked_blocks,
@@ -103,9 +129,18 @@ class ClusterReport:
             "integrity_errors": self.integrity_errors,
             "unreported_workers": self.unreported,
             "mismatched": self.mismatched,
-            "violations": self.violations[:5],
+            "violations": self.violations[:VIOLATIONS],
+            "violations_total": len(self.violations),
             "checked_requests": self.checked_requests,
-            "reasons": dict(sorted(self.reasons.items())[:50]),
+            "reasons": dict(reasons[:REASONS]),
+            "reasons_total": len(reasons),
+            "reason_counts": self.reason_counts(),
+            "raw_skipped": self.raw_skipped,
+            "restarted": list(self.restarted),
+            "retried": self.retried,
+            "retry_reasons": dict(self.retry_reasons),
+            "mutant": self.mutant,
+            "ok": self.ok,
             "backend": self.backend,
             "wall_s": self.wall_s,
             "log_dir": self.log_dir,

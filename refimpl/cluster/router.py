@@ -1,45 +1,45 @@
 """The router: starts the workers, feeds the workload, injects the faults, watches for
-dead peers, collects every request's outcome, then checks the run.
+dead peers, restarts them, collects every request's outcome, then checks the run.
 
-It hosts the control store (a TCPStore), starts one process per prefill TP rank and
-one decode process (they form one torch.distributed world through a TCP init method),
-and then loops, never blocking without a deadline:
+It hosts the control store (a TCPStore), starts one process per prefill TP rank and one
+per decode worker (the data plane is one gloo group per prefill rank and decode worker
+pair: ``pairs.py``), and then loops, never blocking without a deadline:
 
-- admits requests (to every prefill rank) up to ``max_inflight`` at a time;
-- sends the planned cancels (to the prefill leader, which routes them on);
-- fires the planned kill (SIGKILL by pid) once enough requests have ended;
+- admits requests (to every prefill rank, naming a live decode worker, round robin) up
+  to ``max_inflight`` at a time; fires the planned kill (SIGKILL by pid);
 - declares a worker dead when its process has exited or its heartbeat has not moved
-  for ``timeout_s``; it then logs ``EnvCrash`` after everything the dead process and
-  the rest of the crashed worker logged (see ``on_death``), and fails the requests
-  that worker held, each with its reason;
+  for ``timeout_s``; it reads what the dead process had sent, logs ``EnvCrash`` after
+  everything the crashed worker logged (see ``on_death``), gives the attempts it held
+  their fate, and restarts it (``restarts`` in all) as a new incarnation: a new process
+  (and, for the prefill worker, its surviving ranks) with empty pools, the old
+  incarnation's mailboxes and pair groups fenced (``EnvRestart``);
+- an attempt that failed (the spec's fail closed: a crash, a timeout, decode's refusal)
+  is retried as a new attempt ``rid~k`` (up to ``retries``) on a decode worker that is
+  up: the retry recomputes the prefill (the spec's "the router may retry it");
 - ends when every request has an outcome, or at ``deadline_s`` (the rest are "lost").
-
-Then it measures the raw baseline (if asked and nobody died), shuts the workers down
-(each reports its allocator's integrity and the blocks it still holds), merges the
-logs and checks them request by request (``eventlog.check_requests``), and compares
-every finished request's tokens with a single-process reference decode.
-"""
+Then ``finish`` measures the raw baseline, shuts the workers down and checks the run."""
 
 from __future__ import annotations
 
-import random
+import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
 from refimpl.cluster.faults import DROPPABLE, CancelPlan, Kill, parse_kill
-from refimpl.cluster.procs import Procs, free_port
+from refimpl.cluster.procs import Procs
 from refimpl.cluster.report import ClusterReport
-from refimpl.cluster.worker import ROUTER, WorkerArgs
-from refimpl.cluster.workload import ModelSpec, Request, make_requests, reference_tokens
+from refimpl.cluster.worker import ROUTER, WorkerArgs, decode_names, prefill_names
+from refimpl.cluster.workload import ModelSpec, Request, make_requests
 from spec.mutants import MUTANTS
 
 CLUSTER_MUTANTS = ("release_before_install", "cancel_ignored")
 HOST = "127.0.0.1"
+PREFILL = "prefill"  # the prefill worker: every prefill rank together
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,30 @@ class ClusterConfig:
     max_inflight: int = 4
     raw_baseline: bool = True
     backend: str = "gloo"
-    log_dir: str = "kvown-cluster-logs"
+    log_dir: str = ""  # "": a new temporary folder
+    decode_workers: int = 1
+    restarts: int = 2  # restarts of killed workers, in all
+    retries: int = 2  # new attempts of a failed request
 
     def __post_init__(self) -> None:
         problems = []
-        if not 1 <= self.prefill_tp <= 4:
-            problems.append(f"prefill_tp={self.prefill_tp} not in 1..4")
+
+        def bounded(name: str, lo: float, hi: float) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi
+            if not ok:
+                problems.append(f"{name}={v!r} not in [{lo}, {hi}]")
+
+        for name, lo, hi in (
+            ("requests", 1, 100_000), ("prefill_tp", 1, 4), ("decode_workers", 1, 4),
+            ("steps", 0, 256), ("capacity", 4, 4096), ("max_inflight", 1, 64),
+            ("restarts", 0, 8), ("retries", 0, 4), ("delay_s", 0.0, 10.0),
+            ("timeout_s", 1e-3, 600.0), ("deadline_s", 1e-3, 7 * 24 * 3600.0),
+        ):  # fmt: skip
+            bounded(name, lo, hi)
         if self.decode_tp != 1:
-            problems.append(f"decode_tp={self.decode_tp}: only 1 is supported")
-        if self.requests < 1:
-            problems.append(f"requests={self.requests} < 1")
-        if self.timeout_s <= 0 or self.deadline_s <= 0:
-            problems.append("timeout_s and deadline_s must be > 0")
+            problems.append(f"decode_tp={self.decode_tp}: only 1 is supported (decode TP > 1 "
+                            "is not built yet: use --decode-workers for more decode)")  # fmt: skip
         if self.mutant is not None and self.mutant not in CLUSTER_MUTANTS:
             known = "a spec mutant" if self.mutant in MUTANTS else "not a spec mutant"
             problems.append(
@@ -85,11 +97,9 @@ class ClusterConfig:
                 f"backend {self.backend!r}: only gloo (the workers send CPU tensors; an NCCL "
                 "path would stage them on the GPU and needs one GPU per rank)"
             )
-        if self.max_inflight < 1 or self.capacity < 4:
-            problems.append("max_inflight >= 1 and capacity >= 4")
         if problems:
             raise ValueError("; ".join(problems))
-        parse_kill(self.kill, self.prefill_tp, self.decode_tp, self.seed)
+        parse_kill(self.kill, self.prefill_tp, self.decode_workers, self.seed)
         CancelPlan(self.cancel_p)
         ControlFaults(self.delay_p, self.delay_s, self.drop_p)
 
@@ -101,27 +111,34 @@ class Router:
     def __init__(self, cfg: ClusterConfig, progress: Progress | None = None) -> None:
         self.cfg, self.progress = cfg, progress
         self.t0 = time.time()
-        self.dir = Path(cfg.log_dir)
+        self.dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="kvown-cluster-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         for old in self.dir.glob("*.jsonl"):
             old.unlink()
         self.reqs = make_requests(cfg.requests, cfg.model, seed=cfg.seed, steps=cfg.steps)
         self.by_id = {r.rid: r for r in self.reqs}
-        self.rng = random.Random(f"router/{cfg.seed}")
-        self.kill: Kill | None = parse_kill(cfg.kill, cfg.prefill_tp, cfg.decode_tp, cfg.seed)
+        self.kill: Kill | None = parse_kill(cfg.kill, cfg.prefill_tp, cfg.decode_workers, cfg.seed)
         self.cancels = CancelPlan(cfg.cancel_p)
-        self.workers = [f"p{r}" for r in range(cfg.prefill_tp)] + ["d0"]
+        self.prefills = prefill_names(cfg.prefill_tp)
+        self.decodes = decode_names(cfg.decode_workers)
+        self.workers = self.prefills + self.decodes
         self.rep = ClusterReport(cfg.requests, backend=cfg.backend, log_dir=str(self.dir))
         self.log = eventlog.ProcLog(self.dir, ROUTER, self.t0)
         self.store = serve_store(HOST, cfg.timeout_s)
         self.ch = Channel(self.store, ROUTER, tuple(self.workers), self.log.clock)
         self.procs = Procs()
         self.backlog: list[Message] = []
-        self.admitted: dict[str, float] = {}
-        self.committed: set[str] = set()
-        self.cancel_at: dict[str, float] = {}
-        self.dead: set[str] = set()
-        self.prefill_down = self.decode_down = False
+        self.queue: list[tuple[str, Request]] = [(r.rid, r) for r in self.reqs]  # attempts
+        self.base: dict[str, str] = {}  # attempt -> request
+        self.tries: dict[str, int] = {r.rid: 0 for r in self.reqs}
+        self.admitted: dict[str, str] = {}  # attempt -> its decode worker
+        self.committed: dict[str, str] = {}  # attempt -> the decode worker that holds it
+        self.done: set[str] = set()  # attempts with their word
+        self.inc: dict[str, int] = {w: 0 for w in self.workers}
+        self.down: set[str] = set()  # PREFILL and decode names: crashed, not back yet
+        self.booting: dict[str, float] = {}  # restarted process -> started at (no hello yet)
+        self.restarting: dict[str, tuple[list[str], list[str], int]] = {}  # group -> ...
+        self.rr = 0
         self.stats: dict[str, dict[str, float]] = {}
         self.beats: dict[str, tuple[int, float]] = {}
         self.byes: dict[str, Message] = {}
@@ -129,37 +146,37 @@ class Router:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> ClusterReport:
+        from refimpl.cluster.finish import finish
+
         t_start = time.monotonic()
         try:
             self.start()
             self.serve()
-            self.raw_baseline()
-            self.shutdown()
+            finish(self)
         finally:
             self.procs.close()
             self.log.close()
         self.rep.wall_s = time.monotonic() - t_start
-        self.rep.killed = list(self.procs.killed)
-        self.rep.declared_dead = sorted(self.dead)
-        self.rep.crashed = sorted(
-            n for n, rc in self.procs.exit_codes().items() if rc != 0 and n not in self.procs.killed
-        )
-        self.finalize()
+        from refimpl.cluster.finish import check
+
+        check(self)
         return self.rep
 
-    def start(self) -> None:
+    def worker_args(self, name: str, incs: dict[str, int], lc0: int = 0) -> WorkerArgs:
         c = self.cfg
         faults = {"delay_p": c.delay_p, "delay_s": c.delay_s, "drop_p": c.drop_p,
                   "droppable": sorted(DROPPABLE), "seed": c.seed}  # fmt: skip
-        init = f"tcp://{HOST}:{free_port(HOST)}"
-        for role, n in (("prefill", c.prefill_tp), ("decode", c.decode_tp)):
-            for r in range(n):
-                a = WorkerArgs(
-                    role, r, c.prefill_tp, c.decode_tp, HOST, self.store.port, init,
-                    c.backend, str(self.dir), self.t0, c.timeout_s, asdict(c.model),
-                    c.capacity, c.timeout_s * (2 * c.max_inflight + 1), c.mutant, faults,
-                )  # fmt: skip
-                self.procs.start(a)
+        role = PREFILL if name.startswith("p") else "decode"
+        return WorkerArgs(
+            role, int(name[1:]), c.prefill_tp, c.decode_tp, HOST, self.store.port, c.backend,
+            str(self.dir), self.t0, c.timeout_s, asdict(c.model), c.capacity,
+            c.timeout_s * (2 * c.max_inflight + 1), c.mutant, faults, c.decode_workers,
+            incs[name], incs, lc0,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        for w in self.workers:
+            self.procs.start(self.worker_args(w, self.inc))
         hello = self.await_kind("hello", set(self.workers), 60.0 + 10 * len(self.workers))
         missing = set(self.workers) - hello
         if missing:
@@ -186,28 +203,19 @@ class Router:
     def serve(self) -> None:
         c = self.cfg
         deadline = time.monotonic() + c.deadline_s
-        queue = list(self.reqs)
         while len(self.rep.outcomes) < c.requests and time.monotonic() < deadline:
             now = time.monotonic()
-            inflight = len(self.admitted) - sum(1 for r in self.admitted if r in self.rep.outcomes)
-            while (
-                queue and inflight < c.max_inflight and not (self.prefill_down or self.decode_down)
-            ):
-                self.admit(queue.pop(0), now)
+            inflight = sum(1 for a in self.admitted if a not in self.done)
+            while self.queue and inflight < c.max_inflight and self.can_admit():
+                self.admit(*self.queue.pop(0))
                 inflight += 1
-            if self.prefill_down or self.decode_down:
-                for r in queue:
-                    self.end(r.rid, "failed", "not admitted: a worker is down")
-                queue = []
+            if not self.can_admit() and not self.booting and not self.can_restart():
+                for _aid, r in self.queue:
+                    self.end(r.rid, "failed", "not admitted: a worker is down, no restart left")
+                self.queue = []
             msgs, self.backlog = self.backlog + self.ch.poll(), []
             for m in msgs:
                 self.on_message(m)
-            for rid, at in list(self.cancel_at.items()):
-                if now >= at:
-                    del self.cancel_at[rid]
-                    if rid not in self.rep.outcomes and "p0" not in self.dead:
-                        self.ch.send("p0", "cancel", rid=rid)
-                        self.rep.faults["cancels"] = self.rep.faults.get("cancels", 0) + 1
             self.maybe_kill()
             self.watch(now)
             if self.progress is not None:
@@ -217,13 +225,25 @@ class Router:
         if len(self.rep.outcomes) < c.requests:  # the deadline: leave evidence behind
             self.procs.dump_stacks()
 
-    def admit(self, r: Request, now: float) -> None:
-        for p in range(self.cfg.prefill_tp):
-            self.ch.send(f"p{p}", "admit", rid=r.rid, prompt=list(r.prompt), steps=r.steps)
-        self.admitted[r.rid] = now
-        delay = self.cancels.draw(self.rng)
-        if delay is not None:
-            self.cancel_at[r.rid] = now + delay
+    def live_decodes(self) -> list[str]:
+        return [d for d in self.decodes if d not in self.down and d not in self.booting]
+
+    def can_admit(self) -> bool:
+        return PREFILL not in self.down and bool(self.live_decodes()) and not self.booting
+
+    def can_restart(self) -> bool:
+        return len(self.rep.restarted) < self.cfg.restarts
+
+    def admit(self, aid: str, r: Request) -> None:
+        live = self.live_decodes()
+        d = live[self.rr % len(live)]
+        self.rr += 1
+        cancel = self.cancels.plan(self.cfg.seed, r.rid, r.steps)
+        for p in self.prefills:
+            self.ch.send(p, "admit", rid=aid, prompt=list(r.prompt), steps=r.steps, decode=d,
+                         cancel=cancel)  # fmt: skip
+        self.base[aid] = r.rid
+        self.admitted[aid] = d
 
     def end(self, rid: str, outcome: str, reason: str = "") -> None:
         if rid not in self.rep.outcomes:  # the first word on a request stands
@@ -231,21 +251,40 @@ class Router:
             if reason:
                 self.rep.reasons[rid] = reason
 
+    def attempt_ended(self, aid: str, outcome: str, reason: str = "") -> None:
+        """An attempt's first word stands; a failed one is retried while tries are left."""
+        if aid in self.done or aid not in self.base:
+            return
+        self.done.add(aid)
+        rid = self.base[aid]
+        if outcome == "failed" and self.tries[rid] < self.cfg.retries:
+            self.tries[rid] += 1
+            self.rep.retried += 1
+            self.rep.retry_reasons[reason] = self.rep.retry_reasons.get(reason, 0) + 1
+            self.queue.insert(0, (f"{rid}~{self.tries[rid]}", self.by_id[rid]))
+            return
+        self.end(rid, outcome, reason)
+
     def on_message(self, m: Message) -> None:
         kind = m["kind"]
         if kind == "outcome":
-            self.end(m["rid"], m["outcome"], m.get("reason", ""))
-            if m["outcome"] == "finished":
-                self.finished_tokens[m["rid"]] = tuple(m["tokens"])
+            aid = m["rid"]
+            if m["outcome"] == "finished" and aid not in self.done and aid in self.base:
+                self.finished_tokens[self.base[aid]] = tuple(m["tokens"])
+            self.attempt_ended(aid, m["outcome"], m.get("reason", ""))
         elif kind == "committed":
-            self.committed.add(m["rid"])
+            self.committed[m["rid"]] = m["src"]
             self.stats[m["rid"]] = m["stats"]
+        elif kind == "hello" and m["src"] in self.booting:
+            self.on_back(m["src"])
 
     # ------------------------------------------------------------------ faults
     def maybe_kill(self) -> None:
         k = self.kill
         if k is None or len(self.rep.outcomes) < k.at_fraction * self.cfg.requests:
             return
+        if self.booting or k.proc in self.down or PREFILL in self.down and k.role == PREFILL:
+            return  # wait for the worker to be up
         self.kill = None
         if self.procs.alive(k.proc):
             self.procs.kill(k.proc)
@@ -253,7 +292,16 @@ class Router:
 
     def watch(self, now: float) -> None:
         """A worker whose process exited, or whose heartbeat stood still, is dead."""
-        live = [w for w in self.workers if w not in self.dead]
+        for w, since in list(self.booting.items()):
+            if now - since > 120.0 or not self.procs.alive(w):  # it never came up
+                del self.booting[w]
+                self.rep.crashed.append(f"{w}.{self.inc[w] + 1} (restart did not start)")
+                if self.procs.alive(w):
+                    self.procs.kill(w, injected=False)
+                if self.can_restart():
+                    self.restart(self.group(w))
+        live = [w for w in self.workers if self.group(w) not in self.down]
+        live = [w for w in live if w not in self.booting]
         counts = heartbeats(self.store, live)
         for w in live:
             n = counts[w]
@@ -264,112 +312,89 @@ class Router:
             if not self.procs.alive(w) or stale:
                 self.on_death(w)
 
+    def group(self, w: str) -> str:
+        return PREFILL if w.startswith("p") else w
+
+    def log_name(self, w: str) -> str:
+        return w if self.inc[w] == 0 else f"{w}.{self.inc[w]}"
+
     def on_death(self, w: str) -> None:
-        """Log EnvCrash after everything the crashed worker logged, then fail its work."""
-        self.dead.add(w)
+        """Read what the dead process sent, log EnvCrash after everything the crashed
+        worker logged, give its attempts their fate, then restart it."""
+        for m in self.ch.poll([w], limit=1 << 30):  # its last words still count
+            self.on_message(m)
         if self.procs.alive(w):
             self.procs.kill(w, injected=False)  # silent but running: make sure
-        lcs = [eventlog.last_clock(self.dir / f"{w}.jsonl")]
-        if w.startswith("p"):
-            if self.prefill_down:
-                return
-            self.prefill_down = True
-            others = {p for p in self.workers if p.startswith("p") and p not in self.dead}
+        self.rep.declared_dead.append(self.log_name(w))
+        g = self.group(w)
+        self.down.add(g)
+        victims = self.prefills if g == PREFILL else [w]
+        lcs = [eventlog.last_clock(self.dir / f"{self.log_name(w)}.jsonl")]
+        if g == PREFILL:
+            others = {p for p in self.prefills if p != w and self.procs.alive(p)}
             for p in others:
                 self.ch.send(p, "dead", who=w)
             self.await_kind("stopped", others, self.cfg.timeout_s)
-            lcs += [eventlog.last_clock(self.dir / f"{p}.jsonl") for p in others]
-            self.log.clock(max(lcs))
-            self.log.event("EnvCrash", None, time.time(), worker="prefill")
-            if "d0" not in self.dead:
-                self.ch.send("d0", "dead", who=w)
-                self.await_kind("settled", {"d0"}, 2 * self.cfg.timeout_s)
-            for rid in self.admitted:
-                if rid not in self.committed:
-                    self.end(rid, "failed", f"prefill rank {w} died before decode committed")
+            lcs += [eventlog.last_clock(self.dir / f"{self.log_name(p)}.jsonl") for p in others]
+        self.log.clock(max(lcs))
+        names = [self.log_name(v) for v in victims]
+        crash = self.log.seq + 1  # the crash's id: the "dead" notices after it carry it
+        self.log.event("EnvCrash", None, time.time(), worker=g if g == PREFILL else "decode",
+                       victims=names)  # fmt: skip
+        if g == PREFILL:
+            live = {d for d in self.live_decodes()}
+            for d in live:
+                self.ch.send(d, "dead", who=w, crash=crash)
+            self.await_kind("settled", live, 2 * self.cfg.timeout_s)
+            for aid in list(self.admitted):
+                if aid not in self.committed:
+                    self.attempt_ended(aid, "failed", "prefill worker crashed before commit")
         else:
-            self.decode_down = True
-            self.log.clock(max(lcs))
-            self.log.event("EnvCrash", None, time.time(), worker="decode")
-            for p in self.workers:
-                if p.startswith("p") and p not in self.dead:
-                    self.ch.send(p, "dead", who=w)
-            for rid in self.committed:
-                self.end(rid, "failed", f"decode worker {w} died holding it")
+            for p in self.prefills:
+                if PREFILL not in self.down:
+                    self.ch.send(p, "dead", who=w, crash=crash)
+            for aid, d in list(self.committed.items()):
+                if d == w:
+                    self.attempt_ended(aid, "failed", f"decode worker {w} crashed holding it")
+        if self.can_restart():
+            self.restart(g)
 
-    # ------------------------------------------------------------------ the end
-    def raw_baseline(self) -> None:
-        if not self.cfg.raw_baseline or self.dead or not self.stats:
+    def restart(self, g: str) -> None:
+        """The crashed worker comes back as incarnation inc + 1 (spec EnvRestart)."""
+        names = self.prefills if g == PREFILL else [g]
+        inc = self.inc[names[0]] + 1
+        self.log.event("EnvRestart", None, time.time(), worker=g if g == PREFILL else "decode",
+                       inc=inc)  # fmt: skip
+        incs = {**self.inc, **{n: inc for n in names}}  # peers learn it at its hello
+        spawned = [n for n in names if not self.procs.alive(n)]
+        for n in spawned:
+            self.procs.start(self.worker_args(n, incs, lc0=self.log.lc))
+            self.booting[n] = time.monotonic()
+        for n in names:  # the router reads the new incarnation's mailboxes from now on
+            self.ch.set_inc(n, inc)
+        self.rep.restarted += [f"{n}.{inc}" for n in names]
+        self.restarting[g] = (names, spawned, inc)  # two workers may restart at once
+
+    def running_inc(self, w: str) -> int:
+        """The incarnation process ``w`` runs as (a booting one: its new incarnation)."""
+        return self.restarting[self.group(w)][2] if w in self.booting else self.inc[w]
+
+    def on_back(self, w: str) -> None:
+        """The restarted process said hello: every live process learns the incarnation."""
+        del self.booting[w]
+        g = self.group(w)
+        names, spawned, inc = self.restarting[g]
+        if any(n in self.booting for n in names):
             return
-        tp = self.cfg.prefill_tp
-        sizes = [[int(s["bytes"]) // tp] * tp for s in self.stats.values()]
-        for p in range(tp):
-            self.ch.send(f"p{p}", "raw", sizes=sizes)
-        self.ch.send("d0", "raw", sizes=sizes)
-        deadline = time.monotonic() + 4 * self.cfg.timeout_s + 10
-        while time.monotonic() < deadline:
-            for m in self.ch.poll():
-                if m["kind"] == "raw_done" and m.get("ok"):
-                    self.rep.raw_bytes, self.rep.raw_s = int(m["bytes"]), float(m["seconds"])
-                    return
-                if m["kind"] != "raw_done":
-                    self.backlog.append(m)
-            time.sleep(0.002)
-
-    def shutdown(self) -> None:
-        live = {w for w in self.workers if w not in self.dead and self.procs.alive(w)}
-        for w in live:
-            self.ch.send(w, "shutdown")
-        got = self.await_kind("bye", live, 2 * self.cfg.timeout_s + 5)
-        self.rep.unreported = sorted(live - got)
-
-    def finalize(self) -> None:
-        rep = self.rep
-        for w, m in self.byes.items():
-            rep.leaked_blocks += int(m["held"])
-            rep.held_by[w] = int(m["held"])
-            for k in ("delayed", "dropped"):
-                rep.faults[f"control_{k}"] = rep.faults.get(f"control_{k}", 0) + int(m[k])
-            if m.get("integrity"):
-                rep.integrity_errors.append(f"{w}: {m['integrity']}")
-        ok_handoffs = [s for s in self.stats.values() if "commit" in s]
-        rep.handoff_ms = [1000 * s["commit"] for s in ok_handoffs]
-        rep.handoff_s = sum(s["commit"] for s in ok_handoffs)
-        rep.handoff_bytes = int(sum(s["bytes"] for s in ok_handoffs))
-        if ok_handoffs:
-            keys = ("data", "rankdone", "verified", "commit")
-            rep.phases_ms = {
-                k: 1000 * sum(s[k] for s in ok_handoffs) / len(ok_handoffs) for k in keys
-            }
-        model = self.cfg.model.model()
-        for rid, toks in sorted(self.finished_tokens.items()):
-            if toks != reference_tokens(model, self.by_id[rid]):
-                rep.mismatched.append(rid)
-        names = [ROUTER, *self.workers]
-        merged = eventlog.merge(eventlog.read_events(self.dir / f"{n}.jsonl" for n in names))
-        blocks = {r.rid: r.blocks(self.cfg.model.block_size) for r in self.reqs}
-        verdicts = eventlog.check_requests(merged, self.cfg.prefill_tp, blocks)
-        (self.dir / "merged.jsonl").write_text("".join(eventlog.dumps(e) for e in merged))
-        per_req = self.dir / "requests"
-        per_req.mkdir(exist_ok=True)
-        rep.checked_requests = len(verdicts)
-        for v in verdicts:
-            (per_req / f"{v.rid}.jsonl").write_text(v.text)
-            if not v.verdict.conforms:
-                path = per_req / f"{v.rid}.jsonl"
-                rep.violations.append(
-                    {"rid": v.rid, "config": v.config, "line": v.verdict.line,
-                     "violated": v.verdict.violated, "reason": v.verdict.reason,
-                     "properties": v.verdict.properties, "log": str(path)}
-                )  # fmt: skip
-        rep.conforms = not rep.violations
-        rep.faults.setdefault("kills", 0)
-        rep.faults.setdefault("cancels", 0)
+        for peer in self.workers:  # a survivor of the worker hears it at its old incarnation
+            if self.procs.alive(peer) and peer not in spawned:
+                to = inc - 1 if peer in names else self.running_inc(peer)
+                self.ch.send(peer, "restarted", who=names, inc=inc, to_inc=to)
+        for n in names:
+            self.inc[n] = inc
+            self.beats.pop(n, None)
+        self.down.discard(g)
 
 
 def run_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> ClusterReport:
     return Router(cfg, progress).run()
-
-
-def describe(cfg: ClusterConfig) -> dict[str, Any]:
-    return {**asdict(cfg), "model": asdict(cfg.model)}

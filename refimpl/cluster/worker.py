@@ -1,9 +1,10 @@
 """A worker process: ``python -m refimpl.cluster.worker '<json>'``.
 
-The JSON (``WorkerArgs``) names the role (``prefill`` or ``decode``), the TP rank, the
-torch.distributed world (a TCP init method: another host joins by this address), the
-router's TCPStore, the log directory, the model, the timeouts and the faults. Nothing
-else crosses into the process: no pickle.
+The JSON (``WorkerArgs``) names the role (``prefill`` or ``decode``), the rank (a
+prefill TP rank, or a decode worker's index), the incarnation (0, or the restarts of its
+worker so far) and every peer's, the router's TCPStore (control, heartbeats, and the
+rendezvous of the pair groups of the data plane: ``pairs.py``), the log directory, the
+model, the timeouts and the faults. Nothing else crosses into the process: no pickle.
 
 ``Base`` is the part both roles share: the event log and Lamport clock, the control
 channel, the heartbeat, the data-plane wait with a timeout, and the exit report
@@ -23,15 +24,16 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from refimpl.cluster.control import Channel, ControlFaults, Message, connect_store, start_heartbeat
 from refimpl.cluster.eventlog import ProcLog
+from refimpl.cluster.pairs import Pairs
 from refimpl.cluster.workload import ModelSpec
 
 ROUTER = "router"
 POLL_IDLE_S = 0.001
 BEAT_EVERY_S = 0.1
+RENDEZVOUS_S = 60.0  # a pair group's creation waits this long for a (re)starting peer
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,7 @@ class WorkerArgs:
     decode_tp: int
     store_host: str
     store_port: int
-    init_method: str  # torch.distributed TCP init method, tcp://host:port
-    backend: str  # "gloo" | "nccl"
+    backend: str  # "gloo"
     log_dir: str
     t0: float  # the router's time origin (for the logs' ``t`` only)
     timeout_s: float  # a peer silent this long is dead; a transfer this long failed
@@ -52,18 +53,19 @@ class WorkerArgs:
     ready_wait_s: float  # prefill's wait for Ready: decode may have handoffs queued first
     mutant: str | None = None
     faults: dict[str, Any] = field(default_factory=dict)
+    decode_workers: int = 1
+    inc: int = 0  # this worker's incarnation (its restarts so far)
+    incs: dict[str, int] = field(default_factory=dict)  # peers' current incarnations
+    lc0: int = 0  # a restarted incarnation's clock starts past the router's EnvRestart
 
     @property
     def name(self) -> str:
         return proc_name(self.role, self.rank)
 
     @property
-    def world_rank(self) -> int:
-        return self.rank if self.role == "prefill" else self.prefill_tp + self.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.prefill_tp + self.decode_tp
+    def log_name(self) -> str:
+        """The event log's process name: ``d0``, or ``d0.1`` for incarnation 1."""
+        return self.name if self.inc == 0 else f"{self.name}.{self.inc}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -78,10 +80,24 @@ def proc_name(role: str, rank: int) -> str:
 
 
 def peers_of(a: WorkerArgs) -> tuple[str, ...]:
-    names = (
-        [ROUTER] + [f"p{r}" for r in range(a.prefill_tp)] + [f"d{r}" for r in range(a.decode_tp)]
-    )
+    """Who may send to this process: the router; the prefill leader hears its other
+    ranks and every decode worker; another prefill rank hears the leader only; a decode
+    worker hears every prefill rank (decode workers never talk to each other)."""
+    if a.role == "decode":
+        names = [ROUTER, *prefill_names(a.prefill_tp)]
+    elif a.rank == 0:
+        names = [ROUTER, *prefill_names(a.prefill_tp), *decode_names(a.decode_workers)]
+    else:
+        names = [ROUTER, "p0"]
     return tuple(n for n in names if n != a.name)
+
+
+def prefill_names(tp: int) -> list[str]:
+    return [f"p{r}" for r in range(tp)]
+
+
+def decode_names(n: int) -> list[str]:
+    return [f"d{k}" for k in range(n)]
 
 
 class Base:
@@ -90,16 +106,64 @@ class Base:
     def __init__(self, a: WorkerArgs) -> None:
         self.a = a
         self.spec = ModelSpec(**a.model)
-        self.log = ProcLog(a.log_dir, a.name, a.t0)
+        self.log = ProcLog(a.log_dir, a.log_name, a.t0)
+        self.log.clock(a.lc0)
         self.store = connect_store(a.store_host, a.store_port, a.timeout_s)
         faults = ControlFaults(
             **{**a.faults, "droppable": frozenset(a.faults.get("droppable", ()))}
         )
-        self.ch = Channel(self.store, a.name, peers_of(a), self.log.clock, faults)
+        self.ch = Channel(
+            self.store, a.name, peers_of(a), self.log.clock, faults, inc=a.inc, incs=dict(a.incs)
+        )
         self.timeout = timedelta(seconds=a.timeout_s)
         self.stop = False
         start_heartbeat(a.store_host, a.store_port, a.name, BEAT_EVERY_S, a.timeout_s)
         self.dead: set[str] = set()  # peers the router declared dead
+        self.seen: set[int] = set()  # crashes this process has heard of
+        rendezvous = connect_store(a.store_host, a.store_port, RENDEZVOUS_S)
+        self.pairs = Pairs(rendezvous, a.name, RENDEZVOUS_S)
+        others = (
+            decode_names(a.decode_workers) if a.role == "prefill" else prefill_names(a.prefill_tp)
+        )
+        self.data_peers = others
+
+    def learned(self, m: Message) -> None:
+        """A notice of a crash (``m["crash"]``: the router's EnvCrash) is handled here:
+        the ``CrashSeen`` marker splits this process's events into those before it and
+        those that causally follow the crash (``eventlog.per_request`` places the crash
+        in each request's log by it). Not a spec action: no request's log shows it."""
+        if "crash" in m and m["crash"] not in self.seen:
+            self.seen.add(m["crash"])
+            self.event("CrashSeen", None, crash=int(m["crash"]))
+
+    def connect_all(self) -> None:
+        """Join a pair group with every data peer, in the global (prefill, decode) order."""
+        for peer in self.data_peers:
+            if peer not in self.dead:
+                self.pairs.connect(self.ch.inc, peer, self.ch.incs.get(peer, 0))
+
+    def on_restarted(self, m: Message) -> None:
+        """The router restarted a worker: ``who`` are its processes, now ``inc``. A
+        survivor of that worker takes the new incarnation itself; a peer fences the old
+        one's mailboxes and groups and joins the new one's."""
+        who, inc = list(m["who"]), int(m["inc"])
+        if self.a.name in who:
+            self.ch.set_own_inc(inc)
+            for w in who:
+                if w != self.a.name:
+                    self.ch.set_inc(w, inc)
+            self.restart_self(inc)
+            self.connect_all()
+            return
+        for w in who:
+            self.ch.set_inc(w, inc)
+            self.dead.discard(w)
+            self.pairs.forget(w)
+        for w in sorted(x for x in who if x in self.data_peers):
+            self.pairs.connect(self.ch.inc, w, inc)
+
+    def restart_self(self, inc: int) -> None:
+        """A surviving process of a restarted worker starts over (pools empty)."""
 
     def now(self) -> float:
         return time.time()
@@ -137,7 +201,7 @@ class Base:
     def bye(self, held: int, integrity: str | None) -> None:
         self.report(
             "bye", held=held, integrity=integrity, lc=self.log.lc,
-            delayed=self.ch.delayed, dropped=self.ch.dropped,
+            delayed=self.ch.delayed, dropped=self.ch.dropped, fenced=self.ch.fenced,
         )  # fmt: skip
         self.ch.drain(self.a.timeout_s)  # a delayed bye must still go out
         self.stop = True
@@ -147,13 +211,6 @@ def main(argv: list[str]) -> int:
     a = WorkerArgs.from_json(argv[1])
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     torch.set_num_threads(1)
-    dist.init_process_group(
-        a.backend,
-        init_method=a.init_method,
-        rank=a.world_rank,
-        world_size=a.world_size,
-        timeout=timedelta(seconds=max(30.0, a.timeout_s)),
-    )
     w: Base
     if a.role == "prefill":
         from refimpl.cluster.prefill import PrefillWorker
@@ -164,6 +221,9 @@ def main(argv: list[str]) -> int:
 
         w = DecodeWorker(a)
     w.report("hello")
+    w.ch.drain(a.timeout_s)  # a delayed hello must be out before the rendezvous blocks
+    w.connect_all()
+    w.report("connected")
     w.loop()
     w.log.close()
     return 0

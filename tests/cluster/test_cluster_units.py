@@ -122,3 +122,63 @@ def test_cluster_configs_exist_for_every_request_shape() -> None:
         for b in (1, 2, 3):
             c = get_config(eventlog.config_name(t, b))
             assert (c.n_reqs, c.src_tp, c.blocks, c.dst_tp) == (1, t, b, 1)
+
+
+def test_a_crash_goes_only_into_the_logs_it_touched_and_before_what_follows_it() -> None:
+    crash = {"action": "EnvCrash", "args": {"worker": "decode"}, "victims": ["d0"],
+             "crash": 1, "lc": 10, "proc": "router", "seq": 1}  # fmt: skip
+    evs = [
+        {"action": "DecodeReserve", "rid": "r0", "lc": 3, "proc": "d0", "seq": 1},
+        {"action": "PrefillFreeze", "rid": "r1", "lc": 4, "proc": "p0", "seq": 1},
+        crash,
+        # p0 heard of the crash at its seq 3: its seq 2 is concurrent (may come first),
+        # its seq 4 follows the crash, whatever the clocks say
+        {"action": "PrefillTimeout", "rid": "r0", "lc": 12, "proc": "p0", "seq": 2},
+        {"action": "CrashSeen", "args": {"crash": 1}, "lc": 13, "proc": "p0", "seq": 3},
+        {"action": "PrefillTimeout", "rid": "r1", "lc": 14, "proc": "p0", "seq": 4},
+        {"action": "DecodeReserve", "rid": "r2", "lc": 15, "proc": "d0.1", "seq": 1},
+    ]
+    per = eventlog.per_request(eventlog.merge(evs))
+    assert [e["action"] for e in per["r0"]] == ["DecodeReserve", "PrefillTimeout", "EnvCrash"]
+    assert [e["action"] for e in per["r1"]] == ["PrefillFreeze", "PrefillTimeout"]  # untouched
+    assert [e["action"] for e in per["r2"]] == ["DecodeReserve"]  # after the restart
+    evs[3]["seq"], evs[4]["seq"] = 3, 2  # p0 heard of it first: the timeout follows it
+    per = eventlog.per_request(eventlog.merge(evs))
+    assert [e["action"] for e in per["r0"]] == ["DecodeReserve", "EnvCrash", "PrefillTimeout"]
+
+
+def test_a_restarted_peer_is_a_new_mailbox_and_the_old_one_is_fenced() -> None:
+    store = serve_store("127.0.0.1", 5.0)
+    tick = iter(range(1, 1 << 20))
+
+    def clock(received: int) -> int:
+        return next(tick)
+
+    d_old = Channel(store, "d0", ("p0",), clock)
+    p0 = Channel(store, "p0", ("d0",), clock)
+    d_old.send("p0", "ack", rid="r1", epoch=1)  # sent by incarnation 0, never read
+    d_new = Channel(store, "d0", ("p0",), clock, inc=1)
+    d_new.send("p0", "ready", rid="r2", epoch=1, to_inc=0)
+    p0.set_inc("d0", 1)  # told of the restart: the old mailbox is discarded unread
+    assert p0.fenced == 1
+    got = p0.poll()
+    assert [(m["kind"], m["inc"]) for m in got] == [("ready", 1)]
+    p0.send("d0", "go", rid="r2")  # to the new incarnation only
+    assert [m["kind"] for m in d_new.poll()] == ["go"] and d_old.poll() == []
+
+
+def test_cancels_and_drops_are_functions_of_the_seed_not_of_the_order() -> None:
+    from refimpl.cluster.faults import CancelPlan
+
+    plan = CancelPlan(0.5)
+    rids = [f"r{k}" for k in range(200)]
+    first = {rid: plan.plan(7, rid, 4) for rid in rids}
+    assert first == {rid: plan.plan(7, rid, 4) for rid in reversed(rids)}
+    kinds = {str(v).split(":")[0] for v in first.values()}
+    assert kinds == {"None", "queued", "prefilled", "decode"}
+    assert first != {rid: plan.plan(8, rid, 4) for rid in rids}
+    f = ControlFaults(drop_p=0.3, droppable=frozenset({"ready"}), seed=7)
+    drops = [f.drops("ready", {"rid": r, "epoch": 1}) for r in rids]
+    assert drops == [f.drops("ready", {"rid": r, "epoch": 1}) for r in rids]
+    assert 20 < sum(drops) < 100
+    assert not any(f.drops("ack", {"rid": r, "epoch": 1}) for r in rids)  # never an Ack
