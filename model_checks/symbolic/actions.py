@@ -42,7 +42,7 @@ WORKER = ("EnvCrash",)
 # Spec actions the z3 encoding does not mirror (yet), all behind a Config switch: restarts
 # (``EnvRestart``, ``Config.restarts``). ``encodable`` says which configs the encodings
 # take; the others (and their mutants) are checked by the explicit explorer only.
-UNENCODED = ("EnvRestart",)
+UNENCODED: tuple[str, ...] = ("EnvRestart",)
 # The shared host cache (``spec/behaviours/host_cache.py``, ``Config.host_cache``): its
 # world fields (hc, hc_hl, hc_pin, hc_late, hc_bad) and Req.hk are not in FIELDS yet.
 UNENCODED += tuple(n for n in ACTIONS if n.startswith("Host")) + ("EnvLoadFail",)
