@@ -21,6 +21,7 @@ from spec import actions_prefill as P
 from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
 from spec.behaviours import decode_ranks as DR
+from spec.behaviours import host_cache as HC
 from spec.behaviours import identity as I
 from spec.behaviours import restarts as RS
 from spec.behaviours import retract as RT
@@ -118,6 +119,19 @@ ACTIONS: dict[str, Action] = {
         _a(RS.EnvRestart, "env", "fault", "worker"),
         _a(I.PrefillStage, "P", "local"),
         _a(I.DecodeRecyclePrefix, "D", "local", "global"),
+        _a(HC.HostLookup, "P", "local"),
+        _a(HC.HostLoadBegin, "P", "local"),
+        _a(HC.HostLoadCopy, "P", "local"),
+        _a(HC.HostLoadCommit, "P", "local"),
+        _a(HC.HostLoadFail, "P", "local"),
+        _a(HC.HostStoreBegin, "P", "local"),
+        _a(HC.HostStoreCopy, "P", "local"),
+        _a(HC.HostPublish, "P", "local"),
+        _a(HC.HostStoreAbort, "P", "timeout"),
+        _a(HC.HostLateComplete, "P", "recv", "global"),
+        _a(HC.HostEvict, "P", "timeout", "global"),
+        _a(HC.HostFree, "P", "local", "global"),
+        _a(HC.EnvLoadFail, "env", "fault", "global"),
     )
 }
 

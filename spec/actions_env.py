@@ -127,6 +127,7 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
                     sent=0,
                     phit=0,
                     pstep=0,
+                    hk=0,
                     net=tuple(
                         x for x in r.net if msg_kind(x) not in CHUNKS and msg_kind(x) in TO_DECODE
                     ),
@@ -134,6 +135,7 @@ def EnvCrash(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
             )
             for r in w.reqs
         )
+        w = w._replace(hc=NONE, hc_hl=0, hc_pin=0, hc_late=0, hc_bad=False)  # host memory
         return w._replace(reqs=reqs, p_up=False, faults=w.faults + 1)
     if arg == 1 and w.d_up:
         reqs = tuple(

@@ -12,6 +12,7 @@ from spec.behaviours.async_steps import (
     step_blocks_freeze,
     step_blocks_preempt,
 )
+from spec.behaviours.host_cache import host_quiesce
 from spec.behaviours.identity import staged
 from spec.behaviours.irrevocable import writes_drained
 from spec.behaviours.restarts import fenced
@@ -69,6 +70,8 @@ from spec.state import (
 def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or r.st not in (QUEUED, PREEMPTED) or r.p != NONE or r.h != NONE:
+        return NOT_ENABLED
+    if r.hk or (c.host_cache and w.hc == COMPLETE):  # a host-cache hit is loaded instead
         return NOT_ENABLED
     if used_p(w, c) + c.blocks > c.cap_p:
         return refuse("CapacityRefcount")
@@ -288,14 +291,18 @@ def PrefillQuiesce(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or r.st not in ENDED:
         return NOT_ENABLED
-    if r.p == NONE and r.h == NONE and r.ps == IDLE:
+    if r.p == NONE and r.h == NONE and r.ps == IDLE and not r.hk:
         return NOT_ENABLED
     if r.ps != IDLE and not writes_drained(r, r.ep, m):
         return refuse("NoReuseUnderIO")
     if (busy := step_blocks_free(c, r, "p", m)) is not None:
         return busy
+    w2 = host_quiesce(w, i)  # its host-cache pin goes; a store it feeds must end first
+    if not isinstance(w2, World):
+        return w2
     net = send(w, r.net, msg(M_QUIESCED, r.ep)) if r.ps != IDLE else r.net
-    return put(w, i, r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0, net=net))
+    r = w2.reqs[i]
+    return put(w2, i, r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE, sent=0, phit=0, net=net))
 
 
 def prefill_msg_stale(r_st: int, ps: int, ep: int, code: int) -> bool:

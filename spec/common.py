@@ -107,7 +107,10 @@ def used_p(w: World, c: Config) -> int:
 
 
 def used_h(w: World, c: Config) -> int:
-    return sum(c.blocks for r in w.reqs if r.h != NONE)
+    """Host blocks held: per-request swap copies, and the shared cache's copy and the
+    orphans of its late completions (spec/behaviours/host_cache.py)."""
+    own = sum(c.blocks for r in w.reqs if r.h != NONE)
+    return own + c.blocks * ((w.hc != NONE) + w.hc_late)
 
 
 def used_d(w: World, c: Config) -> int:

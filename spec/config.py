@@ -1,16 +1,12 @@
-"""Finite instances of the (unbounded) spec, in one place.
-
-The spec's actions take their bounds from a ``Config``; nothing in ``spec/actions_*``
-hard-codes a size. The default suite is ``DEFAULT_SUITE``: several small, focused
-configs rather than one product of everything. Bigger named configs exist for the
-benchmarks (``SCALE``). Their pinned outcomes live in ``spec/pinned.json``.
-"""
+"""Finite instances of the spec (``Config``: no action hard-codes a size) and the suites:
+small focused worlds, bigger ``SCALE`` ones; outcomes pinned in ``spec/pinned.json``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spec.state import Req, World
+from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
+from spec.state import COMPLETE, Req, World
 
 FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
 
@@ -44,6 +40,7 @@ class Config:
     restarts: int = 0  # crashed workers that may come back (EnvRestart), in all
     identity: bool = False  # content identity: staging, per-block hashes (behaviours/identity)
     slots: bool = False  # one metadata slot on decode, reused across requests (behaviours/slots)
+    host_cache: int = 0  # shared host cache (behaviours/host_cache): 0 off, 1 cold, 2 warm
 
     def __post_init__(self) -> None:
         problems = []
@@ -76,7 +73,8 @@ class Config:
         return self.src_tp * self.blocks
 
     def initial(self) -> World:
-        return World(reqs=tuple(Req() for _ in range(self.n_reqs)), pfx=self.prefix > 0)
+        w = World(reqs=tuple(Req() for _ in range(self.n_reqs)), pfx=self.prefix > 0)
+        return w._replace(hc=COMPLETE, hc_hl=self.blocks) if self.host_cache == 2 else w
 
 
 _HANDOFF_FAULTS = frozenset({"lose", "duplicate", "corrupt", "mismatch"})
@@ -333,15 +331,13 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "identity_prefix",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
-# ``reject_retry`` stays out: it passes the explorer's 2,000,000-state bound (measured
-# after the residue reset); check it on its own with a bigger machine or a smaller world.
+# ``reject_retry`` stays out: past the explorer's 2,000,000-state bound; check it alone.
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
 DEEP_SUITE += ("slots_two",)
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
-# Bigger instances, not in the default suite: the scale curve (``scale_k``) and a
-# larger world users can check on its own (``kvown check --config NAME``).
+# Bigger instances: the scale curve (``scale_k``) and a world to check on its own.
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
         name=f"scale_{k}",
@@ -369,9 +365,8 @@ SCALE["handoff_three_tp2to1"] = Config(
     max_attempts=1,
 )
 
-# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks a run's merged
-# log request by request): T prefill ranks -> one decode rank, B blocks, cancels, a crash
-# and a lost control message. For trace checking only (not in the default suite).
+# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks its merged log):
+# T prefill ranks -> one decode rank, B blocks, cancels, a crash, a lost control message.
 CLUSTER: dict[str, Config] = {
     f"cluster_tp{t}_b{b}": Config(
         name=f"cluster_tp{t}_b{b}",
@@ -387,6 +382,10 @@ CLUSTER: dict[str, Config] = {
     for t in (1, 2, 3, 4)
     for b in (1, 2, 3)
 }
+FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
+CONFIGS.update((k["name"], Config(**k)) for k in HC_WORLDS)
+DEFAULT_SUITE, DEEP_SUITE = DEFAULT_SUITE + HC_DEFAULT, DEEP_SUITE + HC_DEEP
+SUITES.update(default=DEFAULT_SUITE, deep=DEEP_SUITE)
 
 
 def get_config(name: str) -> Config:

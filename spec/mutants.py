@@ -246,6 +246,59 @@ MUTANTS: dict[str, Mutant] = {
             "DecodeReceiveDone resolves a late RankDone by its slot id alone and counts it for"
             " the slot's new holder.",
         ),
+        Mutant(
+            "evict_pinned_copy",
+            "NoReuseUnderIO",
+            ("host_cache_warm",),
+            "issue 22 item 1; sglang #31108 (a host page evicted between exists and get)",
+            "HostFree frees an unpublished host-cache copy whatever its pins: a lookup hit"
+            " (or a load) still reads the freed bytes.",
+        ),
+        Mutant(
+            "unpin_at_load_start",
+            "CapacityRefcount",
+            ("host_cache_warm",),
+            "issue 22 item 1 (the lookup's pin dropped when the load starts, not when it"
+            " completes: the copy can be evicted under the load)",
+            "HostLoadBegin drops the lookup's pin: the pin count no longer covers the load.",
+        ),
+        Mutant(
+            "reload_consumes_shared",
+            "NoReuseUnderIO",
+            ("host_cache_warm",),
+            "issue 22 item 1 (a reload consumes the host copy, as a swap-in does, while"
+            " another request's lookup pinned it)",
+            "HostLoadCommit frees the shared host copy after its own load.",
+        ),
+        Mutant(
+            "publish_before_commit",
+            "PublishAfterCommit",
+            ("host_cache_store",),
+            "issue 22 item 2; LMCache #4991, Mooncake #3030 (a key visible before its bytes)",
+            "HostPublish makes the key visible before every block of the store is written.",
+        ),
+        Mutant(
+            "late_completion_publishes",
+            "PublishAfterCommit",
+            ("host_cache_store",),
+            "issue 22 item 2; Mooncake #3030 (a stale PutEnd of an older attempt)",
+            "HostLateComplete, the completion of a given-up store attempt, publishes the key.",
+        ),
+        Mutant(
+            "failed_load_counted_loaded",
+            "NoPartialUse",
+            ("host_cache_warm",),
+            "issue 22 item 3; dynamo #15079 (a failed load counted as loaded)",
+            "HostLoadFail reports the load as loaded: the request runs on unread blocks.",
+        ),
+        Mutant(
+            "failed_load_keeps_hit",
+            "RecoverWithoutTimeout",
+            ("host_cache_warm",),
+            "issue 22 item 3; vllm #49176 (a failed load keeps its stale hit: livelock)",
+            "HostLoadFail leaves the unreadable copy published: the next lookup hits it"
+            " again, and the load fails again, until an eviction or a cancel.",
+        ),
     )
 }
 

@@ -12,6 +12,13 @@ from dataclasses import dataclass
 
 from spec.behaviours.async_steps import steps_drained, steps_held, steps_write_writable
 from spec.behaviours.decode_ranks import all_dst_ranks
+from spec.behaviours.host_cache import (
+    HK_LOAD,
+    host_io_ok,
+    host_pins_exact,
+    host_published_whole,
+    host_quiet,
+)
 from spec.behaviours.identity import content_identity
 from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
 from spec.config import Config
@@ -87,7 +94,9 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
             return False
         if r.h == FILLING and r.p != COMPLETE:  # a store reads freed or live blocks
             return False
-        if r.p == FILLING and r.h not in (COMPLETE, FILLING):  # a load reads a freed copy
+        if r.p == FILLING and r.h not in (COMPLETE, FILLING) and r.hk != HK_LOAD:
+            return False  # a load reads a freed copy
+        if r.hk and not host_io_ok(w, r):  # the shared host cache (behaviours/host_cache)
             return False
         for code in r.net:
             if msg_kind(code) not in CHUNKS:
@@ -124,6 +133,8 @@ def capacity_refcount(w: World, c: Config) -> bool:
     if used_p(w, c) > c.cap_p or used_d(w, c) > c.cap_d or used_h(w, c) > c.cap_h:
         return False
     refs = sum(1 for r in w.reqs if r.d != NONE and r.hit > 0)
+    if not host_pins_exact(w):
+        return False
     return w.pfx_ref == refs and w.pfx_ref >= 0 and (w.pfx_ref == 0 or w.pfx)
 
 
@@ -142,6 +153,8 @@ def rank_agreement(w: World, c: Config) -> bool:
 
 
 def publish_after_commit(w: World, c: Config) -> bool:
+    if not host_published_whole(w, c):
+        return False
     return all(not (r.h == COMPLETE and r.hl != c.blocks) for r in w.reqs)
 
 
@@ -156,7 +169,7 @@ def quiescent_terminal(w: World, c: Config) -> bool:
             return False
         if c.async_steps and not steps_drained(r):
             return False
-    return w.pfx_ref == 0
+    return w.pfx_ref == 0 and host_quiet(w)
 
 
 def decode_waiting(w: World, c: Config) -> bool:
@@ -233,7 +246,8 @@ SAFETY: tuple[Property, ...] = (
     Property(
         "PublishAfterCommit",
         "safety",
-        "A host copy is visible (reloadable) only after its store completed.",
+        "A host copy is visible (reloadable) only after its store completed; a shared"
+        " host-cache key only while published, with every block of its current attempt.",
         publish_after_commit,
     ),
     Property(

@@ -150,6 +150,7 @@ class Req(NamedTuple):
     rinc: int = 0  # decode incarnation of the Ready prefill last took: its writes' target
     stg: int = 0  # blocks the sender has staged for its current attempt (identity worlds)
     sl: int = 0  # 1: decode holds the metadata slot for this request (slots worlds)
+    hk: int = 0  # its role at the shared host cache: HK_* of spec/behaviours/host_cache.py
 
 
 class World(NamedTuple):
@@ -164,6 +165,11 @@ class World(NamedTuple):
     p_inc: int = 0  # prefill worker's incarnation (restarts so far; spec/behaviours/restarts)
     d_inc: int = 0  # decode worker's incarnation
     pfx_ok: bool = True  # the cached prefix blocks hold the prefix's content (hash matches)
+    hc: int = NONE  # the shared host cache's copy of the prompt's key (behaviours/host_cache)
+    hc_hl: int = 0  # blocks the current store attempt has written into that copy
+    hc_pin: int = 0  # pins on the copy (lookup hits whose load has not completed)
+    hc_late: int = 0  # completions of abandoned (older) store attempts still in flight
+    hc_bad: bool = False  # the copy's bytes are unreadable: every load of it fails
 
 
 _KEEP = object()  # "field not given" in the fast ``_replace`` below
@@ -229,6 +235,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("rinc", 0 <= r.rinc <= w.d_inc),
             ("stg", 0 <= r.stg <= n_blocks),
             ("sl", r.sl in (0, 1)),
+            ("hk", 0 <= r.hk <= 3),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:
@@ -237,4 +244,8 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
         bad.append("p_inc/d_inc < 0")
     if sum(r.sl for r in w.reqs) > 1:
         bad.append("sl: more than one holder of the metadata slot")
+    if w.hc not in (NONE, FILLING, COMPLETE, QUARANTINED) or not 0 <= w.hc_hl <= n_blocks:
+        bad.append("hc/hc_hl")
+    if not 0 <= w.hc_pin <= len(w.reqs) or not 0 <= w.hc_late <= 3:
+        bad.append("hc_pin/hc_late")
     return bad

@@ -140,9 +140,10 @@ def nothing_after_end(pre: World, name: str, i: int, arg: int, post: World, c: C
 
 
 def whole_reload(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> bool:
-    """NoPartialUse: a reload makes the GPU copy usable only once every block is back."""
+    """NoPartialUse: a reload makes the GPU copy usable only once every block is back;
+    a load from the shared host cache, only once read from readable bytes."""
     for a, b in changed(pre, post):
-        if a.p == FILLING and b.p in _HELD and a.gl != c.blocks:
+        if a.p == FILLING and b.p in _HELD and (a.gl != c.blocks or (a.hk and pre.hc_bad)):
             return False
     return True
 

@@ -95,7 +95,8 @@ class Encoding:
     ) -> None:
         if not encodable(c):
             raise ValueError(
-                f"config {c.name!r}: restarts (Config.restarts) are not in the z3 encoding;"
+                f"config {c.name!r}: restarts (Config.restarts) and the shared host cache"
+                " (Config.host_cache) are not in the z3 encoding;"
                 " check it with the explicit explorer (kvown check --config NAME)"
             )
         self.c, self.m = c, frozenset(mutants)

@@ -14,6 +14,10 @@
                                     checksum / the attempt fenced
     net                             the wire's entries, each named from its bytes
     pfx, pfx_ref                    the prefix cache holds blocks / requests referencing them
+    hk, hc, hc_hl, hc_pin, hc_late, hc_bad   the shared host cache (behaviours/host_cache):
+                                    the key's blocks RESERVED FILLING, OWNED COMPLETE while
+                                    published (else QUARANTINED); the pin register; the
+                                    abandoned attempts' holders; the bytes vs their checksums
 
 ``check_integrity()`` checks each allocator's conservation law, then that the records and
 the allocators agree. ``committed_bytes_ok()`` compares replicas with the ground truth.
@@ -35,7 +39,7 @@ from refimpl.engine.base import (
     RX_VALIDATED,
     RX_WAITING,
 )
-from refimpl.engine.behaviours import DecodeRankActions, RetractActions
+from refimpl.engine.behaviours import DecodeRankActions, HostCacheActions, RetractActions
 from refimpl.engine.data import RankPools
 from refimpl.engine.wire import channel, parse
 from refimpl.errors import IntegrityError
@@ -57,7 +61,7 @@ from spec.state import (
 CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
-class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
+class AbstractMap(HostCacheActions, AsyncStepActions, RetractActions, DecodeRankActions):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
         codes = []
@@ -100,6 +104,7 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
                     rinc=self.rinc[i],
                     stg=self.stg[i],
                     sl=int(self.config.slots and x.phase != RX_NONE and self.d_up),
+                    hk=self.hk[i],
                 )
             )
         return World(
@@ -112,6 +117,11 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
             p_inc=self.p_inc,
             d_inc=self.d_inc,
             pfx_ok=self.pfx_ok,
+            hc=self.hc_status(),
+            hc_hl=self.hc_hl,
+            hc_pin=self.hc_pin,
+            hc_late=len(self.hc_late),
+            hc_bad=self.hc_bad(),
         )
 
     # ------------------------------------------------------------ integrity

@@ -34,16 +34,24 @@ class CopyBase(RestartBase):
         r.steps += 1
 
     def _copy(
-        self, src: RankPools, s_ids: list[int], dst: RankPools, d_ids: list[int], i: int
+        self,
+        src: RankPools,
+        s_ids: list[int],
+        dst: RankPools,
+        d_ids: list[int],
+        i: int,
+        holder: str | None = None,
     ) -> None:
         """Offload/reload copy of whole blocks, every TP rank; on CUDA on the transfer stream
-        (the ``reload_on_critical_stream`` switch puts it on the compute stream instead)."""
+        (the ``reload_on_critical_stream`` switch puts it on the compute stream instead).
+        ``holder``: the destination's writer, when not the request (a shared host copy)."""
         critical = "reload_on_critical_stream" in self.mutants and dst.device.type == "cuda"
+        writer = holder or self.rid(i)
         if critical:
-            dst.alloc.check_write(self.rid(i), d_ids)
+            dst.alloc.check_write(writer, d_ids)
         for r in range(src.tp):
             if not critical:
-                copy_blocks(src.pools[r], s_ids, dst.pools[r], d_ids, self.rid(i))
+                copy_blocks(src.pools[r], s_ids, dst.pools[r], d_ids, writer)
                 continue
             for s, d in zip(s_ids, d_ids, strict=True):  # on the compute stream: blocks decode
                 dst.pools[r].kv[d].copy_(src.pools[r].kv[s], non_blocking=True)

@@ -12,6 +12,7 @@ from refimpl.errors import OwnershipError
 from refimpl.testing.ghost import Ghost
 from spec.config import CONFIGS, Config
 from spec.mutants import MUTANTS
+from spec.state import COMPLETE
 
 __all__ = ["EngineAdapter", "EngineSubject"]
 
@@ -40,16 +41,20 @@ class EngineSubject:
             dtype=e.dtype,
             seed=e.seed,
             read=e.replica,
+            shared_prompt=bool(c.host_cache),
         )
 
     def held_blocks(self) -> dict[str, int]:
-        """Blocks held per pool, the prefix cache's own blocks left out (for the drain)."""
+        """Blocks held per pool, the prefix cache's own blocks left out (for the drain), and
+        the shared host cache's published copy (a cache outlives its requests)."""
         e = self.engine
         held = {
             k: p.alloc.capacity - p.alloc.num_free
             for k, p in zip("PHD", (e.P, e.H, e.D), strict=True)
         }
         held["D"] -= len(e.prefix_blocks)
+        if e.hc_status() == COMPLETE:
+            held["H"] -= len(e.hc_blocks())
         return held
 
 

@@ -7,7 +7,8 @@ engine what the content should be. It keeps, per request, the number of tokens g
 so far (accepted token steps), and the count at each snapshot (a handoff attempt's
 freeze, an offload's begin). The content is then a function of those counts:
 
-    prompt block j   the model's KV of the prompt block (the shared prefix for j < prefix)
+    prompt block j   the model's KV of the prompt block (the shared prefix for j < prefix;
+                     every block, in a host-cache world, where the prompt is shared)
     token t          the model's KV of token t, in slot (prefix + t % private,
                      (t // private) % block_size): the tokens cycle over the private slots
 
@@ -45,6 +46,7 @@ class Ghost:
         dtype: torch.dtype,
         seed: int,
         read: Callable[[int, str], torch.Tensor | None],  # replica [n, *block_shape]
+        shared_prompt: bool = False,  # every request has the same prompt (a host-cache world)
     ) -> None:
         self.n, self.prefix, self.shape, self.dtype, self.seed = (
             blocks,
@@ -53,7 +55,7 @@ class Ghost:
             dtype,
             seed,
         )
-        self.read = read
+        self.read, self.shared_prompt = read, shared_prompt
         self.tokens = [0] * n_reqs  # tokens generated so far
         self.frozen: list[dict[int, int]] = [{} for _ in range(n_reqs)]  # epoch -> tokens
         self.stored = [0] * n_reqs  # tokens when the last offload began
@@ -70,7 +72,7 @@ class Ghost:
             self.computed[i] = name == "PrefillRun"  # admitted blocks hold nothing yet
         elif name == "PrefillFreeze":
             self.frozen[i][after.reqs[i].ep] = self.tokens[i]
-        elif name == "PrefillOffloadBegin":
+        elif name in ("PrefillOffloadBegin", "HostStoreBegin"):
             self.stored[i] = self.tokens[i]
         else:
             self._observe_async(name, i, after)
@@ -97,12 +99,12 @@ class Ghost:
             return got
         blocks = [
             gen(self.shape, self.dtype, self.seed, "prefix", j)
-            if j < self.prefix
+            if j < self.prefix or self.shared_prompt
             else gen(self.shape, self.dtype, self.seed, "req", i, j)
             for j in range(self.n)
         ]
         kv = torch.stack(blocks)
-        private, bs = self.n - self.prefix, self.shape[3]
+        private, bs = (0 if self.shared_prompt else self.n - self.prefix), self.shape[3]
         tok_shape = (self.shape[0], self.shape[1], self.shape[2], self.shape[4])
         for t in range(tokens if private else 0):
             j, s = self.prefix + t % private, (t // private) % bs

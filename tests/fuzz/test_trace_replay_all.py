@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from model_checks.explicit.liveness import LOSSY
 from model_checks.explicit.trace import replay
 from refimpl.engine import Engine
 from refimpl.errors import OwnershipError
@@ -40,11 +41,14 @@ SEARCH_LIMIT = 5000  # engine states; the spec's own sets here are at most a few
 
 def _allowed(prop: str) -> Callable[[Action], bool]:
     """The steps a liveness property grants: all (NoDeadlock), protocol steps only
-    (FairTermination's first check), or decode's own steps and timeouts (BoundedExit)."""
+    (FairTermination's first check), protocol steps and non-lossy faults
+    (RecoverWithoutTimeout), or decode's own steps and timeouts (BoundedExit)."""
     if prop == "NoDeadlock":
         return lambda a: True
     if prop == "FairTermination":
         return lambda a: a.kind in ("local", "recv")
+    if prop == "RecoverWithoutTimeout":  # protocol steps and the faults that lose nothing
+        return lambda a: a.kind in ("local", "recv", "fault") and a.name not in LOSSY
     assert prop == "BoundedExit"
     return lambda a: a.actor == "D" and a.kind in ("local", "timeout")
 

@@ -85,6 +85,21 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_unstaged_block_advertised.jsonl": None,
     "bug_slot_reused_unfenced.jsonl": (17, "Fencing"),
     "fixed_slot_reused_unfenced.jsonl": None,
+    # the shared host cache: pins, publish after commit, a failed load (issue #22 items 1-3)
+    "bug_evict_pinned_copy.jsonl": (4, "NoReuseUnderIO"),
+    "fixed_evict_pinned_copy.jsonl": None,
+    "bug_unpin_at_load_start.jsonl": (6, "NoReuseUnderIO"),
+    "fixed_unpin_at_load_start.jsonl": None,
+    "bug_reload_consumes_shared.jsonl": (8, "NoReuseUnderIO"),
+    "fixed_reload_consumes_shared.jsonl": None,
+    "bug_publish_before_commit.jsonl": (5, "PublishAfterCommit"),
+    "fixed_publish_before_commit.jsonl": None,
+    "bug_late_completion_publishes.jsonl": (7, "PublishAfterCommit"),
+    "fixed_late_completion_publishes.jsonl": None,
+    "bug_failed_load_counted_loaded.jsonl": (7, "NoPartialUse"),
+    "fixed_failed_load_counted_loaded.jsonl": None,
+    "bug_failed_load_keeps_hit.jsonl": (6, "PublishAfterCommit"),
+    "fixed_failed_load_keeps_hit.jsonl": None,
 }
 
 

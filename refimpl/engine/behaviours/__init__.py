@@ -2,6 +2,7 @@
 spec's new actions (same names) on top of the core engine's decode and env actions."""
 
 from refimpl.engine.behaviours.decode_ranks import DecodeRankActions
+from refimpl.engine.behaviours.host_cache import HostCacheActions
 from refimpl.engine.behaviours.retract import RetractActions
 
-__all__ = ["DecodeRankActions", "RetractActions"]
+__all__ = ["DecodeRankActions", "RetractActions", "HostCacheActions"]
