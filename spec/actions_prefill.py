@@ -70,6 +70,8 @@ def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not w.p_up or r.st not in (QUEUED, PREEMPTED) or r.p != NONE or r.h != NONE:
         return NOT_ENABLED
+    if r.ti:  # a session evicted between turns: its next turn comes first (TurnPrefill)
+        return NOT_ENABLED
     if used_p(w, c) + c.blocks > c.cap_p:
         return refuse("CapacityRefcount")
     return put(w, i, r._replace(st=PREFILLING, p=WRITABLE))

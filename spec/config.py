@@ -1,15 +1,12 @@
-"""Finite instances of the (unbounded) spec, in one place.
-
-The spec's actions take their bounds from a ``Config``; nothing in ``spec/actions_*``
-hard-codes a size. The default suite is ``DEFAULT_SUITE``: several small, focused
-configs rather than one product of everything. Bigger named configs exist for the
-benchmarks (``SCALE``). Their pinned outcomes live in ``spec/pinned.json``.
-"""
+"""Finite instances of the (unbounded) spec: the actions take their bounds from a ``Config``.
+Default suite ``DEFAULT_SUITE`` (small, focused), ``SCALE`` for benchmarks; pinned outcomes
+in ``spec/pinned.json``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spec.behaviours import turn_worlds as TW
 from spec.state import Req, World
 
 FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
@@ -44,6 +41,7 @@ class Config:
     restarts: int = 0  # crashed workers that may come back (EnvRestart), in all
     identity: bool = False  # content identity: staging, per-block hashes (behaviours/identity)
     slots: bool = False  # one metadata slot on decode, reused across requests (behaviours/slots)
+    turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
 
     def __post_init__(self) -> None:
         problems = []
@@ -316,6 +314,7 @@ BEHAVIOUR_WORLDS += (
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
 
+CONFIGS.update((c.name, c) for c in TW.worlds(Config))  # spec/behaviours/turn_worlds.py
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -338,6 +337,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
 DEEP_SUITE += ("slots_two",)
+DEFAULT_SUITE, DEEP_SUITE = DEFAULT_SUITE + TW.DEFAULT, DEEP_SUITE + TW.DEEP
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances, not in the default suite: the scale curve (``scale_k``) and a
