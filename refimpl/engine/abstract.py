@@ -35,7 +35,7 @@ from refimpl.engine.base import (
     RX_VALIDATED,
     RX_WAITING,
 )
-from refimpl.engine.behaviours import DecodeRankActions, RetractActions
+from refimpl.engine.behaviours import DecodeRankActions, RetractActions, TurnActions
 from refimpl.engine.data import RankPools
 from refimpl.engine.wire import channel, parse
 from refimpl.errors import IntegrityError
@@ -57,7 +57,7 @@ from spec.state import (
 CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
-class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
+class AbstractMap(TurnActions, AsyncStepActions, RetractActions, DecodeRankActions):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
         codes = []
@@ -100,6 +100,10 @@ class AbstractMap(AsyncStepActions, RetractActions, DecodeRankActions):
                     rinc=self.rinc[i],
                     stg=self.stg[i],
                     sl=int(self.config.slots and x.phase != RX_NONE and self.d_up),
+                    tn=self.turns[i].tn,
+                    ti=self.turns[i].ti,
+                    tdv=int(self.turns[i].divergent()),
+                    tc=self.turns[i].tc,
                 )
             )
         return World(

@@ -3,5 +3,6 @@ spec's new actions (same names) on top of the core engine's decode and env actio
 
 from refimpl.engine.behaviours.decode_ranks import DecodeRankActions
 from refimpl.engine.behaviours.retract import RetractActions
+from refimpl.engine.behaviours.turns import TurnActions
 
-__all__ = ["DecodeRankActions", "RetractActions"]
+__all__ = ["DecodeRankActions", "RetractActions", "TurnActions"]
