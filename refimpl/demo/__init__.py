@@ -3,7 +3,9 @@
 ``paths`` runs every handoff path (TP 2→1, 1→2, 4→2, a prefix hit, an offload round trip,
 a block-size and layout change) and compares the logits with decoding without a handoff;
 ``handoff`` is the manifest → checksum → reshard → install pipeline between two workers;
-``mismatch`` shows what a wrong RoPE base or adapter does with the compatibility check off.
+``mismatch`` shows what a wrong RoPE base or adapter does with the compatibility check off;
+``turns`` runs two turns of one conversation, the second appended on the decode worker
+from the longest common token-id prefix (PPD), against the unbroken run.
 """
 
 from refimpl.demo.handoff import Handoff, Worker, handoff
