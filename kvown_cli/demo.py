@@ -1,12 +1,13 @@
 """``kvown demo``: the data path on a real attention model, for a newcomer's first look.
 
-Runs every handoff path of refimpl/demo/paths.py (prefill on one TP mesh, hand the KV over the
-transport, decode on another), then two turns of one conversation with the second appended
-on the decode worker (refimpl/demo/turns.py, PPD), and prints, per path, the blocks and
-bytes that moved, the checksums verified and max |Δlogits| against decoding with no
-handoff.  Exit 1 if any path's logits differ.  ``--mismatch`` runs the wrong-RoPE /
-wrong-adapter scenario instead (refimpl/demo/mismatch.py): exit 1 unless the mismatch visibly changes the logits
-with the check off and is refused, with nothing installed, with the check on.
+Runs every handoff path of refimpl/demo/paths.py (prefill on one TP mesh, hand the KV over
+the transport, decode on another), then two turns of one conversation with the second
+appended on the decode worker (refimpl/demo/turns.py, PPD), and prints, per path, the
+blocks and bytes that moved, the checksums verified and max |Δlogits| against decoding
+with no handoff.  Exit 1 if any path's logits differ.  ``--mismatch`` runs the wrong-RoPE
+/ wrong-adapter scenario instead (refimpl/demo/mismatch.py): exit 1 unless the mismatch
+visibly changes the logits with the check off and is refused, with nothing installed,
+with the check on.
 """
 
 from __future__ import annotations
