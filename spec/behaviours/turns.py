@@ -92,12 +92,13 @@ def TurnRoute(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not c.turns or not w.d_up or r.tn or r.tc >= MAX_TURNS:
         return NOT_ENABLED
-    idle = r.ti == 1 or ("two_writers_on_session" in m and r.st == RUNNING and r.d == WRITABLE)
-    if not idle:  # one writer per session: the previous turn has ended
-        return NOT_ENABLED
     held = r.st == RUNNING and r.d == WRITABLE
-    if not held and "append_after_evict" not in m:  # decode no longer holds the KV
+    if r.ti != 1 and not held:
         return NOT_ENABLED
+    if r.ti != 1 and "two_writers_on_session" not in m:  # the session's turn still decodes
+        return refuse("SingleWriter")  # one writer per session
+    if not held and "append_after_evict" not in m:  # decode no longer holds the KV
+        return refuse("NothingLost")
     return put(w, i, r._replace(tn=ROUTED, tc=r.tc + 1))
 
 

@@ -60,7 +60,7 @@ def test_the_engine_refines_every_turn_edge_and_refusal() -> None:
             assert e.abstract() == want, (path, name)
             e.check_integrity()
             w = want
-    assert refused == {"ContentIdentity", "NothingLost"}
+    assert refused == {"ContentIdentity", "NothingLost", "SingleWriter"}
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,9 @@ CASES: list[tuple[str, Any, World, int, int, Any]] = [
     ("TurnEdit", TU, W(IDLE_T), 0, 0, {"tdv": 1}),
     ("TurnEdit", TU, W(DECODING), 0, 0, ("disabled", None)),  # not between turns
     ("TurnRoute", TU, W(IDLE_T), 0, 0, {"tn": 1, "tc": 1}),
-    ("TurnRoute", TU, W(DECODING), 0, 0, ("disabled", None)),  # the turn still decodes
-    ("TurnRoute", TU, W(IDLE_T._replace(st=PREEMPTED, d=NONE)), 0, 0, ("disabled", None)),
+    ("TurnRoute", TU, W(DECODING), 0, 0, ("refused", "SingleWriter")),  # turn 1 decodes
+    ("TurnRoute", TU, W(IDLE_T._replace(st=PREEMPTED, d=NONE)), 0, 0, ("refused", "NothingLost")),
+    ("TurnRoute", TU, W(ROUTED), 0, 0, ("disabled", None)),  # routed already
     ("TurnPrefill", TU, W(IDLE_T._replace(tdv=1)), 0, 0, {"st": PREEMPTED, "d": NONE, "ti": 0}),
     ("TurnPrefill", TU, W(IDLE_T._replace(st=PREEMPTED, d=NONE)), 0, 0, {"ti": 0, "tc": 1}),
     ("TurnPrefill", TU, W(IDLE_T), 0, 0, ("disabled", None)),  # decode holds it, no divergence

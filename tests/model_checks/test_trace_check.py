@@ -85,6 +85,15 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_unstaged_block_advertised.jsonl": None,
     "bug_slot_reused_unfenced.jsonl": (17, "Fencing"),
     "fixed_slot_reused_unfenced.jsonl": None,
+    # multi-turn append on decode (issue #22 item 5)
+    "bug_append_after_evict.jsonl": (17, "NothingLost"),
+    "fixed_append_after_evict.jsonl": None,
+    "bug_append_divergent_uncut.jsonl": (18, "ContentIdentity"),
+    "fixed_append_divergent_uncut.jsonl": None,
+    "bug_two_writers_on_session.jsonl": (13, "SingleWriter"),
+    "fixed_two_writers_on_session.jsonl": None,
+    "bug_evict_pinned_session.jsonl": (17, "NothingLost"),
+    "fixed_evict_pinned_session.jsonl": None,
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from refimpl.engine.base import RX_COMMITTED
 from refimpl.engine.env import EnvActions
 from refimpl.engine.wire import channel
-from refimpl.errors import IdentityError, OwnershipError
+from refimpl.errors import IdentityError, OwnerError, OwnershipError
 from spec.state import PREEMPTED, RUNNING
 
 __all__ = ["TurnActions", "TurnState", "common_prefix"]
@@ -84,10 +84,12 @@ class TurnActions(EnvActions):
         if not self.config.turns or not self.d_up or t.tn or t.tc >= 1:
             raise self._ne("TurnRoute", i)
         held = self._session_held(i)
-        if not (t.ti == 1 or ("two_writers_on_session" in m and held)):  # one writer
+        if t.ti != 1 and not held:
             raise self._ne("TurnRoute", i)
+        if t.ti != 1 and "two_writers_on_session" not in m:  # the turn still decodes
+            raise OwnerError(f"r{i}: the session's turn still decodes (one writer)")
         if not held and "append_after_evict" not in m:  # decode no longer holds the KV
-            raise self._ne("TurnRoute", i)
+            raise OwnershipError(f"r{i}: decode no longer holds the session", prop="NothingLost")
         if t.prompt is None:  # the mutant's route of a turn that has not ended
             t.kv = self._turn_tokens(i)
             t.prompt = t.kv + (7000 + i,)
