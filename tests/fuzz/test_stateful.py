@@ -21,7 +21,13 @@ from spec.actions import ACTIONS
 from spec.config import CONFIGS, DEFAULT_SUITE
 
 SUITE = Coverage()  # summed over the machines below
-MACHINES = {n: make_machine(EngineAdapter(), CONFIGS[n], coverage=SUITE) for n in DEFAULT_SUITE}
+# turns_append is left to its deterministic tour (tests/behaviours/test_turns_engine.py):
+# its machine cost 40 CPU s and reached none of the edited prompt's edges.
+MACHINES = {
+    n: make_machine(EngineAdapter(), CONFIGS[n], coverage=SUITE)
+    for n in DEFAULT_SUITE
+    if n != "turns_append"
+}
 for _name, _machine in MACHINES.items():
     globals()[f"test_the_engine_conforms_on_{_name}"] = get_state_machine_test(
         _machine, settings=machine_settings()
