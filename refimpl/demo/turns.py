@@ -19,7 +19,7 @@ paging only move bytes; see refimpl/demo/paths.py).
 
 ``append_divergent_uncut`` (the spec mutant's name) skips the cut: decode appends after
 its whole KV, the stale tail included, and turn 2's logits are another history's (the
-repro script repro/engines/append_divergent_uncut.py shows the difference).
+repro script repro/turns/append_divergent_uncut.py shows the difference).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from spec.actions import ACTIONS
 from spec.config import CONFIGS, DEFAULT_SUITE
 
 SUITE = Coverage()  # summed over the machines below
-# turns_append is left to its deterministic tour (tests/behaviours/test_turns_engine.py):
+# turns_append is left to its deterministic tour (tests/behaviours/test_turns.py):
 # its machine cost 40 CPU s and reached none of the edited prompt's edges.
 MACHINES = {
     n: make_machine(EngineAdapter(), CONFIGS[n], coverage=SUITE)
@@ -41,7 +41,7 @@ for _name, _machine in MACHINES.items():
 # driving the engine through every edge of the graph (issue #27) is the way to close it.
 NOT_REACHED = frozenset({"EnvManifestMismatch"})
 # The turn actions (spec/behaviours/turns.py): a walk rarely reaches the edited prompt's
-# cut; tests/behaviours/test_turns_engine.py tours every turn edge deterministically.
+# cut; tests/behaviours/test_turns.py tours every turn edge deterministically.
 NOT_REACHED |= {n for n, a in ACTIONS.items() if a.fn.__module__ == "spec.behaviours.turns"}
 NOT_PRESSED = frozenset({"ManifestGate"})  # pressed only by a mismatched manifest
 

@@ -27,7 +27,7 @@ from spec.state import M_ACK, M_CHUNK, M_HANDOFF, M_READY, World, msg
 WEIGHTS = {"local": 10.0, "recv": 10.0, "timeout": 1.0, "fault": 1.5, "client": 0.5}
 WALKS, MAX_LEN, NOT_ENABLED_PER_STEP = 150, 150, 1
 # Worlds whose actions a deterministic tour refines instead of random walks (a walk
-# rarely reaches their deep states): tests/behaviours/test_turns_engine.py.
+# rarely reaches their deep states): tests/behaviours/test_turns.py.
 TOURED = frozenset({"turns_append"})
 TOURED_ACTIONS = {n for n, a in ACTIONS.items() if a.fn.__module__ == "spec.behaviours.turns"}
 BOGUS = (msg(M_HANDOFF, 3), msg(M_READY, 2, 1), msg(M_CHUNK, 1, 5), msg(M_ACK, 4))

@@ -41,7 +41,7 @@ from tests.behaviours.test_decode_ranks import CASES as DECODE_RANKS_CASES
 from tests.behaviours.test_identity_guards import CASES as IDENTITY_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
 from tests.behaviours.test_retract import CASES as RETRACT_CASES
-from tests.behaviours.test_turns_spec import CASES as TURNS_CASES
+from tests.behaviours.test_turns import CASES as TURNS_CASES
 from tests.spec.spec_helpers import (
     ALL_SENT,
     CR,

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 from refimpl.replay import Out, Result  # noqa: E402
 from repro._script import script_main  # noqa: E402
-from repro.engines._turns import finish, turn_repro  # noqa: E402
+from repro.turns._turns import finish, turn_repro  # noqa: E402
 
 PROPERTY = "ContentIdentity"
 MUTANT = "append_divergent_uncut"
