@@ -1,15 +1,16 @@
 """``kvown demo``: the data path on a real attention model, for a newcomer's first look.
 
-Runs every handoff path of refimpl/demo/paths.py (prefill on one TP mesh, hand the KV over the
-transport, decode on another) and prints, per path, the blocks and bytes that moved, the
-checksums verified and max |Δlogits| against decoding with no handoff.  Exit 1 if any
-path's logits differ (the disk path: device -> a published safetensors file -> device).
-Then swap or recompute, per tier: host and disk round trips and the model's prefill are
-timed here, and ``costmodel.swap_or_recompute_per_tier`` says, for a few request lengths,
-which wins and why (``--no-tiers`` skips it).  ``--mismatch`` runs the wrong-RoPE /
-wrong-adapter scenario instead (refimpl/demo/mismatch.py): exit 1 unless the mismatch
-visibly changes the logits with the check off and is refused, with nothing installed,
-with the check on.
+Runs every handoff path of refimpl/demo/paths.py (prefill on one TP mesh, hand the KV over
+the transport, decode on another), then two turns of one conversation with the second
+appended on the decode worker (refimpl/demo/turns.py, PPD), and prints, per path, the
+blocks and bytes that moved, the checksums verified and max |Δlogits| against decoding
+with no handoff.  Exit 1 if any path's logits differ (the disk path: device -> a
+published safetensors file -> device).  Then swap or recompute, per tier: host and disk
+round trips and the model's prefill are timed here, and
+``costmodel.swap_or_recompute_per_tier`` says, for a few request lengths, which wins and
+why (``--no-tiers`` skips it).  ``--mismatch`` runs the wrong-RoPE / wrong-adapter
+scenario instead (refimpl/demo/mismatch.py): exit 1 unless the mismatch visibly changes
+the logits with the check off and is refused, with nothing installed, with the check on.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     if args.mismatch:
         return _mismatch(args)
     from refimpl.demo import run_all
+    from refimpl.demo.turns import turn_paths
 
     records = run_all(seed=args.seed, steps=args.steps)
+    records += turn_paths(seed=args.seed, steps=args.steps)  # two turns, the 2nd on decode
     ok = all(r.logits_equal for r in records)
     tiers = [] if args.no_tiers else _tier_choices(args.seed)
     if args.json:

@@ -25,6 +25,7 @@ from spec.behaviours import host_cache as HC
 from spec.behaviours import identity as I
 from spec.behaviours import restarts as RS
 from spec.behaviours import retract as RT
+from spec.behaviours import turns as TU
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
@@ -132,6 +133,14 @@ ACTIONS: dict[str, Action] = {
         _a(HC.HostEvict, "P", "timeout", "global"),
         _a(HC.HostFree, "P", "local", "global"),
         _a(HC.EnvLoadFail, "env", "fault", "global"),
+        _a(TU.TurnEnd, "D", "local"),
+        _a(TU.TurnEdit, "client", "client"),
+        _a(TU.TurnRoute, "P", "local"),
+        _a(TU.TurnPrefill, "P", "local"),
+        _a(TU.DecodeTurnCut, "D", "local"),
+        _a(TU.DecodeAppend, "D", "local"),
+        _a(TU.DecodeAppendCommit, "D", "local"),
+        _a(TU.SessionEvict, "D", "local"),
     )
 }
 

@@ -192,12 +192,14 @@ def DecodeStep(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return refuse("StickyEnd")  # a step of an attempt decode has failed
     if c.async_steps or not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
+    if r.ti or r.tn:  # between turns nothing decodes (spec/behaviours/turns.py)
+        return NOT_ENABLED
     return w
 
 
 def DecodeFinish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
-    if not w.d_up or r.d != WRITABLE or r.st != RUNNING:
+    if not w.d_up or r.d != WRITABLE or r.st != RUNNING or r.tn:  # tn: a pinned session
         return NOT_ENABLED
     if (busy := step_blocks_free(c, r, "d", m)) is not None:
         return busy
@@ -209,7 +211,7 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     may still land bytes, a cancelled attempt's blocks are quarantined until it quiesces;
     an invalid attempt of a running request is fenced (its writes fail) and freed."""
     r = w.reqs[i]
-    if not w.d_up or r.d in (NONE, QUARANTINED):
+    if not w.d_up or r.d in (NONE, QUARANTINED) or r.tn:  # tn: a pinned session
         return NOT_ENABLED
     invalid = r.d in _WAITING and r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)
     if r.st == RUNNING and not invalid:

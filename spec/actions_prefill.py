@@ -73,6 +73,8 @@ def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.hk or (c.host_cache and w.hc == COMPLETE):  # a host-cache hit is loaded instead
         return NOT_ENABLED
+    if r.ti:  # a session evicted between turns: its next turn comes first (TurnPrefill)
+        return NOT_ENABLED
     if used_p(w, c) + c.blocks > c.cap_p:
         return refuse("CapacityRefcount")
     return put(w, i, r._replace(st=PREFILLING, p=WRITABLE))

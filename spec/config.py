@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
 from spec.state import COMPLETE, Req, World
 
@@ -41,6 +42,7 @@ class Config:
     identity: bool = False  # content identity: staging, per-block hashes (behaviours/identity)
     slots: bool = False  # one metadata slot on decode, reused across requests (behaviours/slots)
     host_cache: int = 0  # shared host cache (behaviours/host_cache): 0 off, 1 cold, 2 warm
+    turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
 
     def __post_init__(self) -> None:
         problems = []
@@ -313,7 +315,9 @@ BEHAVIOUR_WORLDS += (
     ),
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
-
+CONFIGS.update((c.name, c) for c in TW.worlds(Config))  # spec/behaviours/turn_worlds.py
+FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
+CONFIGS.update((k["name"], Config(**k)) for k in HC_WORLDS)
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -334,7 +338,8 @@ DEFAULT_SUITE: tuple[str, ...] = (
 # ``reject_retry`` stays out: past the explorer's 2,000,000-state bound; check it alone.
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
-DEEP_SUITE += ("slots_two",)
+DEFAULT_SUITE += TW.DEFAULT + HC_DEFAULT
+DEEP_SUITE += ("slots_two",) + TW.DEEP + HC_DEEP
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances: the scale curve (``scale_k``) and a world to check on its own.
@@ -382,10 +387,6 @@ CLUSTER: dict[str, Config] = {
     for t in (1, 2, 3, 4)
     for b in (1, 2, 3)
 }
-FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
-CONFIGS.update((k["name"], Config(**k)) for k in HC_WORLDS)
-DEFAULT_SUITE, DEEP_SUITE = DEFAULT_SUITE + HC_DEFAULT, DEEP_SUITE + HC_DEEP
-SUITES.update(default=DEFAULT_SUITE, deep=DEEP_SUITE)
 
 
 def get_config(name: str) -> Config:

@@ -299,6 +299,38 @@ MUTANTS: dict[str, Mutant] = {
             "HostLoadFail leaves the unreadable copy published: the next lookup hits it"
             " again, and the load fails again, until an eviction or a cancel.",
         ),
+        Mutant(
+            "append_after_evict",
+            "NothingLost",
+            ("turns_append",),
+            "issue 22 item 5 (turn 2 appended to decode KV evicted between turns)",
+            "TurnRoute routes the next turn to decode on the session's record alone, without"
+            " checking that decode still holds its KV: the append lands on freed blocks.",
+        ),
+        Mutant(
+            "append_divergent_uncut",
+            "ContentIdentity",
+            ("turns_append",),
+            "issue 22 item 5 (appended from a prefix that no longer matches the tokens)",
+            "DecodeAppend appends after decode's whole KV instead of cutting the tail that"
+            " the new prompt does not share: the turn decodes on another history's KV.",
+        ),
+        Mutant(
+            "two_writers_on_session",
+            "SingleWriter",
+            ("turns_append",),
+            "issue 22 item 5 (one writer per session)",
+            "TurnRoute routes the next turn while the session's turn still decodes: the"
+            " append and the decode steps write the same session's KV.",
+        ),
+        Mutant(
+            "evict_pinned_session",
+            "NothingLost",
+            ("turns_append",),
+            "issue 22 item 5 (the session's blocks pinned from routing until the append)",
+            "SessionEvict ignores the pin the routing decision took: the turn routed to"
+            " decode finds its session's KV gone (half-appended).",
+        ),
     )
 }
 

@@ -20,6 +20,7 @@ from spec.behaviours.host_cache import (
     host_quiet,
 )
 from spec.behaviours.identity import content_identity
+from spec.behaviours.turns import turns_identity, turns_kept, turns_single_writer
 from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -58,6 +59,8 @@ _HAS_KV = (PREFILLING, RUNNING)  # the live statuses whose KV exists (not queued
 
 
 def single_writer(w: World, c: Config) -> bool:
+    if not turns_single_writer(w, c):  # an append while the session's turn decodes
+        return False
     return all(not (r.p == WRITABLE and r.d == WRITABLE) for r in w.reqs)
 
 
@@ -75,7 +78,7 @@ def nothing_lost(w: World, c: Config) -> bool:
     for r in w.reqs:
         if r.st in _HAS_KV and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
             return False
-    return True
+    return turns_kept(w, c)  # a turn routed to decode: the session's KV is there
 
 
 def frozen_snapshot(w: World, c: Config) -> bool:
@@ -123,6 +126,12 @@ def sticky_end(w: World, c: Config) -> bool:
         if r.d in _HELD and r.dfl & DF_FAILED:  # an attempt decode failed was installed
             return False
     return True
+
+
+def content_identity_all(w: World, c: Config) -> bool:
+    """ContentIdentity: the handoff's blocks (behaviours/identity) and a session's KV
+    between turns (behaviours/turns: no divergent tail appended to or decoded on)."""
+    return content_identity(w, c) and turns_identity(w, c)
 
 
 def manifest_gate(w: World, c: Config) -> bool:
@@ -261,7 +270,7 @@ SAFETY: tuple[Property, ...] = (
         "safety",
         "A block used (validated, committed, decoded) holds the content its advertised hash"
         " names: no foreign prefix block, no block its sender never staged.",
-        content_identity,
+        content_identity_all,
     ),
 )
 

@@ -151,6 +151,10 @@ class Req(NamedTuple):
     stg: int = 0  # blocks the sender has staged for its current attempt (identity worlds)
     sl: int = 0  # 1: decode holds the metadata slot for this request (slots worlds)
     hk: int = 0  # its role at the shared host cache: HK_* of spec/behaviours/host_cache.py
+    tn: int = 0  # next turn: 1 routed to decode (session pinned), 2 appending (turns worlds)
+    ti: int = 0  # 1: the turn ended; the session's KV waits on decode for the next one
+    tdv: int = 0  # 1: decode's session KV has a tail the next prompt does not share
+    tc: int = 0  # turns started after the first (bounded: spec/behaviours/turns.py)
 
 
 class World(NamedTuple):
@@ -236,6 +240,8 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("stg", 0 <= r.stg <= n_blocks),
             ("sl", r.sl in (0, 1)),
             ("hk", 0 <= r.hk <= 3),
+            ("tn/ti/tdv", 0 <= r.tn <= 2 and r.ti in (0, 1) and r.tdv in (0, 1)),
+            ("tc", 0 <= r.tc <= 1),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

@@ -46,11 +46,14 @@ UNENCODED: tuple[str, ...] = ("EnvRestart",)
 # The shared host cache (``spec/behaviours/host_cache.py``, ``Config.host_cache``): its
 # world fields (hc, hc_hl, hc_pin, hc_late, hc_bad) and Req.hk are not in FIELDS yet.
 UNENCODED += tuple(n for n in ACTIONS if n.startswith("Host")) + ("EnvLoadFail",)
+# Multi-turn append on decode (``Config.turns``, spec/behaviours/turns.py): not mirrored yet.
+UNENCODED += ("TurnEnd", "TurnEdit", "TurnRoute", "TurnPrefill", "DecodeTurnCut")
+UNENCODED += ("DecodeAppend", "DecodeAppendCommit", "SessionEvict")
 
 
 def encodable(c: Config) -> bool:
     """Does the z3 encoding model every action ``c`` enables?"""
-    return not c.restarts and not c.host_cache
+    return not c.restarts and not c.host_cache and not c.turns
 
 
 _missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER) - set(UNENCODED)

@@ -5,7 +5,9 @@ a block-size and layout change, a disk round trip through a published file) and 
 the logits with decoding without a handoff;
 ``handoff`` is the manifest → checksum → reshard → install pipeline between two workers;
 ``tiers`` measures the host and disk tiers and chooses swap or recompute per tier;
-``mismatch`` shows what a wrong RoPE base or adapter does with the compatibility check off.
+``mismatch`` shows what a wrong RoPE base or adapter does with the compatibility check off;
+``turns`` runs two turns of one conversation, the second appended on the decode worker
+from the longest common token-id prefix (PPD), against the unbroken run.
 """
 
 from refimpl.demo.handoff import Handoff, Worker, handoff

@@ -39,7 +39,12 @@ from refimpl.engine.base import (
     RX_VALIDATED,
     RX_WAITING,
 )
-from refimpl.engine.behaviours import DecodeRankActions, HostCacheActions, RetractActions
+from refimpl.engine.behaviours import (
+    DecodeRankActions,
+    HostCacheActions,
+    RetractActions,
+    TurnActions,
+)
 from refimpl.engine.data import RankPools
 from refimpl.engine.wire import channel, parse
 from refimpl.errors import IntegrityError
@@ -61,7 +66,9 @@ from spec.state import (
 CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
-class AbstractMap(HostCacheActions, AsyncStepActions, RetractActions, DecodeRankActions):
+class AbstractMap(
+    TurnActions, HostCacheActions, AsyncStepActions, RetractActions, DecodeRankActions
+):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
         codes = []
@@ -105,6 +112,10 @@ class AbstractMap(HostCacheActions, AsyncStepActions, RetractActions, DecodeRank
                     stg=self.stg[i],
                     sl=int(self.config.slots and x.phase != RX_NONE and self.d_up),
                     hk=self.hk[i],
+                    tn=self.turns[i].tn,
+                    ti=self.turns[i].ti,
+                    tdv=int(self.turns[i].divergent()),
+                    tc=self.turns[i].tc,
                 )
             )
         return World(

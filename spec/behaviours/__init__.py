@@ -15,4 +15,6 @@ __all__ = [
     "restarts",
     "retract",
     "slots",
+    "turns",
+    "turn_worlds",
 ]

@@ -99,6 +99,8 @@ def DecodeStepDispatch(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
     r = w.reqs[i]
     if not c.async_steps or not w.d_up or r.dstep or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
+    if r.ti or r.tn:  # between turns nothing decodes (spec/behaviours/turns.py)
+        return NOT_ENABLED
     return put(w, i, r._replace(dstep=1))
 
 

@@ -40,7 +40,7 @@ def DecodeRetract(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not c.retract or not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
-    if r.mv >= c.max_moves:
+    if r.mv >= c.max_moves or r.tn:  # tn: a session pinned for its next turn
         return NOT_ENABLED
     busy = step_blocks_free(c, r, "d", m)  # a decode step in flight still writes them
     if busy is not None:

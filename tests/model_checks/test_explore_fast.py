@@ -28,6 +28,8 @@ CASES = [
     ("handoff_crash", frozenset({"sweep_only_on_admit"})),
     ("handoff_crash", frozenset({"no_timeout_while_filling", "free_on_cancel_in_flight"})),
     ("offload_contend", frozenset({"preempt_during_store", "reload_during_store"})),
+    ("turns_append", frozenset()),  # the turn guards read tn/ti/tdv/tc, outside the key
+    ("turns_append", frozenset({"two_writers_on_session", "evict_pinned_session"})),
 ]
 
 

@@ -100,6 +100,15 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "fixed_failed_load_counted_loaded.jsonl": None,
     "bug_failed_load_keeps_hit.jsonl": (6, "PublishAfterCommit"),
     "fixed_failed_load_keeps_hit.jsonl": None,
+    # multi-turn append on decode (issue #22 item 5)
+    "bug_append_after_evict.jsonl": (17, "NothingLost"),
+    "fixed_append_after_evict.jsonl": None,
+    "bug_append_divergent_uncut.jsonl": (18, "ContentIdentity"),
+    "fixed_append_divergent_uncut.jsonl": None,
+    "bug_two_writers_on_session.jsonl": (13, "SingleWriter"),
+    "fixed_two_writers_on_session.jsonl": None,
+    "bug_evict_pinned_session.jsonl": (17, "NothingLost"),
+    "fixed_evict_pinned_session.jsonl": None,
 }
 
 

@@ -23,6 +23,7 @@ from refimpl.demo import (
 )
 from refimpl.demo.handoff import Worker, handoff
 from refimpl.demo.mismatch import KINDS, mismatch
+from refimpl.demo.turns import TURN_PATHS
 from refimpl.errors import ChecksumError
 from refimpl.model import TinyDecoder
 from refimpl.transport import Fault, InProcessTransport, Payload
@@ -133,7 +134,7 @@ def test_cli_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--json", "--steps", str(STEPS)]) == 0
     out = json.loads(capsys.readouterr().out)
     names = [p["name"] for p in out["paths"]]
-    assert names == list(SPECS)
+    assert names == list(SPECS) + list(TURN_PATHS)  # refimpl/demo/turns.py
     for p in out["paths"]:
         assert set(p) == {"name", "blocks_moved", "bytes_moved", "logits_equal", "max_abs_diff"}
         assert p["logits_equal"] is True and p["max_abs_diff"] == 0.0

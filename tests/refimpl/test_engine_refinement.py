@@ -26,6 +26,10 @@ from spec.state import M_ACK, M_CHUNK, M_HANDOFF, M_READY, World, msg
 
 WEIGHTS = {"local": 10.0, "recv": 10.0, "timeout": 1.0, "fault": 1.5, "client": 0.5}
 WALKS, MAX_LEN, NOT_ENABLED_PER_STEP = 150, 150, 1
+# Worlds whose actions a deterministic tour refines instead of random walks (a walk
+# rarely reaches their deep states): tests/behaviours/test_turns.py.
+TOURED = frozenset({"turns_append"})
+TOURED_ACTIONS = {n for n, a in ACTIONS.items() if a.fn.__module__ == "spec.behaviours.turns"}
 BOGUS = (msg(M_HANDOFF, 3), msg(M_READY, 2, 1), msg(M_CHUNK, 1, 5), msg(M_ACK, 4))
 
 
@@ -87,12 +91,15 @@ def test_random_walks_refine_the_spec_on_every_default_config() -> None:
     t0 = time.perf_counter()
     steps, taken, refused = 0, Counter[str](), Counter[str]()
     for k, name in enumerate(DEFAULT_SUITE):
+        if name in TOURED:
+            continue
         s, t, r = walk_config(CONFIGS[name], seed=k)
         steps, taken, refused = steps + s, taken + t, refused + r
     seconds = time.perf_counter() - t0
     rate = steps / seconds
     print(f"\n{steps} steps, {sum(refused.values())} refusals, {seconds:.1f} s, {rate:.0f} steps/s")
-    assert set(taken) == set(ACTIONS), f"never taken: {sorted(set(ACTIONS) - set(taken))}"
+    missed = set(ACTIONS) - set(taken) - TOURED_ACTIONS
+    assert not missed, f"never taken: {sorted(missed)}"
     # refusals naming each property the default suite can refuse with
     expected = {
         "CapacityRefcount",

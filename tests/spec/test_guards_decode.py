@@ -41,6 +41,7 @@ from tests.behaviours.test_decode_ranks import CASES as DECODE_RANKS_CASES
 from tests.behaviours.test_identity_guards import CASES as IDENTITY_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
 from tests.behaviours.test_retract import CASES as RETRACT_CASES
+from tests.behaviours.test_turns import CASES as TURNS_CASES
 from tests.spec.spec_helpers import (
     ALL_SENT,
     CR,
@@ -283,6 +284,7 @@ def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
     cases += DECODE_RANKS_CASES
     cases += IDENTITY_CASES
     cases += ASYNC_CASES
+    cases += TURNS_CASES
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled
