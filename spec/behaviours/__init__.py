@@ -15,4 +15,5 @@ __all__ = [
     "restarts",
     "retract",
     "slots",
+    "rejects",
 ]
