@@ -1,4 +1,4 @@
-"""The parallel explorer (model_checks/explicit/parallel.py, ``kvown check --workers N``)
+"""`kvown check --workers N`: the parallel explorer (model_checks/explicit/parallel.py)
 builds the very graph the serial explorer builds: the same state ids, edges, parents,
 depths and shallowest violations, so the same state counts, verdicts and counterexamples.
 Small pinned configs only (the suite's time); handoff_tp2to1 is measured in
