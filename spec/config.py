@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from spec.behaviours.rejects import REJECT_WORLDS
+from spec.behaviours.worlds import DERIVED
 from spec.state import Req, World
 
 FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
@@ -316,7 +316,7 @@ BEHAVIOUR_WORLDS += (
     ),
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
-CONFIGS.update((k, replace(CONFIGS["reject_retry"], name=k, **v)) for k, v in REJECT_WORLDS.items())
+CONFIGS.update((k, replace(CONFIGS[b], name=k, **v)) for k, (b, v) in DERIVED.items())
 
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
@@ -335,9 +335,9 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "identity_prefix",
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly).
-TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # small variants: behaviours/rejects.py
+TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # small variants: behaviours/worlds.py
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
-DEEP_SUITE += ("slots_two", *REJECT_WORLDS)
+DEEP_SUITE += ("slots_two", *DERIVED)
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances, not in the default suite: the scale curve (``scale_k``) and a

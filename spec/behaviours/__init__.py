@@ -15,5 +15,5 @@ __all__ = [
     "restarts",
     "retract",
     "slots",
-    "rejects",
+    "worlds",
 ]

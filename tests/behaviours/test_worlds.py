@@ -1,7 +1,8 @@
-"""Rejections (spec/behaviours/rejects.py, issue #25 item 4): ``reject_dup``, the small
+"""The derived worlds (spec/behaviours/worlds.py, issue #25 item 4). ``reject_dup``, the small
 variant of ``reject_retry``, holds the bug a rejection that does not fence its epoch
 (``reject_unfenced``), which no other pinned world reaches; the correct ``DecodeReject``
-fences the rejected epoch, so the duplicate Handoff is refused there."""
+fences the rejected epoch, so the duplicate Handoff is refused there. ``faults2_handoff``:
+a fault budget of 2 on network faults and crashes, pinned in the deep suite."""
 
 from __future__ import annotations
 
@@ -63,3 +64,12 @@ def test_reject_dup_is_in_the_deep_suite_and_pinned() -> None:
         big.cap_d,
         big.fault_kinds,
     )
+
+
+def test_faults2_handoff_is_a_two_fault_world_in_the_deep_suite() -> None:
+    c = get_config("faults2_handoff")
+    assert c.faults == 2 and {"lose", "duplicate", "crash"} <= c.fault_kinds
+    assert not c.retract and c.max_attempts == 2
+    assert "faults2_handoff" in DEEP_SUITE
+    pinned = load()["deep"]["faults2_handoff"]
+    assert pinned["result"] == "holds" and pinned["distinct_states"] == 29076
