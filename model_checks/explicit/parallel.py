@@ -88,9 +88,8 @@ def explore_parallel(
     collect = gc.isenabled()
     gc.disable()  # unpickling the partitions and the replay allocate only acyclic tuples
     try:
-        total, stop = 0, False
-        new = n  # any positive number: level 0 is the initial state
-        while True:
+        total = 0
+        while True:  # one round per BFS level (the first: the initial state's owner)
             reports = [wait_for(report, procs) for _ in range(n)]
             new = sum(int(r[2]) for r in reports)
             total += new
