@@ -7,11 +7,10 @@ benchmarks/RESULTS.md."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from kvown_cli.main import main
 from model_checks.explicit.explore import Graph, explore
 from model_checks.explicit.parallel import explore_parallel
 from model_checks.explicit.partition import label_code, label_of, owner
@@ -104,14 +103,9 @@ def test_labels_and_owner() -> None:
     assert owner(w, 2) == hash(w) % 2 and 0 <= owner(w, 3) < 3
 
 
-def test_cli_workers() -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "kvown_cli.main", "check", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-    bad = run("--config", "offload_contend", "--workers", "0")
-    assert bad.returncode == 2 and "--workers" in bad.stderr
-    ok = run("--config", "offload_contend", "--workers", "2", "--json")
-    assert ok.returncode == 0, ok.stderr
-    cfg = json.loads(ok.stdout)["configs"][0]
+def test_cli_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--config", "offload_contend", "--workers", "0"]) == 2
+    assert "--workers" in capsys.readouterr().err
+    assert main(["check", "--config", "offload_contend", "--workers", "2", "--json"]) == 0
+    cfg = json.loads(capsys.readouterr().out)["configs"][0]
     assert cfg["distinct_states"] == load()["configs"]["offload_contend"]["distinct_states"]
