@@ -39,6 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(SUITES),
         help="a named suite: default (the small worlds) or deep (the larger ones, nightly)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="explore with N processes (a partitioned visited set, the same states, verdicts"
+        " and counterexamples); 1: the serial explorer",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dot", metavar="FILE", help="write the state graph (or cex) as DOT")
     p.add_argument(
@@ -75,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             output_path(os.path.join(args.cex_dir, "cex.json"), "--cex-dir")
     except UsageError as exc:
         return _err(args, str(exc))
+    if not 1 <= args.workers <= 64:
+        return _err(args, f"--workers {args.workers}: a number of processes from 1 to 64")
     try:
         if args.config is not None:
             get_config(args.config)
@@ -113,7 +123,7 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
                 bar.update(note=f"exploring {name}: {n:,} states")
 
             fn: ProgressFn = tick
-            results.append(check_config(name, progress=fn))
+            results.append(check_config(name, progress=fn, workers=args.workers))
             bar.advance()
     rows = property_rows(results)
     violated = next((r for r in rows if not r["holds"]), None)
@@ -220,7 +230,7 @@ def _write_cex(
 
 
 def _mutant(args: argparse.Namespace) -> int:
-    r = check_mutant(args.mutant)
+    r = check_mutant(args.mutant, args.workers)
     if args.cex_dir and r.trace is not None:
         from model_checks.explicit.explore import explore
 
@@ -270,7 +280,7 @@ def _all_mutants(args: argparse.Namespace) -> int:
     with Progress("check", len(MUTANTS), "mutants") as bar:
         for name in MUTANTS:
             bar.update(note=f"mutant {name}")
-            results.append(check_mutant(name))
+            results.append(check_mutant(name, args.workers))
             bar.advance()
     ok = all(r.caught for r in results)
     if args.junit:

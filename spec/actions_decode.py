@@ -104,6 +104,8 @@ def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if r.st == RUNNING and used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c):
         return NOT_ENABLED
     net = send(w, take(r.net, arg), msg(M_NACK, e))
+    if "reject_unfenced" in m:  # the rejected epoch stays fresh: a copy of it may reserve
+        return put(w, i, r._replace(dfl=0, net=net))
     return put(w, i, r._replace(dep=e, dfl=0, net=net))
 
 

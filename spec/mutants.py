@@ -331,6 +331,16 @@ MUTANTS: dict[str, Mutant] = {
             "SessionEvict ignores the pin the routing decision took: the turn routed to"
             " decode finds its session's KV gone (half-appended).",
         ),
+        Mutant(
+            "reject_unfenced",
+            "SingleWriter",
+            ("reject_dup",),
+            "issue 25 item 4; vllm-ascend #13929 (a rejected attempt's transfer metadata"
+            " reused by a retried request)",
+            "DecodeReject sends the Nack but leaves dep below the rejected epoch: a copy of"
+            " the rejected Handoff reserves once room frees, the source takes its Ready and"
+            " sends, decode commits, and the Nack thaws the source: two writers.",
+        ),
     )
 }
 

@@ -4,11 +4,13 @@
 every safety predicate on every state; ``liveness`` checks NoDeadlock, FairTermination and
 BoundedExit on that graph; ``trace`` turns paths into traces (JSON, pretty, DOT) and
 replays them; ``runner`` checks configs and mutants and finds the shortest
-counterexamples; ``pin`` compares the outcomes with ``spec/pinned.json``.
+counterexamples; ``pin`` compares the outcomes with ``spec/pinned.json``; ``parallel``
+(with ``partition``, its workers) explores on several processes and gives the same graph.
 """
 
 from model_checks.explicit.explore import Graph, explore
 from model_checks.explicit.liveness import LiveResult, check_liveness
+from model_checks.explicit.parallel import explore_parallel
 from model_checks.explicit.runner import (
     ConfigResult,
     MutantResult,
@@ -32,6 +34,7 @@ __all__ = [
     "check_mutant",
     "check_suite",
     "explore",
+    "explore_parallel",
     "pretty",
     "replay",
     "to_dot",

@@ -122,6 +122,63 @@ Progress = Callable[[int, int], None]  # (states so far, frontier size)
 EdgePred = Callable[[World, str, int, int, World, Config], bool]
 
 
+Successor = tuple[str, int, int, World]  # (action, request slot, argument, successor)
+
+
+def successor_fn(c: Config, mutants: Mutants = frozenset()) -> Callable[[World], list[Successor]]:
+    """The successors of a state of ``c`` under ``mutants``, as one function.
+
+    Exactly ``spec.actions.successors``, in its order (the edges' order, hence the state
+    ids of a BFS), but actions that ``Enabling`` has learned to be disabled for a state's
+    control fields are not called. Successors are not symmetry-reduced (slot ``i`` of the
+    successor is slot ``i`` of the state). ``explore`` and ``parallel`` both expand with it.
+    """
+    en = Enabling(c, mutants)
+    req_cands, msg_cands = en.req, en.msg
+    glob = tuple(a for a in ACTIONS.values() if a.arg == "global")
+    crash = ACTIONS["EnvCrash"].fn if "crash" in c.fault_kinds else None
+    restart = ACTIONS["EnvRestart"].fn if c.restarts else None
+    n = c.n_reqs
+    World_ = World
+
+    def successors(w: World) -> list[Successor]:
+        out: list[Successor] = []
+        gk = (w.p_up, w.d_up, w.faults)
+        for i in range(n):
+            r = w.reqs[i]
+            key = (i, *gk, *r[:7])
+            for a in req_cands(key):
+                s = a.fn(w, c, mutants, i, 0)
+                if type(s) is World_:
+                    out.append((a.name, i, 0, s))
+            seen = -1
+            for code in r.net:
+                if code == seen:
+                    continue
+                seen = code
+                for a in msg_cands(key, code):
+                    s = a.fn(w, c, mutants, i, code)
+                    if type(s) is World_:
+                        out.append((a.name, i, code, s))
+        for a in glob:
+            s = a.fn(w, c, mutants, 0, 0)
+            if type(s) is World_:
+                out.append((a.name, 0, 0, s))
+        if crash is not None:
+            for wk in (0, 1):
+                s = crash(w, c, mutants, 0, wk)
+                if type(s) is World_:
+                    out.append(("EnvCrash", 0, wk, s))
+        if restart is not None:
+            for wk in (0, 1):
+                s = restart(w, c, mutants, 0, wk)
+                if type(s) is World_:
+                    out.append(("EnvRestart", 0, wk, s))
+        return out
+
+    return successors
+
+
 def explore(
     c: Config,
     mutants: Mutants = frozenset(),
@@ -159,14 +216,8 @@ def explore(
     states, depth, parent, plabel = g.states, g.depth, g.parent, g.parent_label
     src, dst, lab = g.src, g.dst, g.lab
     first_edge = g.first_edge
-    en = Enabling(c, mutants)
-    req_cands, msg_cands = en.req, en.msg
-    glob = tuple(a for a in ACTIONS.values() if a.arg == "global")
-    crash = ACTIONS["EnvCrash"].fn if "crash" in c.fault_kinds else None
-    restart = ACTIONS["EnvRestart"].fn if c.restarts else None
-    n = c.n_reqs
-    multi = symmetry and n > 1
-    World_ = World
+    successors = successor_fn(c, mutants)
+    multi = symmetry and c.n_reqs > 1
 
     plan = Verdicts(c, preds).plan
 
@@ -197,39 +248,7 @@ def explore(
         head += 1
         d1 = depth[sid] + 1
         first_edge.append(len(src))
-        out: list[tuple[str, int, int, World]] = []
-        gk = (w.p_up, w.d_up, w.faults)
-        for i in range(n):
-            r = w.reqs[i]
-            key = (i, *gk, *r[:7])
-            for a in req_cands(key):
-                s = a.fn(w, c, mutants, i, 0)
-                if type(s) is World_:
-                    out.append((a.name, i, 0, s))
-            seen = -1
-            for code in r.net:
-                if code == seen:
-                    continue
-                seen = code
-                for a in msg_cands(key, code):
-                    s = a.fn(w, c, mutants, i, code)
-                    if type(s) is World_:
-                        out.append((a.name, i, code, s))
-        for a in glob:
-            s = a.fn(w, c, mutants, 0, 0)
-            if type(s) is World_:
-                out.append((a.name, 0, 0, s))
-        if crash is not None:
-            for wk in (0, 1):
-                s = crash(w, c, mutants, 0, wk)
-                if type(s) is World_:
-                    out.append(("EnvCrash", 0, wk, s))
-        if restart is not None:
-            for wk in (0, 1):
-                s = restart(w, c, mutants, 0, wk)
-                if type(s) is World_:
-                    out.append(("EnvRestart", 0, wk, s))
-        for name, i, arg, s0 in out:
+        for name, i, arg, s0 in successors(w):
             lb = (name, i, arg)
             stop = False
             if not step_plain(w, name, i, arg, s0, c):

@@ -4,12 +4,14 @@ the default suite, one mutant, or all of them. No printing here: see cli.py."""
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from model_checks.explicit.explore import Graph, Progress, explore
 from model_checks.explicit.liveness import check_liveness
+from model_checks.explicit.parallel import explore_parallel
 from model_checks.explicit.trace import Step, Trace, concretize
 from spec.config import DEFAULT_SUITE, get_config
 from spec.mutants import get_mutant
@@ -53,11 +55,20 @@ def check_config(
     liveness: bool = True,
     stop_on: str | None = None,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> ConfigResult:
-    """Explore ``name`` exhaustively; record the shortest counterexample per property."""
+    """Explore ``name`` exhaustively; record the shortest counterexample per property.
+
+    ``workers`` > 1: the parallel explorer (``parallel.explore_parallel``), the same graph;
+    its CPU time counts the worker processes'."""
     c = get_config(name)
-    t0, c0 = time.perf_counter(), time.process_time()
-    g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress)
+    t0, c0 = time.perf_counter(), _cpu()
+    if workers > 1:
+        g = explore_parallel(
+            c, mutants, workers=workers, symmetry=symmetry, stop_on=stop_on, progress=progress
+        )
+    else:
+        g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress)
     res = ConfigResult(name, g, 0.0)
     for pid in sorted({*g.first_violation, *g.first_step_violation}):
         path = g.violation_path(pid)
@@ -68,16 +79,24 @@ def check_config(
             if not lr.holds and lr.path is not None:
                 res.violations[lr.prop] = Violation(lr.prop, name, concretize(g, lr.path), lr.note)
     res.seconds = time.perf_counter() - t0
-    res.cpu_seconds = time.process_time() - c0
+    res.cpu_seconds = _cpu() - c0
     return res
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended (the workers)."""
+    t = os.times()
+    return time.process_time() + t.children_user + t.children_system
 
 
 def check_suite(
     names: tuple[str, ...] = DEFAULT_SUITE,
     on_config: Callable[[str], Progress | None] | None = None,
+    workers: int = 1,
 ) -> list[ConfigResult]:
     return [
-        check_config(n, progress=on_config(n) if on_config is not None else None) for n in names
+        check_config(n, progress=on_config(n) if on_config is not None else None, workers=workers)
+        for n in names
     ]
 
 
@@ -121,7 +140,7 @@ class MutantResult:
 
 
 @functools.cache
-def check_mutant(name: str) -> MutantResult:
+def check_mutant(name: str, workers: int = 1) -> MutantResult:
     """Check a mutant on the configs where it must fail; stop at the first that catches it.
 
     Deterministic, so the result is cached per process (treat it as read-only)."""
@@ -135,6 +154,7 @@ def check_mutant(name: str) -> MutantResult:
             frozenset({name}),
             liveness=not is_safety,
             stop_on=mu.expected if is_safety else None,
+            workers=workers,
         )
         v = r.violations.get(mu.expected)
         trace = Trace(cname, name, mu.expected, v.steps) if v is not None else None

@@ -126,7 +126,8 @@ def DecodeReject(x: Ctx, r: RV, a: Msg | None) -> Rules:
     assert a is not None
     R.no(a.e <= r.dep)
     R.no(A(r.st == RUNNING, x.used_d() + c.blocks - _hit(x) <= c.cap_d, _slot_free(x)))
-    R.go(net=[_take(a), NetOp("send", M_NACK, a.e, 0)], dep=a.e, dfl=0)
+    dep = r.dep if "reject_unfenced" in x.m else a.e  # the mutant: no fence
+    R.go(net=[_take(a), NetOp("send", M_NACK, a.e, 0)], dep=dep, dfl=0)
     return R
 
 

@@ -131,7 +131,8 @@ class DecodeActions(PrefillActions):
         if self.req[i].status == RUNNING and room:
             raise self._ne("DecodeReject", i)
         self.wire.take(ch, k)
-        x.dep, x.mismatch, x.corrupt, x.fenced, x.failed = epoch, (), False, False, False
+        dep = x.dep if "reject_unfenced" in self.m else epoch  # the mutant: no fence
+        x.dep, x.mismatch, x.corrupt, x.fenced, x.failed = dep, (), False, False, False
         self.send(i, "Nack", epoch)
 
     def DecodeReceiveChunk(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:

@@ -17,4 +17,5 @@ __all__ = [
     "slots",
     "turns",
     "turn_worlds",
+    "worlds",
 ]
