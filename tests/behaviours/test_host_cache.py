@@ -9,11 +9,21 @@ from model_checks.explicit.runner import check_mutant
 from refimpl.engine import Engine
 from refimpl.errors import OwnershipError
 from spec.actions import apply
-from spec.behaviours.host_cache import HK_HIT, HK_LOAD
+from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_STORE
 from spec.common import Refused
 from spec.config import CONFIGS
 from spec.properties import violated_safety
-from spec.state import COMPLETE, FILLING, NONE, PREFILLING, QUARANTINED, QUEUED, World
+from spec.state import (
+    COMPLETE,
+    FILLING,
+    NONE,
+    PREFILLING,
+    QUARANTINED,
+    QUEUED,
+    WRITABLE,
+    World,
+)
+from tests.spec.spec_helpers import check_guard
 
 WARM, STORE = CONFIGS["host_cache_warm"], CONFIGS["host_cache_store"]
 M0: frozenset[str] = frozenset()
@@ -35,6 +45,54 @@ def refused(w: World, c: object, name: str, i: int = 0) -> str | None:
 
 
 LOADED = (("HostLookup", 0), ("HostLoadBegin", 0), ("HostLoadCopy", 0), ("HostLoadCopy", 0))
+
+
+def _w(c: object, *steps: tuple[str, int]) -> World:
+    return go(c.initial(), c, *steps)  # type: ignore[attr-defined]
+
+
+RAN = (("PrefillAdmit", 0), ("PrefillRun", 0))  # r0 computed its KV (host_cache_store)
+BEGUN = (*RAN, ("HostStoreBegin", 0))
+OFF = ("disabled", None)
+# The guard table of the cache's actions (tests/spec/test_guards_decode.py takes every
+# action's enabled and disabled cases): (action, config, world, i, arg, expected).
+CASES = [
+    ("HostLookup", WARM, _w(WARM), 0, 0, {"hk": HK_HIT}),
+    ("HostLookup", WARM, _w(WARM, ("HostLookup", 0)), 0, 0, OFF),  # already a hit
+    ("HostLookup", WARM, _w(WARM, ("HostEvict", 0)), 0, 0, ("refused", "PublishAfterCommit")),
+    ("HostLoadBegin", WARM, _w(WARM, LOADED[0]), 0, 0, {"hk": HK_LOAD, "p": FILLING}),
+    ("HostLoadBegin", WARM, _w(WARM), 0, 0, OFF),  # no hit to load
+    ("HostLoadCopy", WARM, _w(WARM, *LOADED[:2]), 0, 0, {"gl": 1}),
+    ("HostLoadCopy", WARM, _w(WARM, LOADED[0]), 0, 0, OFF),  # the load has not begun
+    ("HostLoadCommit", WARM, _w(WARM, *LOADED), 0, 0, {"st": PREFILLING, "hk": 0}),
+    ("HostLoadCommit", WARM, _w(WARM, *LOADED[:3]), 0, 0, ("refused", "NoPartialUse")),
+    ("HostLoadCommit", WARM, _w(WARM), 0, 0, OFF),
+    ("HostLoadFail", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, {"p": NONE, "hk": 0}),
+    ("HostLoadFail", WARM, _w(WARM, *LOADED[:3]), 0, 0, OFF),  # the bytes read fine
+    ("EnvLoadFail", WARM, _w(WARM), 0, 0, {"hk": 0}),
+    ("EnvLoadFail", WARM, _w(WARM, ("EnvLoadFail", 0)), 0, 0, OFF),  # already unreadable
+    ("HostStoreBegin", STORE, _w(STORE, *RAN), 0, 0, {"hk": HK_STORE, "p": COMPLETE}),
+    ("HostStoreBegin", STORE, _w(STORE), 0, 0, OFF),  # nothing computed to store
+    ("HostStoreCopy", STORE, _w(STORE, *BEGUN), 0, 0, {"hk": HK_STORE}),
+    ("HostStoreCopy", STORE, _w(STORE, *BEGUN, ("HostStoreCopy", 0)), 0, 0, OFF),  # all in
+    ("HostPublish", STORE, _w(STORE, *BEGUN, ("HostStoreCopy", 0)), 0, 0, {"hk": 0}),
+    ("HostPublish", STORE, _w(STORE, *BEGUN), 0, 0, ("refused", "PublishAfterCommit")),
+    ("HostPublish", STORE, _w(STORE, *RAN), 0, 0, OFF),  # no store
+    ("HostStoreAbort", STORE, _w(STORE, *BEGUN), 0, 0, {"hk": 0, "p": WRITABLE}),
+    ("HostStoreAbort", STORE, _w(STORE, *RAN), 0, 0, OFF),
+    ("HostLateComplete", STORE, _w(STORE, *BEGUN, ("HostStoreAbort", 0)), 0, 0, {"hk": 0}),
+    ("HostLateComplete", STORE, _w(STORE, *BEGUN), 0, 0, OFF),  # nothing given up
+    ("HostEvict", WARM, _w(WARM), 0, 0, {"hk": 0}),
+    ("HostEvict", WARM, _w(WARM, ("HostEvict", 0)), 0, 0, OFF),  # already unpublished
+    ("HostFree", WARM, _w(WARM, ("HostEvict", 0)), 0, 0, {"hk": 0}),
+    ("HostFree", WARM, _w(WARM, LOADED[0], ("HostEvict", 0)), 0, 0, ("refused", "NoReuseUnderIO")),
+    ("HostFree", WARM, _w(WARM), 0, 0, OFF),  # published: unpublish it first
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES)])
+def test_guard(case: tuple) -> None:  # type: ignore[type-arg]
+    check_guard(*case)
 
 
 def test_a_lookup_pins_and_a_load_does_not_consume_the_copy() -> None:

@@ -38,6 +38,7 @@ from spec.state import (
 from tests.behaviours.test_async_steps_spec import CASES as ASYNC_CASES
 from tests.behaviours.test_decode_failure import CASES as DECODE_FAILURE_CASES
 from tests.behaviours.test_decode_ranks import CASES as DECODE_RANKS_CASES
+from tests.behaviours.test_host_cache import CASES as HOST_CACHE_CASES
 from tests.behaviours.test_identity_guards import CASES as IDENTITY_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
 from tests.behaviours.test_retract import CASES as RETRACT_CASES
@@ -285,6 +286,7 @@ def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
     cases += IDENTITY_CASES
     cases += ASYNC_CASES
     cases += TURNS_CASES
+    cases += HOST_CACHE_CASES
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled
