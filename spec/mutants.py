@@ -246,6 +246,16 @@ MUTANTS: dict[str, Mutant] = {
             "DecodeReceiveDone resolves a late RankDone by its slot id alone and counts it for"
             " the slot's new holder.",
         ),
+        Mutant(
+            "release_keeps_wait",
+            "Frozen",
+            ("handoff_crash",),
+            "issue 27 item 2 (a release that keeps the wait state: the handoff timer of a"
+            " committed request is never disarmed)",
+            "PrefillRelease frees the source on decode's Ack but leaves the sender waiting"
+            " for it (await_ack): the request's handoff timer still runs and fails the"
+            " committed request. No property of a state reads it; INVARIANTS.md's Frozen does.",
+        ),
     )
 }
 
