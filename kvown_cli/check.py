@@ -18,6 +18,7 @@ from model_checks.explicit.runner import (
     MutantResult,
     check_config,
     check_mutant,
+    invariant_rows,
     property_rows,
 )
 from model_checks.explicit.trace import pretty, to_dot
@@ -126,7 +127,8 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
             results.append(check_config(name, progress=fn, workers=args.workers))
             bar.advance()
     rows = property_rows(results)
-    violated = next((r for r in rows if not r["holds"]), None)
+    inv_rows = invariant_rows(results)  # INVARIANTS.md's conjuncts, evaluated on every state
+    violated = next((r for r in (*rows, *inv_rows) if not r["holds"]), None)
     if args.dot:
         g = results[0].graph
         try:
@@ -148,6 +150,9 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
         out: dict[str, Any] = {
             "configs": [r.summary() for r in results],
             "properties": [{"id": r["id"], "kind": r["kind"], "holds": r["holds"]} for r in rows],
+            "invariants": [
+                {"id": r["id"], "holds": r["holds"], "configs": r["configs"]} for r in inv_rows
+            ],
         }
         if first is not None:
             out.update(violated=first.prop, config=first.config, trace=first.steps)
@@ -171,7 +176,7 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
     pt = Table(title="properties")
     for col in ("property", "kind", "verdict", "configs", "states", "seconds"):
         pt.add_column(col)
-    for row in rows:
+    for row in (*rows, *inv_rows):
         verdict = "holds" if row["holds"] else f"VIOLATED in {', '.join(row['violated_in'])}"  # type: ignore[arg-type]
         pt.add_row(
             str(row["id"]),
@@ -190,22 +195,24 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
 
 
 def _suite_cases(results: list[ConfigResult]) -> list[Case]:
-    """One testcase per property x config; a failure carries the pretty counterexample.
+    """One testcase per property x config (and per INVARIANTS.md conjunct claimed in the
+    config); a failure carries the pretty counterexample.
 
     The properties of a config are checked together, in one exploration: each testcase
     gets an equal share of its config's time, so the suite's time is the run's."""
+    from spec.invariants import for_config
     from spec.properties import LIVENESS, SAFETY
 
     cases = []
-    props = (*SAFETY, *LIVENESS)
     for r in results:
         c = get_config(r.name)
-        share = r.seconds / len(props)
-        for p in props:
-            v = r.violations.get(p.id)
-            text = None if v is None else pretty(c, frozenset(), v.steps, p.id)
-            msg = f"{p.id} violated on {r.name}" if v is not None else ""
-            cases.append(Case(f"kvown.check.{r.name}", p.id, share, text, msg))
+        ids = [p.id for p in (*SAFETY, *LIVENESS)] + [n for n, _ in for_config(c)]
+        share = r.seconds / len(ids)
+        for pid in ids:
+            v = r.violations.get(pid)
+            text = None if v is None else pretty(c, frozenset(), v.steps, pid)
+            msg = f"{pid} violated on {r.name}" if v is not None else ""
+            cases.append(Case(f"kvown.check.{r.name}", pid, share, text, msg))
     return cases
 
 

@@ -23,6 +23,11 @@ in a log, at least once a minute); Ctrl-C prints the tally so far.
 edits: drop a conjunct, negate or flip a comparison, shift a constant, drop an update,
 swap two effects...), judges each by the model check of the chosen suites in its own
 process; equivalent mutants are those on the reviewed list ``spec/equivalent_mutants.json``.
+The configs run in increasing size and a mutant stops at the first violation (of a
+property or an INVARIANTS.md conjunct); a mutant on a line no config executes (line
+coverage of the correct spec, measured once and cached) is reported as not covered
+without a run (``--run-uncovered`` runs it), and one that changes no reachable step
+survives without a run (the prefilter). The plan says each of these as it starts.
 
 Exit codes: 0 the kill rate (killed / (killed + survived), equivalents and timeouts
 apart) is at least ``--min-kill``; 1 it is below; 2 misuse.
@@ -84,6 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     spec.add_argument(
         "--no-coverage", action="store_true", help="skip the vacuity check (every action fires)"
+    )
+    spec.add_argument(
+        "--run-uncovered",
+        action="store_true",
+        help="model-check even mutants on lines no config executes (default: reported as such)",
     )
 
 
@@ -228,6 +238,8 @@ def _run_spec(args: argparse.Namespace) -> int:
                 prefilter=not args.no_prefilter,
                 coverage=not args.no_coverage,
                 on_result=tally.add,
+                skip_uncovered=not args.run_uncovered,
+                say=lambda line: print(f"kvown mutate: {line}", file=sys.stderr, flush=True),
             )
     except (ValueError, EquivalentsError) as exc:
         return _err(str(exc))
@@ -241,6 +253,7 @@ def _run_spec(args: argparse.Namespace) -> int:
         f" {', '.join(report['suites'])}: {report['killed']} killed,"  # type: ignore[arg-type]
         f" {len(report['survivors'])} survived, {report['timed_out']} timed out,"  # type: ignore[arg-type]
         f" {report['equivalent']} equivalent (reviewed); kill rate {rate}"
+        f" ({report['not_covered']} survivors not covered, {report['unchanged']} change no step)"
     )
     for r in results:
         detail = next(iter(r.details.values()), "")

@@ -249,6 +249,8 @@ def PrefillRelease(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if msg_epoch(arg) != r.ep or fenced(w, c, m, arg):
         return refuse("Fencing")
+    if "release_keeps_wait" in m:  # the bug: frees the source, the sender still waits
+        return put(w, i, r._replace(p=NONE, net=take(r.net, arg)))
     return put(w, i, r._replace(p=NONE, ps=IDLE, sent=0, phit=0, net=take(r.net, arg)))
 
 

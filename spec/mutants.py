@@ -341,6 +341,16 @@ MUTANTS: dict[str, Mutant] = {
             " the rejected Handoff reserves once room frees, the source takes its Ready and"
             " sends, decode commits, and the Nack thaws the source: two writers.",
         ),
+        Mutant(
+            "release_keeps_wait",
+            "Frozen",
+            ("handoff_crash",),
+            "issue 27 item 2 (a release that keeps the wait state: the handoff timer of a"
+            " committed request is never disarmed)",
+            "PrefillRelease frees the source on decode's Ack but leaves the sender waiting"
+            " for it (await_ack): the request's handoff timer still runs and fails the"
+            " committed request. No property of a state reads it; INVARIANTS.md's Frozen does.",
+        ),
     )
 }
 

@@ -33,6 +33,7 @@ from model_checks.explicit.verdicts import Verdicts, key_of
 from spec.actions import ACTIONS
 from spec.common import Mutants
 from spec.config import Config
+from spec.invariants import for_config as invariants_for
 from spec.properties import SAFETY
 from spec.state import World, canonical
 from spec.steps import check_step, step_plain
@@ -210,6 +211,7 @@ def explore(
     g.parent.append(0)
     g.parent_label.append(("", 0, 0))
     preds = [(p.id, p.pred) for p in SAFETY if p.pred is not None]
+    preds += invariants_for(c)  # INVARIANTS.md's conjuncts, by name, on every new state
     first = g.first_violation
     edge_first = g.first_edge_violation
     first_step = g.first_step_violation

@@ -14,6 +14,7 @@ from model_checks.explicit.liveness import check_liveness
 from model_checks.explicit.parallel import explore_parallel
 from model_checks.explicit.trace import Step, Trace, concretize
 from spec.config import DEFAULT_SUITE, get_config
+from spec.invariants import INVARIANTS
 from spec.mutants import get_mutant
 from spec.properties import LIVENESS, SAFETY
 
@@ -121,6 +122,27 @@ def property_rows(results: list[ConfigResult]) -> list[dict[str, object]]:
     return rows
 
 
+def invariant_rows(results: list[ConfigResult]) -> list[dict[str, object]]:
+    """One row per conjunct of INVARIANTS.md (kind ``invariant``): the configs where it
+    is claimed (``Conjunct.applies``) and evaluated on every state, and where it broke."""
+    rows = []
+    for j in INVARIANTS.values():
+        claimed = [r for r in results if j.applies(r.graph.config)]
+        broken = [r.name for r in claimed if j.name in r.violations]
+        rows.append(
+            {
+                "id": j.name,
+                "kind": "invariant",
+                "holds": not broken,
+                "configs": len(claimed),
+                "violated_in": broken,
+                "states": sum(r.graph.n_states for r in claimed),
+                "seconds": round(sum(r.seconds for r in claimed), 3),
+            }
+        )
+    return rows
+
+
 @dataclass
 class MutantResult:
     name: str
@@ -145,7 +167,7 @@ def check_mutant(name: str, workers: int = 1) -> MutantResult:
 
     Deterministic, so the result is cached per process (treat it as read-only)."""
     mu = get_mutant(name)
-    is_safety = any(p.id == mu.expected for p in SAFETY)
+    is_safety = mu.expected in INVARIANTS or any(p.id == mu.expected for p in SAFETY)
     last: MutantResult | None = None
     for cname in mu.configs:
         t0 = time.perf_counter()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,8 +26,9 @@ from pathlib import Path
 from model_checks.mutation.equivalents import load_equivalents
 from model_checks.mutation.operators import Mutant, generate, sample
 from model_checks.mutation.runner import SURVIVED, Check, MutantResult, run_mutants, summarise
+from model_checks.mutation.spec_check import order
+from model_checks.mutation.spec_coverage import covered_lines, uncovered
 from model_checks.mutation.spec_prefilter import Reachable, changes_a_step
-from spec.config import SUITES
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = (
@@ -38,6 +40,7 @@ FILES = (
 EQUIVALENTS = ROOT / "spec" / "equivalent_mutants.json"
 COPY = ("spec", "model_checks")
 UNCHANGED = "survived: no reachable step of the suite differs (prefilter)"
+NOT_COVERED = "survived: not covered (no config of the suite executes its line)"
 
 
 def _switch(test: ast.expr) -> bool | None:
@@ -108,12 +111,17 @@ def run(
     prefilter: bool = True,
     coverage: bool = True,
     on_result: Callable[[MutantResult], None] | None = None,
+    skip_uncovered: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, object], list[MutantResult]]:
     """Sample ``n`` mutants (``only``: these ids instead), judge each, summarise.
 
-    ``prefilter``: first explore the correct suite once, and let a mutant that changes
-    no reachable step survive without a model check of its own (``spec_prefilter``);
-    the others run in subprocesses, ``jobs`` at a time, while the next is filtered."""
+    ``skip_uncovered``: a mutant on a line no config of the suites executes (line
+    coverage of the correct spec, ``spec_coverage``, measured once and cached) survives
+    without a run, reported as not covered. ``prefilter``: first explore the correct
+    suite once, and let a mutant that changes no reachable step survive without a model
+    check of its own (``spec_prefilter``); the others run in subprocesses, ``jobs`` at a
+    time, while the next is filtered. ``say``: the plan's lines, as each step starts."""
     pool = mutants(root)
     if only:
         known = {m.id: m for m in pool}
@@ -124,7 +132,22 @@ def run(
     else:
         picked = sample(pool, n, seed)
     cs = checks(suites, timeout_s, coverage)
-    reach = Reachable(c for s in suites for c in SUITES[s]) if prefilter else None
+    say = say or (lambda _: None)
+    configs = order(list(suites))
+    say(f"configs, smallest first (a mutant stops at the first that breaks): {', '.join(configs)}")
+    skip: set[str] = set()
+    if skip_uncovered:
+        t0 = time.monotonic()
+        hit, cached = covered_lines(root, FILES, configs)
+        skip = uncovered(root, picked, hit)
+        how = "cached" if cached else f"measured in {time.monotonic() - t0:.0f} s"
+        say(
+            f"line coverage of the spec by {', '.join(suites)} ({how}): {len(skip)} of"
+            f" {len(picked)} mutants on lines no config executes, reported without a run"
+        )
+    if prefilter:
+        say("prefilter: exploring the correct suite once; a mutant that changes no step survives")
+    reach = Reachable(configs) if prefilter else None
     done: dict[str, MutantResult] = {}
 
     def judge(m: Mutant) -> None:
@@ -136,6 +159,12 @@ def run(
     with ThreadPoolExecutor(max_workers=jobs) as workers:
         futures = []
         for m in picked:
+            if m.id in skip:
+                res = MutantResult(m, {cs[0].name: SURVIVED}, {cs[0].name: NOT_COVERED})
+                done[m.id] = res
+                if on_result is not None:
+                    on_result(res)
+                continue
             if reach is not None and changes_a_step(m, reach) is False:
                 res = MutantResult(m, {cs[0].name: SURVIVED}, {cs[0].name: UNCHANGED})
                 done[m.id] = res
@@ -150,4 +179,5 @@ def run(
     report["generated"] = len(pool)
     report["suites"] = list(suites)
     report["unchanged"] = sum(1 for r in results if r.details.get(cs[0].name) == UNCHANGED)
+    report["not_covered"] = sum(1 for r in results if r.details.get(cs[0].name) == NOT_COVERED)
     return report, results

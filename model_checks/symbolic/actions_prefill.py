@@ -214,6 +214,9 @@ def PrefillRelease(x: Ctx, r: RV, a: Msg | None) -> Rules:
     R.no(O(N(x.p_up), _kind(a) != M_ACK, r.ps != AWAIT_ACK, r.p != COMPLETE))
     assert a is not None
     R.no(a.e != r.ep, "Fencing")
+    if "release_keeps_wait" in x.m:
+        R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=NONE)
+        return R
     R.go(net=[NetOp("take", a.kind, a.e, a.i)], p=NONE, ps=IDLE, sent=0, phit=0)
     return R
 

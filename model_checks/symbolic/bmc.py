@@ -31,10 +31,13 @@ import z3
 
 from model_checks.explicit.trace import Step, replay
 from model_checks.symbolic.actions import encodable
-from model_checks.symbolic.core import O, Z
+from model_checks.symbolic.core import A, N, O, Z
 from model_checks.symbolic.encoding import Encoding
+from model_checks.symbolic.finite import FCtx, FState
+from model_checks.symbolic.invariants import STRENGTHENING
 from spec.actions import encode_args
 from spec.config import Config, get_config
+from spec.invariants import INVARIANTS
 from spec.mutants import MUTANTS, get_mutant
 from spec.properties import PROPERTIES, SAFETY
 
@@ -50,12 +53,15 @@ UNENCODED_MUTANTS = tuple(
 SAFETY_MUTANTS = tuple(
     n
     for n, m in MUTANTS.items()
-    if PROPERTIES[m.expected].kind == "safety" and n not in UNENCODED_MUTANTS
+    if (m.expected in INVARIANTS or PROPERTIES[m.expected].kind == "safety")
+    and n not in UNENCODED_MUTANTS
 )
 LIVENESS_MUTANTS = tuple(
     n
     for n, m in MUTANTS.items()
-    if PROPERTIES[m.expected].kind == "liveness" and n not in UNENCODED_MUTANTS
+    if m.expected in PROPERTIES
+    and PROPERTIES[m.expected].kind == "liveness"
+    and n not in UNENCODED_MUTANTS
 )
 
 # Correct-spec bound K per default config: the deepest unrolling that answers in a
@@ -110,7 +116,7 @@ def bmc(
     res = BmcResult(c.name, frozenset(mutants), tuple(props), None, -1)
     for k in range(max_depth + 1):
         flag = z3.Bool(f"bad@{k}")
-        solver.add(z3.Implies(flag, O(*(enc.bad(p, states[k]) for p in props))))
+        solver.add(z3.Implies(flag, O(*(_bad(enc, p, states[k]) for p in props))))
         verdict = solver.check(flag)
         res.bound = k
         res.depth_seconds.append(time.perf_counter() - t0)
@@ -133,6 +139,19 @@ def bmc(
     return res
 
 
+def _bad(enc: Encoding, prop: str, s: FState) -> Z:
+    """``prop`` (a property, or a request/global conjunct of INVARIANTS.md) broken in ``s``."""
+    if prop not in INVARIANTS:
+        return enc.bad(prop, s)
+    j, x = STRENGTHENING[prop], FCtx(enc, s)
+    if j.req is None and j.glob is None:
+        raise ValueError(f"{prop}: a slot conjunct, not encoded for BMC")
+    if j.glob is not None:
+        return N(j.glob(x))
+    assert j.req is not None
+    return N(A(*(j.req(x, enc.view(s, i)) for i in range(enc.c.n_reqs))))
+
+
 def _trace(enc: Encoding, model: Any, sels: list[Z]) -> list[Step]:
     steps: list[Step] = []
     for sel in sels:
@@ -151,6 +170,8 @@ def _check_replay(
 
 
 def _pred(pid: str) -> Any:
+    if pid in INVARIANTS:  # a mutant caught by a conjunct of INVARIANTS.md (BMC checks it too)
+        return INVARIANTS[pid].pred
     pred = PROPERTIES[pid].pred
     assert pred is not None
     return pred

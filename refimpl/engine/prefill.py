@@ -300,6 +300,8 @@ class PrefillActions(CopyBase):
         rid = self.rid(i)
         self.P.alloc.free(pin_name(rid, r.epoch))
         self.P.alloc.free(rid)
+        if "release_keeps_wait" in self.m:  # the bug: the sender still waits for the Ack
+            return
         r.phase, r.payloads, r.checksums = IDLE, [], []
         r.sent, r.phit = 0, 0  # sender registers: reset when the attempt ends
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvown_cli.main import main
+from spec.config import get_config
+from spec.invariants import for_config
 from spec.properties import PROPERTIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +42,8 @@ def test_check_junit_has_a_testcase_per_property_and_config(
     rc, _, _ = kvown(capsys, "check", "--config", "offload_contend", "--junit", str(out))
     assert rc == 0
     got = cases(out)
-    assert sorted(c.get("name", "") for c in got) == sorted(PROPERTIES)
+    claimed = [n for n, _ in for_config(get_config("offload_contend"))]  # INVARIANTS.md
+    assert sorted(c.get("name", "") for c in got) == sorted([*PROPERTIES, *claimed])
     assert {c.get("classname") for c in got} == {"kvown.check.offload_contend"}
     assert all(c.find("failure") is None for c in got)
 

@@ -14,6 +14,7 @@ from model_checks.explicit.runner import check_config, check_mutant
 from model_checks.explicit.trace import pretty, replay, same_state
 from spec.actions import decode_args
 from spec.config import CONFIGS, DEEP_SUITE, DEFAULT_SUITE, get_config
+from spec.invariants import INVARIANTS, broken_invariants
 from spec.mutants import MUTANTS
 from spec.properties import PROPERTIES, violated_safety
 from spec.steps import check_step
@@ -34,7 +35,10 @@ def test_mutant_is_caught_with_pinned_trace(name: str) -> None:
     assert r.trace is not None
     c = get_config(r.config)
     worlds = replay(c, frozenset({name}), r.trace.steps)  # the cex replays on the spec
-    if PROPERTIES[r.expected].kind == "safety":
+    if r.expected in INVARIANTS:  # an INVARIANTS.md conjunct: the last state breaks it
+        assert r.expected in broken_invariants(worlds[-1], c)
+        assert r.expected not in broken_invariants(worlds[-2], c)
+    elif PROPERTIES[r.expected].kind == "safety":
         # the last state breaks it, or the last step does (its transition predicate)
         last = r.trace.steps[-1]
         i, arg = decode_args(last["action"], last.get("args", {}))

@@ -88,3 +88,43 @@ def test_cli_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mutate", "--target", "spec", "--only", "no.such:mutant:0", "--no-prefilter"]) == 2
     assert "unknown spec mutant ids: no.such:mutant:0" in capsys.readouterr().err
     assert main(["mutate", "--target", "spec", "--sample", "0"]) == 2
+
+
+def test_configs_run_in_increasing_size() -> None:
+    from model_checks.mutation.spec_check import order, pinned_states
+    from spec.config import SUITES
+
+    got = order(["default"])
+    assert sorted(got) == sorted(SUITES["default"])
+    sizes = [pinned_states(n) for n in got]
+    assert None not in sizes and sizes == sorted(sizes)  # type: ignore[type-var]
+
+
+def test_mutants_on_lines_no_config_executes_are_not_run(pool: dict[str, object]) -> None:
+    """offload_contend has no handoff: DecodeReserve's lines never run there, the offload
+    copy's do; module-level lines (constants) always count as run (import)."""
+    from model_checks.mutation.spec_coverage import measure, uncovered
+
+    hit = measure(ROOT, FILES, ["offload_contend"])
+    ms = list(pool.values())
+    skip = uncovered(ROOT, ms, hit)  # type: ignore[arg-type]
+    reserve = {i for i in pool if i.startswith("spec.actions_decode.DecodeReserve:")}
+    copy = {i for i in pool if i.startswith("spec.actions_prefill.PrefillOffloadCopy:")}
+    assert reserve and reserve <= skip
+    assert copy and not copy & skip
+    assert 0 < len(skip) < len(ms)
+
+
+def test_a_kill_names_the_property_and_the_config() -> None:
+    """The judge's verdict is a property (or conjunct) broken on a config of the suite,
+    never a crash of the judge itself."""
+    from model_checks.mutation.spec_target import run
+    from spec.config import SUITES
+    from spec.invariants import INVARIANTS
+    from spec.properties import PROPERTIES
+
+    _, (res,) = run(("default",), only=[QUICK_KILL], prefilter=False, skip_uncovered=False)
+    detail = next(iter(res.details.values()))
+    words = detail.removeprefix("killed: ").split(" on ")
+    assert detail.startswith("killed: ") and words[1] in SUITES["default"], detail
+    assert set(words[0].split(",")) <= set(PROPERTIES) | set(INVARIANTS), detail

@@ -23,6 +23,7 @@ from model_checks.symbolic.bmc import (
 )
 from spec.actions import ACTIONS, decode_args
 from spec.config import CONFIGS, get_config
+from spec.invariants import INVARIANTS
 from spec.mutants import MUTANTS
 from spec.properties import PROPERTIES
 
@@ -68,7 +69,8 @@ def test_mutant_found_at_bfs_depth(name: str) -> None:
         decode_args(st["action"], st["args"])
     c = get_config(mu.configs[0])
     final = replay(c, frozenset({name}), res.steps)[-1]
-    pred = PROPERTIES[mu.expected].pred
+    j = INVARIANTS.get(mu.expected)  # a mutant only an INVARIANTS.md conjunct catches
+    pred = j.pred if j is not None else PROPERTIES[mu.expected].pred
     assert pred is not None and not pred(final, c)
     assert res.violated == [mu.expected]
 
