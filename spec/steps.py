@@ -114,7 +114,7 @@ def stale_changes_nothing(pre: World, name: str, i: int, arg: int, post: World, 
     for k, (a, b) in enumerate(zip(pre.reqs, post.reqs, strict=True)):
         if a is not b and a._replace(net=b.net) != b:
             return False
-        if k != i and a.net != b.net:
+        if k != i and a is not b and a.net != b.net:
             return False
     return True
 
@@ -152,6 +152,8 @@ def ranks_from_messages(pre: World, name: str, i: int, arg: int, post: World, c:
     """RankAgreement, from ground truth: decode's rank set gains rank k only in a step
     that consumes rank k's RankDone of decode's current epoch."""
     for k, (a, b) in enumerate(zip(pre.reqs, post.reqs, strict=True)):
+        if a is b:
+            continue
         new = b.rmask & ~a.rmask
         if not new:
             continue
@@ -174,6 +176,8 @@ def dst_ranks_from_installs(
     """RankAgreement on the receiving side: a decode rank counts as installed only from
     its own install step (one rank, of a validated replica of the same attempt)."""
     for k, (a, b) in enumerate(zip(pre.reqs, post.reqs, strict=True)):
+        if a is b:
+            continue
         new = b.dmask & ~a.dmask
         if not new:
             continue

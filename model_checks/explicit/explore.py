@@ -8,10 +8,17 @@ callers). Every safety property is evaluated on every new state and every transi
 property (``edge_props``) on every edge; the first (shallowest) violation of each is
 remembered, so its shortest counterexample is one parent walk away.
 
-Speed (see benchmarks/RESULTS.md): successors are generated inline, actions that
-``enabling.Enabling`` has learned to be disabled for a state's control fields are not
-called, safety predicates whose verdict ``verdicts.Verdicts`` has learned from those
-fields are not called either, and symmetry is one sort of the request records.
+Speed (see benchmarks/RESULTS.md): two cores give the same graph (the same states, ids,
+edges, labels and first violations). The *plain* core generates successors inline,
+skipping actions that ``enabling.Enabling`` has learned to be disabled for a state's
+control fields; symmetry is one sort of the request records. The *local* core
+(``local.py``) learns each request's edges once per (slot, record, globals) and keys
+the visited set by interned record ids: it pays where requests repeat their records
+across states (worlds of two or more requests); ``core="auto"`` takes it there. Safety
+predicates whose verdict ``verdicts.Verdicts`` has learned from the control fields are
+not called in either. ``por=True`` adds partial-order reduction (``por.py``): fewer
+states, the same safety and transition verdicts; it is off by default (the pinned
+state counts are of the full graph) and liveness is not checked on its graph.
 
 The transition predicates of ``spec/steps.py`` are evaluated on every edge, on the
 pre-state, the action and the post-state (``step_plain`` first: a cheap test that the
@@ -22,105 +29,20 @@ edge).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-
-import networkx as nx
 
 from model_checks.explicit.enabling import Enabling
-from model_checks.explicit.verdicts import Verdicts, key_of
+from model_checks.explicit.graph import EdgePred, Graph, Label, Progress, Run
+from model_checks.explicit.local import explore_local
 from spec.actions import ACTIONS
 from spec.common import Mutants
 from spec.config import Config
-from spec.invariants import for_config as invariants_for
-from spec.properties import SAFETY
 from spec.state import World, canonical
 from spec.steps import check_step, step_plain
 
-Label = tuple[str, int, int]  # (action, request slot in the canonical pre-state, argument)
+__all__ = ["CORES", "EdgePred", "Graph", "Label", "Progress", "explore", "successor_fn"]
 
-
-@dataclass
-class Graph:
-    config: Config
-    mutants: Mutants
-    symmetry: bool
-    states: list[World] = field(default_factory=list)
-    depth: list[int] = field(default_factory=list)
-    parent: list[int] = field(default_factory=list)
-    parent_label: list[Label] = field(default_factory=list)
-    src: list[int] = field(default_factory=list)
-    dst: list[int] = field(default_factory=list)
-    lab: list[Label] = field(default_factory=list)
-    first_violation: dict[str, int] = field(default_factory=dict)
-    # per edge property: (pre-state id, label, edge index) of its first violating edge
-    first_edge_violation: dict[str, tuple[int, Label, int]] = field(default_factory=dict)
-    first_edge: list[int] = field(default_factory=list)
-    first_step_violation: dict[str, int] = field(default_factory=dict)  # pid -> edge index
-    seconds: float = 0.0
-    _nx: nx.DiGraph | None = None
-
-    @property
-    def n_states(self) -> int:
-        return len(self.states)
-
-    @property
-    def n_edges(self) -> int:
-        return len(self.src)
-
-    @property
-    def max_depth(self) -> int:
-        return max(self.depth) if self.depth else 0
-
-    def path_to(self, sid: int) -> list[Label]:
-        """Labels along the BFS tree from the initial state to ``sid`` (a shortest path)."""
-        out: list[Label] = []
-        while sid != 0:
-            out.append(self.parent_label[sid])
-            sid = self.parent[sid]
-        out.reverse()
-        return out
-
-    def step_path(self, edge: int) -> list[Label]:
-        """A shortest path that ends with edge ``edge`` (BFS reached its source first)."""
-        return [*self.path_to(self.src[edge]), self.lab[edge]]
-
-    def violation_path(self, pid: str) -> list[Label] | None:
-        """The shorter of the state and the step counterexample of ``pid`` (None: holds)."""
-        paths = []
-        if pid in self.first_violation:
-            paths.append(self.path_to(self.first_violation[pid]))
-        if pid in self.first_step_violation:
-            paths.append(self.step_path(self.first_step_violation[pid]))
-        return min(paths, key=len) if paths else None
-
-    def to_networkx(self) -> nx.DiGraph:
-        """The state graph as a networkx.DiGraph over state ids (parallel actions between
-        two states merge into one edge; ``edge_label`` names one of them)."""
-        if self._nx is None:
-            g = nx.DiGraph()
-            g.add_nodes_from(range(self.n_states))
-            g.add_edges_from(zip(self.src, self.dst, strict=True))
-            self._nx = g
-        return self._nx
-
-    def out_edges(self, sid: int) -> range:
-        """Indices (into src/dst/lab) of the edges leaving ``sid``: BFS appends them
-        contiguously."""
-        if sid >= len(self.first_edge):
-            return range(0)  # not expanded (exploration stopped early)
-        start = self.first_edge[sid]
-        end = self.first_edge[sid + 1] if sid + 1 < len(self.first_edge) else len(self.src)
-        return range(start, end)
-
-
-Progress = Callable[[int, int], None]  # (states so far, frontier size)
-
-# A transition property: (pre-state, action, request slot, argument, post-state, config)
-# -> holds. ``post`` is the successor before symmetry reduction, so slot ``i`` names the
-# same request in both states. Evaluated on every edge (new state or not).
-EdgePred = Callable[[World, str, int, int, World, Config], bool]
+CORES = ("auto", "plain", "local")
 
 
 Successor = tuple[str, int, int, World]  # (action, request slot, argument, successor)
@@ -189,6 +111,8 @@ def explore(
     max_states: int = 2_000_000,
     progress: Progress | None = None,
     edge_props: Sequence[tuple[str, EdgePred]] = (),
+    core: str = "auto",
+    por: bool = False,
 ) -> Graph:
     """Breadth-first exploration of every reachable state of ``c`` under ``mutants``.
 
@@ -198,22 +122,32 @@ def explore(
     "killed or not").
     ``edge_props``: transition properties checked on every edge; the first (shallowest)
     violating edge of each is kept in ``Graph.first_edge_violation``.
+    ``core``: "plain", "local" or "auto" (local for two or more requests); the same graph.
+    ``por``: partial-order reduction (the local core; a smaller graph, see ``por.py``).
 
-    Successors are exactly ``spec.actions.successors``, in its order; actions that
-    ``Enabling`` has learned to be disabled for a state's control fields are not called.
+    Successors are exactly ``spec.actions.successors``, in its order; actions known to
+    be disabled are not called.
     """
-    t0 = time.perf_counter()
+    if core not in CORES:
+        raise ValueError(f"unknown core {core!r}; valid cores: {', '.join(CORES)}")
     g = Graph(config=c, mutants=mutants, symmetry=symmetry)
+    run = Run(g, stop_on, max_states, progress, edge_props)
+    if por or core == "local" or (core == "auto" and c.n_reqs > 1):
+        return explore_local(run, symmetry, por)
+    return _plain(run, symmetry)
+
+
+def _plain(run: Run, symmetry: bool) -> Graph:
+    """The plain core: every candidate action called on every state."""
+    g, c, mutants = run.g, run.c, run.m
+    stop_on, edge_props, check, check_edge = run.stop_on, run.edge_props, run.check, run.check_edge
+    progress = run.progress
     init = canonical(c.initial()) if symmetry else c.initial()
     index: dict[World, int] = {init: 0}
     g.states.append(init)
     g.depth.append(0)
     g.parent.append(0)
     g.parent_label.append(("", 0, 0))
-    preds = [(p.id, p.pred) for p in SAFETY if p.pred is not None]
-    preds += invariants_for(c)  # INVARIANTS.md's conjuncts, by name, on every new state
-    first = g.first_violation
-    edge_first = g.first_edge_violation
     first_step = g.first_step_violation
     states, depth, parent, plabel = g.states, g.depth, g.parent, g.parent_label
     src, dst, lab = g.src, g.dst, g.lab
@@ -221,28 +155,8 @@ def explore(
     successors = successor_fn(c, mutants)
     multi = symmetry and c.n_reqs > 1
 
-    plan = Verdicts(c, preds).plan
-
-    def check(sid: int, w: World) -> bool:
-        # the predicates whose verdict the state's control fields do not settle as "holds"
-        for pid, pred, verdict in plan(key_of(w)):
-            if pid not in first and not (pred(w, c) if verdict is None else verdict):
-                first[pid] = sid
-                if pid == stop_on or stop_on == "*":
-                    return True
-        return False
-
-    def check_edge(sid: int, w: World, lb: Label, s: World, eidx: int) -> bool:
-        for pid, epred in edge_props:
-            if pid not in edge_first and not epred(w, lb[0], lb[1], lb[2], s, c):
-                edge_first[pid] = (sid, lb, eidx)
-                if pid == stop_on or stop_on == "*":
-                    return True
-        return False
-
     if check(0, init):
-        g.seconds = time.perf_counter() - t0
-        return g
+        return run.done()
     head = 0
     while head < len(states):
         sid = head
@@ -276,23 +190,18 @@ def explore(
                     src.append(sid)
                     dst.append(tid)
                     lab.append(lb)
-                    g.seconds = time.perf_counter() - t0
-                    return g
-                if tid >= max_states:
-                    raise RuntimeError(f"config {c.name}: more than {max_states} states")
+                    return run.done()
+                run.too_many(tid)
             if edge_props and check_edge(sid, w, lb, s0, len(src)):
                 src.append(sid)
                 dst.append(tid)
                 lab.append(lb)
-                g.seconds = time.perf_counter() - t0
-                return g
+                return run.done()
             src.append(sid)
             dst.append(tid)
             lab.append(lb)
             if stop:
-                g.seconds = time.perf_counter() - t0
-                return g
+                return run.done()
         if progress is not None and head % 4096 == 0:
             progress(len(states), len(states) - head)
-    g.seconds = time.perf_counter() - t0
-    return g
+    return run.done()

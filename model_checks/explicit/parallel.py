@@ -51,9 +51,9 @@ from typing import Any
 
 from model_checks.explicit.explore import EdgePred, Graph, Label, Progress
 from model_checks.explicit.partition import label_of, owner, run_worker, start_method, wait_for
+from model_checks.explicit.verdicts import state_preds
 from spec.common import Mutants
 from spec.config import Config
-from spec.properties import SAFETY
 from spec.state import canonical
 
 
@@ -240,7 +240,7 @@ def _trim(g: Graph, stop_on: str | None, new_last: int | None, edge_order: Seque
     state_stop = False
     if new_last is not None:
         here = [pid for pid, sid in g.first_violation.items() if sid == new_last]
-        drop, state_stop = cut(here, [p.id for p in SAFETY])
+        drop, state_stop = cut(here, [pid for pid, _ in state_preds(g.config)])
         for pid in drop:
             del g.first_violation[pid]
     last = len(g.src) - 1

@@ -19,11 +19,10 @@ from itertools import accumulate
 from typing import Any
 
 from model_checks.explicit.explore import EdgePred, Label, successor_fn
-from model_checks.explicit.verdicts import Verdicts, key_of
+from model_checks.explicit.verdicts import Verdicts, key_of, state_preds
 from spec.actions import ACTIONS
 from spec.common import Mutants
 from spec.config import Config
-from spec.properties import SAFETY
 from spec.state import World, canonical
 from spec.steps import check_step, step_plain
 
@@ -63,7 +62,7 @@ class _Part:
         self.successors = successor_fn(c, mutants)
         self.canon = canonical if symmetry and c.n_reqs > 1 else None
         self.edge_props = tuple(edge_props)
-        self.plan = Verdicts(c, [(p.id, p.pred) for p in SAFETY if p.pred is not None]).plan
+        self.plan = Verdicts(c, state_preds(c)).plan
         self.index: dict[World, int] = {}
         self.states: list[World] = []
         self.outdeg = array("q")

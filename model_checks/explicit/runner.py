@@ -57,25 +57,30 @@ def check_config(
     stop_on: str | None = None,
     progress: Progress | None = None,
     workers: int = 1,
+    por: bool = False,
 ) -> ConfigResult:
     """Explore ``name`` exhaustively; record the shortest counterexample per property.
 
     ``workers`` > 1: the parallel explorer (``parallel.explore_parallel``), the same graph;
-    its CPU time counts the worker processes'."""
+    its CPU time counts the worker processes'. ``por``: partial-order reduction (safety
+    and transition properties only: liveness is not checked on a reduced graph, and a
+    counterexample may be longer); not with ``workers``."""
     c = get_config(name)
     t0, c0 = time.perf_counter(), _cpu()
     if workers > 1:
+        if por:
+            raise ValueError("por is not available with workers > 1")
         g = explore_parallel(
             c, mutants, workers=workers, symmetry=symmetry, stop_on=stop_on, progress=progress
         )
     else:
-        g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress)
+        g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress, por=por)
     res = ConfigResult(name, g, 0.0)
     for pid in sorted({*g.first_violation, *g.first_step_violation}):
         path = g.violation_path(pid)
         assert path is not None
         res.violations[pid] = Violation(pid, name, concretize(g, path))
-    if liveness and (stop_on is None or stop_on not in g.first_violation):
+    if liveness and not por and (stop_on is None or stop_on not in g.first_violation):
         for lr in check_liveness(g):
             if not lr.holds and lr.path is not None:
                 res.violations[lr.prop] = Violation(lr.prop, name, concretize(g, lr.path), lr.note)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from spec.config import Config
-from spec.properties import Pred
+from spec.invariants import for_config as invariants_for
+from spec.properties import SAFETY, Pred
 from spec.state import World
 
 _REQ_FIELDS = ("st", "p", "d", "h", "ep", "dep", "ps", "hit", "g")
@@ -92,3 +93,9 @@ class Verdicts:
             got = self._plans[key] = tuple(out)
             self.learned += 1
         return got
+
+
+def state_preds(c: Config) -> list[tuple[str, Pred]]:
+    """What every explorer checks on every new state, in this order: the safety
+    properties, then INVARIANTS.md's conjuncts claimed in ``c``, by name."""
+    return [(p.id, p.pred) for p in SAFETY if p.pred is not None] + invariants_for(c)
