@@ -109,7 +109,7 @@ def HostLookup(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 def HostLoadBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Allocate GPU blocks for the hit and start the load (the request still waits)."""
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_HIT or r.st not in _WAITING or r.p != NONE:
+    if not c.host_cache or not w.p_up or r.hk != HK_HIT or r.st not in _WAITING or r.p != NONE:
         return NOT_ENABLED
     if used_p(w, c) + c.blocks > c.cap_p:
         return refuse("CapacityRefcount")
@@ -119,7 +119,7 @@ def HostLoadBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def HostLoadCopy(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_LOAD or r.p != FILLING or r.gl >= c.blocks:
+    if not c.host_cache or not w.p_up or r.hk != HK_LOAD or r.p != FILLING or r.gl >= c.blocks:
         return NOT_ENABLED
     return put(w, i, r._replace(gl=r.gl + 1))
 
@@ -128,7 +128,7 @@ def HostLoadCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Every block is back and read well: the GPU copy is the request's; the host copy
     stays (it is shared), only this request's pin is dropped."""
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_LOAD or r.p != FILLING or r.st not in _WAITING:
+    if not c.host_cache or not w.p_up or r.hk != HK_LOAD or r.p != FILLING or r.st not in _WAITING:
         return NOT_ENABLED
     if r.gl != c.blocks or w.hc_bad:
         return refuse("NoPartialUse")  # a block missing, or read from unreadable bytes
@@ -142,7 +142,7 @@ def HostLoadFail(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """A load of unreadable bytes fails part-way: the partly loaded blocks and the pin go
     back, the hit becomes a miss (the copy is unpublished), the request is computed again."""
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_LOAD or r.p != FILLING or not w.hc_bad:
+    if not c.host_cache or not w.p_up or r.hk != HK_LOAD or r.p != FILLING or not w.hc_bad:
         return NOT_ENABLED
     if "failed_load_counted_loaded" in m:  # reported as loaded (dynamo #15079)
         return _pin(put(w, i, r._replace(st=PREFILLING, p=WRITABLE, gl=0, hk=0)), -1)
@@ -169,7 +169,7 @@ def HostStoreBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def HostStoreCopy(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_STORE or w.hc != FILLING or w.hc_hl >= c.blocks:
+    if not c.host_cache or not w.p_up or r.hk != HK_STORE or w.hc != FILLING or w.hc_hl >= c.blocks:
         return NOT_ENABLED
     return w._replace(hc_hl=w.hc_hl + 1)
 
@@ -177,7 +177,7 @@ def HostStoreCopy(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 def HostPublish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """The current attempt's store completed: the key becomes visible; the source thaws."""
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_STORE or w.hc != FILLING:
+    if not c.host_cache or not w.p_up or r.hk != HK_STORE or w.hc != FILLING:
         return NOT_ENABLED
     if w.hc_hl != c.blocks and "publish_before_commit" not in m:
         return refuse("PublishAfterCommit")
@@ -188,7 +188,7 @@ def HostStoreAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Give the store up (a timeout): the copy is dropped, the source thaws; the writer's
     completion of this (now older) attempt is still to come."""
     r = w.reqs[i]
-    if not w.p_up or r.hk != HK_STORE or w.hc != FILLING:
+    if not c.host_cache or not w.p_up or r.hk != HK_STORE or w.hc != FILLING:
         return NOT_ENABLED
     w2 = put(w, i, r._replace(p=WRITABLE, hk=0))
     return w2._replace(hc=NONE, hc_hl=0, hc_late=w.hc_late + 1)
@@ -196,7 +196,7 @@ def HostStoreAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def HostLateComplete(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """The completion of an abandoned attempt arrives: a no-op on the key; its bytes go."""
-    if not w.p_up or not w.hc_late:
+    if not c.host_cache or not w.p_up or not w.hc_late:
         return NOT_ENABLED
     w2 = w._replace(hc_late=w.hc_late - 1)
     if "late_completion_publishes" in m:  # a stale PutEnd (Mooncake #3030)

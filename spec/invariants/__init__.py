@@ -4,7 +4,7 @@ The z3 proof (``model_checks/symbolic/invariants.py``) proves each safety proper
 the property and a few of these conjuncts; here each conjunct is a predicate over the
 explicit ``World``, so ``kvown check`` evaluates it on every explored state (kind
 ``invariant``) and reports a broken one by its name with its counterexample. The names
-are the proof's (``tests/behaviours/test_invariants_spec.py`` pins the two lists equal).
+are the proof's (``tests/explorer/test_invariants_spec.py`` pins the two lists equal).
 
 A conjunct is claimed where the proof covers the world: the unbounded model has no
 restarts (``Config.restarts``), and proves ``PrefixOwn``, ``StagedOnly`` and

@@ -5,7 +5,7 @@ Each predicate is the conjunct of the same name in ``model_checks/symbolic/invar
 request, a ``slot`` conjunct for every message slot ``(epoch, idx)`` of every request (a
 slot with no message in flight and no landed chunk satisfies each of them, so only the
 messages in flight and the landed chunks are visited), a ``global`` one once.
-``tests/behaviours/test_invariants_spec.py`` evaluates the z3 formulas on reachable
+``tests/explorer/test_invariants_spec.py`` evaluates the z3 formulas on reachable
 states and compares them with these, conjunct by conjunct.
 
 The predicates read the control fields (status, replicas, sender phase, epochs) first,

@@ -18,6 +18,7 @@ from model_checks.explicit.verdicts import Verdicts, key_of
 from spec.actions import ACTIONS, Action, apply, successors
 from spec.common import NOT_ENABLED, Result
 from spec.config import CONFIGS, SCALE, Config
+from spec.invariants import for_config as invariants_for
 from spec.properties import SAFETY
 from spec.state import RUNNING, Req, World, canonical
 
@@ -64,11 +65,11 @@ def test_first_violations_are_those_of_every_predicate_on_every_state(
     c = _cfg(name)
     g = explore(c, mutants)
     want: dict[str, int] = {}
+    preds = [(p.id, p.pred) for p in SAFETY if p.pred is not None] + invariants_for(c)
     for sid, w in enumerate(g.states):
-        for p in SAFETY:
-            assert p.pred is not None
-            if p.id not in want and not p.pred(w, c):
-                want[p.id] = sid
+        for pid, pred in preds:  # the properties, then INVARIANTS.md's conjuncts
+            if pid not in want and not pred(w, c):
+                want[pid] = sid
     assert g.first_violation == want
     assert want  # the mutants do break something here
 
