@@ -4,10 +4,17 @@
                                        and the combined ones), ci budget
     kvown fuzz --config NAME --seconds 60 --profile nightly
     kvown fuzz --all-mutants [--json]  the kill matrix: every bug switch must be caught
-    kvown fuzz --mutant NAME           one switch
+    kvown fuzz --mutant NAME           one switch (judged by the graph tour first, then
+                                       the machine)
+    kvown fuzz --tour [--config NAME]  the graph tour (``refimpl.testing.tour``): every
+                                       edge of handoff_crash, offload_contend and
+                                       offload_crash, every reachable (action, outcome)
+                                       pair of every default config, replayed with every
+                                       check; the coverage report (--json too)
 
-Exit codes: 0 nothing found (fuzzing) or every applicable switch killed (matrix); 1 a
-divergence (its shrunk program is printed) or a surviving switch; 2 misuse.
+Exit codes: 0 nothing found (fuzzing; the tour: and every edge or pair covered) or every
+applicable switch killed (matrix); 1 a divergence (its shrunk program is printed), a
+surviving switch, or a tour that left part of its goal uncovered; 2 misuse.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--all-mutants", action="store_true", help="the kill matrix of every switch")
     g.add_argument("--mutant", metavar="NAME", action="append", help="hunt one switch")
+    g.add_argument("--tour", action="store_true", help="the graph tour and its coverage report")
     p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
     p.add_argument(
         "--examples",
@@ -98,7 +106,74 @@ def run(args: argparse.Namespace) -> int:
         return _err(f"--examples must be in [1, {MAX_EXAMPLES}]")
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
+    if args.tour:
+        return _tour(args, adapter)
     return _fuzz(args, adapter)
+
+
+# --------------------------------------------------------------------- the graph tour
+def _tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
+    from refimpl.testing.tour import EDGE_TOURS, plan_tour, report, run_tour
+    from spec.config import DEFAULT_SUITE
+
+    names = (args.config,) if args.config else (*DEFAULT_SUITE, *EDGE_TOURS[2:])
+    rows: list[dict[str, Any]] = []
+    failure: str | None = None
+    err = Console(stderr=True)
+    with Progress("fuzz --tour", len(names), "configs") as bar:
+        for name in names:
+            bar.update(note=f"touring {name}")
+            if not args.json:
+                err.print(f"touring {name} ...", highlight=False)
+            plan = plan_tour(get_config(name))
+            res = run_tour(adapter, plan)
+            rows.append(
+                report(
+                    plan,
+                    res.coverage,
+                    steps=res.steps,
+                    probes=res.probes,
+                    plan_cpu_seconds=round(plan.seconds, 2),
+                    cpu_seconds=round(res.seconds, 2),
+                    failed=res.failed,
+                )
+            )
+            bar.advance()
+            if res.failure is not None:
+                failure = str(res.failure)
+                break
+    whole = all(
+        r["pairs_covered"] == r["pairs"]
+        and (r["goal"] != "edges" or r["edges_covered"] == r["edges"])
+        for r in rows
+    )
+    if args.json:
+        print(json.dumps({"configs": rows, "complete": whole, "failure": failure}))
+    else:
+        t = Table(title="the graph tour (every check on every step)")
+        cols = ("config", "goal", "states", "edges", "pairs", "sequences", "steps", "cpu s")
+        for col in (*cols, "verdict"):
+            t.add_column(col, justify="left" if col in ("config", "goal", "verdict") else "right")
+        for r in rows:
+            verdict = "[red]DIVERGES[/red]" if r["failed"] else "conforms"
+            t.add_row(
+                r["config"],
+                r["goal"],
+                str(r["states"]),
+                f"{r['edges_covered']}/{r['edges']}",
+                f"{r['pairs_covered']}/{r['pairs']}",
+                str(r["sequences"]),
+                str(r["steps"]),
+                f"{r['plan_cpu_seconds'] + r['cpu_seconds']:.1f}",
+                verdict,
+            )
+        console().print(t)
+        for r in rows:
+            if r["pairs_missed"]:
+                print(f"{r['config']}: pairs not exercised: {', '.join(r['pairs_missed'])}")
+        if failure is not None:
+            print(failure)
+    return 0 if failure is None and whole else 1
 
 
 # --------------------------------------------------------------------- fuzzing

@@ -223,10 +223,17 @@ class Kill:
     program: list[Step] = field(default_factory=list)  # the shrunk counterexample
     seed: int = 0  # the implementation's seed it replays with
     caught: str = ""  # which check caught it, at which action
+    by: str = "fuzz"  # the judge: "tour" (the graph tour, ``tour``) or "fuzz" (the machine)
 
     def to_json(self) -> dict[str, Any]:
         killed: bool | str = "n/a" if self.killed is None else self.killed
-        return {"name": self.name, "killed": killed, "steps": self.steps, "examples": self.examples}
+        return {
+            "name": self.name,
+            "killed": killed,
+            "steps": self.steps,
+            "examples": self.examples,
+            "by": self.by,
+        }
 
 
 def mutant_config(name: str) -> str:
