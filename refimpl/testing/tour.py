@@ -311,7 +311,7 @@ KILL_WORLDS: dict[str, str] = {}
 
 
 def tour_kill(adapter: Adapter, name: str, world: str | None = None) -> Any:
-    """Judge switch ``name`` by the tour of ``world`` (default ``KILL_WORLDS``): a
+    """Judge switch ``name`` by the edge tour of ``world`` (default ``KILL_WORLDS``): a
     ``run.Kill`` (killed or not; its program is the failing sequence, shrunk)."""
     from refimpl.testing.run import Kill, mutant_config, shrink_program
     from refimpl.testing.worlds import get_world
@@ -321,7 +321,7 @@ def tour_kill(adapter: Adapter, name: str, world: str | None = None) -> Any:
         return Kill(name, cname, False, None, message="not applicable here", by="tour")
     c = get_world(cname)
     t0 = time.process_time()
-    res = run_tour(adapter, plan_tour(c), (name,))
+    res = run_tour(adapter, plan_tour(c, "edges"), (name,))
     if res.failure is None:
         took = time.process_time() - t0
         return Kill(name, cname, True, False, seconds=took, by="tour")

@@ -118,6 +118,22 @@ TOUR_WORLDS: dict[str, Config] = {
             decode_failure=True,
             retract=True,
         ),
+        Config(
+            name="unrevocable_one",
+            doc="one request, 2 blocks, one attempt, a transport with no revoke",
+            blocks=2,
+            revocable=False,
+            max_attempts=1,
+        ),
+        Config(
+            name="slots_one",
+            doc="two requests, 1 block each, one attempt, one decode metadata slot, no cancel",
+            n_reqs=2,
+            blocks=1,
+            slots=True,
+            max_attempts=1,
+            cancel=False,
+        ),
     )
 }
 
