@@ -70,7 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time budget, finite and > 0 (total; per switch)",
     )
     p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
-    p.add_argument("--coverage", action="store_true", help="state share on every config")
+    p.add_argument(
+        "--coverage",
+        action="store_true",
+        help="state share, graph edges and (action, outcome) pairs taken, on every config",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: a testcase per config/mutant")
 
@@ -183,10 +187,11 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     total = Coverage()
     results: list[RunResult] = []
     shares: dict[str, tuple[int, int]] = {}
+    graph: dict[str, dict[str, Any]] = {}
     err = Console(stderr=True)
     with Progress("fuzz", len(names), "configs") as bar:
         for name in names:
-            cov = Coverage(states=set())
+            cov = Coverage(states=set(), edges=set())
             bar.update(note=f"fuzzing {name}")
             if not args.json:
                 err.print(f"fuzzing {name} ...", highlight=False)
@@ -206,6 +211,10 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
             if args.coverage or _small(name):
                 assert cov.states is not None
                 shares[name] = state_share(cov.states, get_config(name))
+            if args.coverage:  # the graph's edges and (action, outcome) pairs it took
+                from refimpl.testing.tour import plan_tour, report
+
+                graph[name] = report(plan_tour(get_config(name), "pairs"), cov)
     failed = next((r for r in results if r.failed), None)
     detail = _failure_text(adapter, failed) if failed is not None else None
     if args.junit:
@@ -221,9 +230,16 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
         ]
         write_junit(args.junit, "kvown fuzz", cases)
     if args.json:
-        print(json.dumps(_fuzz_json(results, total, shares, detail)))
+        out = _fuzz_json(results, total, shares, detail)
+        out["coverage"]["graph"] = graph
+        print(json.dumps(out))
     else:
         _print_fuzz(results, total, shares, detail)
+        for g in graph.values():
+            print(
+                f"graph of {g['config']}: edges {g['edges_covered']}/{g['edges']},"
+                f" (action, outcome) pairs {g['pairs_covered']}/{g['pairs']}"
+            )
     return 1 if failed is not None else 0
 
 

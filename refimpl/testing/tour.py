@@ -307,7 +307,38 @@ def report(plan: TourPlan, cov: Coverage, **extra: Any) -> dict[str, Any]:
 # Where each bug switch is judged by the tour: the smallest world whose tour kills it
 # (measured; tests/fuzz/test_tour_kills.py holds every entry). Switches not named here are
 # toured on their spec mutant's first config (``run.mutant_config``).
-KILL_WORLDS: dict[str, str] = {}
+KILL_WORLDS: dict[str, str] = {
+    "release_before_install": "mismatch_one",
+    "source_writes_while_frozen": "mismatch_one",
+    "source_resumes_on_timeout": "mismatch_one",
+    "partial_as_complete": "mismatch_one",
+    "mismatch_installed": "mismatch_one",
+    "cancel_ignored": "mismatch_one",
+    "stale_epoch_accepted": "restart_handoff",
+    "error_overwritten": "mismatch_one",
+    "free_on_cancel_in_flight": "mismatch_one",
+    "duplicate_rank_counted": "mismatch_one",
+    "free_fenced_unrevocable": "unrevocable_one",
+    "batch_status_subset": "unrevocable_one",
+    "slot_reused_unfenced": "slots_one",
+    "zero_block_never_done": "full_hit_one",
+    "sweep_only_on_admit": "crash_both",
+    "failed_store_visible": "offload_contend",
+    "reload_during_store": "offload_contend",
+    "preempt_during_store": "offload_contend",
+    "evict_referenced_prefix": "identity_prefix",
+    "free_with_step_in_flight": "async_handoff",
+    "freeze_with_step_in_flight": "async_handoff",
+    "preempt_with_step_in_flight": "async_handoff",
+    "prefix_hash_unchecked": "identity_prefix",
+    "unstaged_block_advertised": "identity_prefix",
+    "validate_after_decode_failure": "retract_fail_one",
+    "retract_loses_kv": "retract_fail_one",
+    "retract_keeps_epoch": "retract_fail_one",
+    "stale_incarnation_accepted": "restart_handoff",
+    "restart_keeps_pool": "restart_handoff",
+    "no_timeout_while_filling": "mismatch_one",
+}
 
 
 def tour_kill(adapter: Adapter, name: str, world: str | None = None) -> Any:

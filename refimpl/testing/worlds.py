@@ -134,6 +134,14 @@ TOUR_WORLDS: dict[str, Config] = {
             max_attempts=1,
             cancel=False,
         ),
+        Config(
+            name="full_hit_one",
+            doc="one request, 1 block, all of it a cached prefix: a zero-block handoff",
+            blocks=1,
+            prefix=1,
+            cap_d=2,
+            max_attempts=1,
+        ),
     )
 }
 

@@ -119,3 +119,23 @@ def test_the_tours_take_every_action_and_press_every_property(
         suite.merge(res.coverage)
     assert [a for a in ACTIONS if not suite.accepted[a]] == []
     assert [p for p in NONTRIVIAL if not suite.properties[p]] == []
+
+
+def test_kvown_fuzz_tour_prints_the_coverage_report(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kvown_cli.main import main
+
+    assert main(["fuzz", "--tour", "--config", "mismatch_one", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    [row] = got["configs"]
+    assert got["complete"] and got["failure"] is None
+    assert row["config"] == "mismatch_one" and row["goal"] == "pairs"
+    assert row["pairs_covered"] == row["pairs"] > 50 and row["steps"] > 0
+
+
+def test_kvown_fuzz_tour_misuse_exits_2() -> None:
+    from kvown_cli.main import main
+
+    assert main(["fuzz", "--tour", "--mutant", "cancel_ignored"]) == 2
+    assert main(["fuzz", "--tour", "--config", "nope", "--json"]) == 2
