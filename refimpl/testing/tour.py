@@ -338,6 +338,7 @@ KILL_WORLDS: dict[str, str] = {
     "stale_incarnation_accepted": "restart_handoff",
     "restart_keeps_pool": "restart_handoff",
     "no_timeout_while_filling": "mismatch_one",
+    "decode_runs_before_all_ranks": "ranks_one",
 }
 
 

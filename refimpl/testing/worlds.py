@@ -142,6 +142,14 @@ TOUR_WORLDS: dict[str, Config] = {
             cap_d=2,
             max_attempts=1,
         ),
+        Config(
+            name="ranks_one",
+            doc="one request, 1 block, one attempt, decode TP 2: each rank installs its shard",
+            blocks=1,
+            dst_tp=2,
+            decode_ranks=True,
+            max_attempts=1,
+        ),
     )
 }
 
