@@ -4,10 +4,17 @@
                                        and the combined ones), ci budget
     kvown fuzz --config NAME --seconds 60 --profile nightly
     kvown fuzz --all-mutants [--json]  the kill matrix: every bug switch must be caught
-    kvown fuzz --mutant NAME           one switch
+    kvown fuzz --mutant NAME           one switch (judged by the graph tour first, then
+                                       the machine)
+    kvown fuzz --tour [--config NAME]  the graph tour (``refimpl.testing.tour``): every
+                                       edge of handoff_crash, offload_contend and
+                                       offload_crash, every reachable (action, outcome)
+                                       pair of every default config, replayed with every
+                                       check; the coverage report (--json too)
 
-Exit codes: 0 nothing found (fuzzing) or every applicable switch killed (matrix); 1 a
-divergence (its shrunk program is printed) or a surviving switch; 2 misuse.
+Exit codes: 0 nothing found (fuzzing; the tour: and every edge or pair covered) or every
+applicable switch killed (matrix); 1 a divergence (its shrunk program is printed), a
+surviving switch, or a tour that left part of its goal uncovered; 2 misuse.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--all-mutants", action="store_true", help="the kill matrix of every switch")
     g.add_argument("--mutant", metavar="NAME", action="append", help="hunt one switch")
+    g.add_argument("--tour", action="store_true", help="the graph tour and its coverage report")
     p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
     p.add_argument(
         "--examples",
@@ -62,7 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time budget, finite and > 0 (total; per switch)",
     )
     p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
-    p.add_argument("--coverage", action="store_true", help="state share on every config")
+    p.add_argument(
+        "--coverage",
+        action="store_true",
+        help="state share, graph edges and (action, outcome) pairs taken, on every config",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: a testcase per config/mutant")
 
@@ -98,7 +110,74 @@ def run(args: argparse.Namespace) -> int:
         return _err(f"--examples must be in [1, {MAX_EXAMPLES}]")
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
+    if args.tour:
+        return _tour(args, adapter)
     return _fuzz(args, adapter)
+
+
+# --------------------------------------------------------------------- the graph tour
+def _tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
+    from refimpl.testing.tour import EDGE_TOURS, plan_tour, report, run_tour
+    from spec.config import DEFAULT_SUITE
+
+    names = (args.config,) if args.config else (*DEFAULT_SUITE, *EDGE_TOURS[2:])
+    rows: list[dict[str, Any]] = []
+    failure: str | None = None
+    err = Console(stderr=True)
+    with Progress("fuzz --tour", len(names), "configs") as bar:
+        for name in names:
+            bar.update(note=f"touring {name}")
+            if not args.json:
+                err.print(f"touring {name} ...", highlight=False)
+            plan = plan_tour(get_config(name))
+            res = run_tour(adapter, plan)
+            rows.append(
+                report(
+                    plan,
+                    res.coverage,
+                    steps=res.steps,
+                    probes=res.probes,
+                    plan_cpu_seconds=round(plan.seconds, 2),
+                    cpu_seconds=round(res.seconds, 2),
+                    failed=res.failed,
+                )
+            )
+            bar.advance()
+            if res.failure is not None:
+                failure = str(res.failure)
+                break
+    whole = all(
+        r["pairs_covered"] == r["pairs"]
+        and (r["goal"] != "edges" or r["edges_covered"] == r["edges"])
+        for r in rows
+    )
+    if args.json:
+        print(json.dumps({"configs": rows, "complete": whole, "failure": failure}))
+    else:
+        t = Table(title="the graph tour (every check on every step)")
+        cols = ("config", "goal", "states", "edges", "pairs", "sequences", "steps", "cpu s")
+        for col in (*cols, "verdict"):
+            t.add_column(col, justify="left" if col in ("config", "goal", "verdict") else "right")
+        for r in rows:
+            verdict = "[red]DIVERGES[/red]" if r["failed"] else "conforms"
+            t.add_row(
+                r["config"],
+                r["goal"],
+                str(r["states"]),
+                f"{r['edges_covered']}/{r['edges']}",
+                f"{r['pairs_covered']}/{r['pairs']}",
+                str(r["sequences"]),
+                str(r["steps"]),
+                f"{r['plan_cpu_seconds'] + r['cpu_seconds']:.1f}",
+                verdict,
+            )
+        console().print(t)
+        for r in rows:
+            if r["pairs_missed"]:
+                print(f"{r['config']}: pairs not exercised: {', '.join(r['pairs_missed'])}")
+        if failure is not None:
+            print(failure)
+    return 0 if failure is None and whole else 1
 
 
 # --------------------------------------------------------------------- fuzzing
@@ -108,10 +187,11 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     total = Coverage()
     results: list[RunResult] = []
     shares: dict[str, tuple[int, int]] = {}
+    graph: dict[str, dict[str, Any]] = {}
     err = Console(stderr=True)
     with Progress("fuzz", len(names), "configs") as bar:
         for name in names:
-            cov = Coverage(states=set())
+            cov = Coverage(states=set(), edges=set())
             bar.update(note=f"fuzzing {name}")
             if not args.json:
                 err.print(f"fuzzing {name} ...", highlight=False)
@@ -131,6 +211,10 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
             if args.coverage or _small(name):
                 assert cov.states is not None
                 shares[name] = state_share(cov.states, get_config(name))
+            if args.coverage:  # the graph's edges and (action, outcome) pairs it took
+                from refimpl.testing.tour import plan_tour, report
+
+                graph[name] = report(plan_tour(get_config(name), "pairs"), cov)
     failed = next((r for r in results if r.failed), None)
     detail = _failure_text(adapter, failed) if failed is not None else None
     if args.junit:
@@ -146,9 +230,16 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
         ]
         write_junit(args.junit, "kvown fuzz", cases)
     if args.json:
-        print(json.dumps(_fuzz_json(results, total, shares, detail)))
+        out = _fuzz_json(results, total, shares, detail)
+        out["coverage"]["graph"] = graph
+        print(json.dumps(out))
     else:
         _print_fuzz(results, total, shares, detail)
+        for g in graph.values():
+            print(
+                f"graph of {g['config']}: edges {g['edges_covered']}/{g['edges']},"
+                f" (action, outcome) pairs {g['pairs_covered']}/{g['pairs']}"
+            )
     return 1 if failed is not None else 0
 
 

@@ -11,6 +11,12 @@
     kvown mutate --target spec --sample 120 --json     the spec's actions, each mutant judged
                                                        by the model check (--suite deep too)
 
+``--target refimpl`` judges each mutant by the graph tour first (deterministic, fast),
+then the fuzz run, and stops at the first check that kills it; before the run, a line
+tracer on the unmutated code finds the mutants on lines no check executes: those are
+reported as ``not_covered`` without a run (counted as survivors in the kill rate). The
+report gives ``cpu_seconds_per_mutant`` (the checks' processes, summed).
+
 A target names the files, the checks and the reviewed equivalents (``TARGETS``; see
 ``model_checks/mutation/target.py`` to add one). Each mutant runs in its own process on
 a temporary copy of the repository, ``--jobs`` at a time.
@@ -39,6 +45,8 @@ import argparse
 import importlib
 import json
 import math
+import resource
+import subprocess
 import sys
 import threading
 import time
@@ -134,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{m.id}  {m.file}:{m.line}  {m.description}")
         return 0
     equivalents = target.load_equivalents()
-    judge = ", ".join(c.name for c in target.checks)
+    picked, uncovered = _covered(args, picked)
+    judge = " then ".join(c.name for c in target.checks) + ", to the first kill"
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with _Tally(len(picked), len(mutants), args.jobs, judge, target.checks) as tally:
         results = run_mutants(
             target.root,
@@ -142,10 +152,20 @@ def run(args: argparse.Namespace) -> int:
             target.checks,
             copy=target.copy,
             jobs=args.jobs,
+            stop_at_first_kill=True,
             on_result=tally.add,
         )
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     report = summarise(results, equivalents, target.checks)
     report = {"target": target.name, "generated": len(mutants), **report}
+    # mutants on lines no check executes: not run, counted as survivors in the rate
+    not_covered = [m.to_json() for m in uncovered if m.id not in equivalents]
+    killed = int(report["killed"])  # type: ignore[call-overload]
+    judged = killed + len(report["survivors"]) + len(not_covered)  # type: ignore[arg-type]
+    report["not_covered"] = not_covered
+    report["kill_rate"] = round(killed / judged, 4) if judged else None
+    report["cpu_seconds_per_mutant"] = round(cpu / len(results), 2) if results else None
     report["results"] = [  # per mutant: each check's outcome and its last output line
         {"id": r.mutant.id, **{k: [v, r.details.get(k, "")] for k, v in r.outcomes.items()}}
         for r in results
@@ -157,6 +177,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(report, results)
     return 0 if ok else 1
+
+
+def _covered(args: argparse.Namespace, picked: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(mutants on lines the checks execute, the others), from the target's line tracer
+    (``lines_argv``; run once on the unmutated code). Targets without one: all run."""
+    lines_argv = getattr(importlib.import_module(TARGETS[args.target]), "lines_argv", None)
+    if lines_argv is None or not picked:
+        return picked, []
+    print("kvown mutate: tracing the lines the checks execute ...", file=sys.stderr, flush=True)
+    argv = lines_argv(args.examples) if args.examples is not None else lines_argv()
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    hit = {f: set(v) for f, v in json.loads(out.strip().splitlines()[-1]).items()}
+    covered = [m for m in picked if m.line in hit.get(m.file, ())]
+    uncovered = [m for m in picked if m.line not in hit.get(m.file, ())]
+    print(
+        f"kvown mutate: {len(uncovered)} of {len(picked)} mutants are on lines no check"
+        " executes: reported as not covered, not run",
+        file=sys.stderr,
+        flush=True,
+    )
+    return covered, uncovered
 
 
 class _Tally:
@@ -273,7 +314,8 @@ def _print(report: dict[str, Any], results: list[MutantResult]) -> None:
     con.print(
         f"[bold]{report['target']}[/]: {report['mutants']} of {report['generated']} mutants run; "
         f"killed {report['killed']}, survived {len(report['survivors'])}, "
-        f"equivalent {report['equivalent']}, timed out {report['timed_out']}; "
+        f"equivalent {report['equivalent']}, timed out {report['timed_out']}, "
+        f"not covered {len(report.get('not_covered', []))}; "
         f"kill rate {'n/a' if rate is None else f'{rate:.1%}'}"
     )
     table = Table("check", "killed", "survived", "timeout")
@@ -283,3 +325,5 @@ def _print(report: dict[str, Any], results: list[MutantResult]) -> None:
     for s in report["survivors"]:
         con.print(f"\n[yellow]survived[/] {s['id']} ({s['file']}:{s['line']})")
         con.print(s["diff"], markup=False, highlight=False)
+    for s in report.get("not_covered", []):
+        con.print(f"[yellow]not covered[/] {s['id']} ({s['file']}:{s['line']})")

@@ -1,5 +1,10 @@
 """What a fuzzing run exercised: actions by outcome, and the properties it pressed.
 
+``Coverage.pairs`` counts (action, outcome) pairs ("ok", "refused:<property>",
+"refused": not enabled); ``Coverage.edges``, when collecting, holds the edges of the
+spec's graph taken (``edge_key``: the same key the graph tour, ``tour``, gives the
+explorer's edges).
+
 ``NONTRIVIAL`` says, per safety property, on which states it has something to say (a
 wrong step there could break it); ``Coverage`` sums accepted and refused steps and those
 states over a run.
@@ -12,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spec.actions import ACTIONS
 from spec.actions_decode import decode_msg_stale
 from spec.actions_prefill import prefill_msg_stale
 from spec.common import full_ranks, used_d, used_h, used_p
@@ -112,6 +118,16 @@ NONTRIVIAL: dict[str, Callable[[World, Config], bool]] = {
 assert set(NONTRIVIAL) == set(PREDS)
 
 
+EdgeKey = tuple[World, str, object, int]
+
+
+def edge_key(w: World, name: str, i: int, arg: int) -> EdgeKey:
+    """An edge of the symmetry-reduced graph: the canonical pre-state, the action, the
+    request it acts on (its record: identical requests are one edge) and the argument."""
+    who: object = w.reqs[i] if ACTIONS[name].arg in ("req", "msg") else i
+    return (canonical(w), name, who, arg)
+
+
 @dataclass
 class Coverage:
     """What a fuzzing run exercised, summed over its examples."""
@@ -121,8 +137,16 @@ class Coverage:
     refused_actions: Counter[str] = field(default_factory=Counter)  # action -> refusals
     properties: Counter[str] = field(default_factory=Counter)  # ID -> non-trivial checks
     states: set[World] | None = None  # canonical abstract states visited (when collecting)
+    pairs: Counter[tuple[str, str]] = field(default_factory=Counter)  # (action, outcome)
+    edges: set[EdgeKey] | None = None  # graph edges taken (when collecting: ``edge_key``)
+
+    def took(self, w: World, name: str, i: int, arg: int) -> None:
+        """An accepted step from the spec state ``w`` (an edge of the graph)."""
+        if self.edges is not None:
+            self.edges.add(edge_key(w, name, i, arg))
 
     def step(self, name: str, outcome: str) -> None:
+        self.pairs[(name, outcome)] += 1
         if outcome == "ok":
             self.accepted[name] += 1
         else:
@@ -142,5 +166,8 @@ class Coverage:
         self.refused += other.refused
         self.refused_actions += other.refused_actions
         self.properties += other.properties
+        self.pairs += other.pairs
         if self.states is not None and other.states is not None:
             self.states |= other.states
+        if self.edges is not None and other.edges is not None:
+            self.edges |= other.edges

@@ -165,6 +165,8 @@ class Harness:
                 self.fail(
                     "accepted a refused step", f"accepted an action the spec refuses ({reason})"
                 )
+            if self.coverage is not None:
+                self.coverage.took(self.w, name, i, arg)
             self.w = want
             if self.ghost is not None:
                 self.ghost.observe(name, i, want)

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from refimpl.testing.harness import Harness
-from spec.actions import ACTIONS, WORKERS, encode_args
+from refimpl.testing.harness import NO_MUTANTS, Harness
+from spec.actions import ACTIONS, WORKERS, apply, encode_args
 from spec.common import Refused
-from spec.state import MSG_NAMES, msg, msg_epoch, msg_idx, msg_kind
+from spec.config import Config
+from spec.state import MSG_NAMES, World, msg, msg_epoch, msg_idx, msg_kind
 
 MSG_ACTIONS = tuple(n for n, a in ACTIONS.items() if a.arg == "msg")
 
@@ -42,11 +43,12 @@ def forged(code: int) -> set[int]:
 OTHER_ACTIONS = tuple(n for n, a in ACTIONS.items() if a.arg != "msg")
 
 
-def refusal_probes(h: Harness) -> list[tuple[str, dict[str, Any], str | None]]:
-    """(action, args, the spec's property or None) for every probe of the state: the
-    message probes above, and every other action (per request, per worker) the spec
-    refuses here."""
-    out = []
+def spec_refusals(w: World, c: Config) -> list[tuple[str, int, int, str | None]]:
+    """(action, request, argument, the spec's property or None) for every probe of ``w``:
+    the message probes above, and every other action (per request, per worker) the
+    correct spec refuses here. On the spec alone: the graph tour (``tour``) reads the
+    (action, outcome) pairs of every explored state from it."""
+    out: list[tuple[str, int, int, str | None]] = []
     for name in OTHER_ACTIONS:
         a = ACTIONS[name]
         args = (
@@ -54,20 +56,28 @@ def refusal_probes(h: Harness) -> list[tuple[str, dict[str, Any], str | None]]:
             if a.arg == "worker"
             else [(0, 0)]
             if a.arg == "global"
-            else [(i, 0) for i in range(len(h.w.reqs))]
+            else [(i, 0) for i in range(len(w.reqs))]
         )
         for i, arg in args:
-            v = h.verdict(name, i, arg)
+            v = apply(w, c, NO_MUTANTS, name, i, arg)
             if isinstance(v, Refused):
-                out.append((name, encode_args(name, i, arg), v.prop))
-    for i, r in enumerate(h.w.reqs):
+                out.append((name, i, arg, v.prop))
+    for i, r in enumerate(w.reqs):
         real = set(r.net)
         codes = real | {f for code in real for f in forged(code)}
         for code in sorted(codes):
             if msg_idx(code) > 15 or msg_epoch(code) > 15:
                 continue  # outside the message encoding
             for name in MSG_ACTIONS:
-                v = h.verdict(name, i, code)
+                v = apply(w, c, NO_MUTANTS, name, i, code)
                 if isinstance(v, Refused):
-                    out.append((name, encode_args(name, i, code), v.prop))
+                    out.append((name, i, code, v.prop))
     return out
+
+
+def refusal_probes(h: Harness) -> list[tuple[str, dict[str, Any], str | None]]:
+    """(action, args, the spec's property or None) for every probe of the state
+    (``spec_refusals``), in the trace form of the arguments."""
+    return [
+        (name, encode_args(name, i, arg), prop) for name, i, arg, prop in spec_refusals(h.w, h.c)
+    ]

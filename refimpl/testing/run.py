@@ -9,8 +9,9 @@ names another):
 
 ``run_machine`` runs one machine class (an adapter, a config, bug switches) to the end of
 its budget or its first failure. ``hunt`` repeats runs (new seeds) until a time budget
-is spent. ``kill`` hunts with one switch on, then shrinks the failing program by delta
-debugging (``shrink_program``): a replay costs a fraction of a Hypothesis shrink step.
+is spent. ``kill`` judges one switch by the graph tour first (``tour``), then hunts with
+it on, and shrinks the failing program by delta debugging (``shrink_program``): a
+replay costs a fraction of a Hypothesis shrink step.
 """
 
 from __future__ import annotations
@@ -223,10 +224,17 @@ class Kill:
     program: list[Step] = field(default_factory=list)  # the shrunk counterexample
     seed: int = 0  # the implementation's seed it replays with
     caught: str = ""  # which check caught it, at which action
+    by: str = "fuzz"  # the judge: "tour" (the graph tour, ``tour``) or "fuzz" (the machine)
 
     def to_json(self) -> dict[str, Any]:
         killed: bool | str = "n/a" if self.killed is None else self.killed
-        return {"name": self.name, "killed": killed, "steps": self.steps, "examples": self.examples}
+        return {
+            "name": self.name,
+            "killed": killed,
+            "steps": self.steps,
+            "examples": self.examples,
+            "by": self.by,
+        }
 
 
 def mutant_config(name: str) -> str:
@@ -243,12 +251,21 @@ def kill(
     profile: str = "ci",
     examples: int | None = None,
     seconds: float | None = None,
+    tour: bool = True,
 ) -> Kill:
-    """Hunt with switch ``name`` on (``KILL_EXAMPLES`` of the profile by default); killed
-    when the machine fails. The failing program is then shrunk by ``shrink_program``."""
+    """Judge switch ``name``: by the graph tour first (``tour.tour_kill``: deterministic),
+    then, when it survives the tour (or ``tour`` is False), by a hunt of the machine
+    (``KILL_EXAMPLES`` of the profile by default); killed when either fails. The failing
+    program is shrunk by ``shrink_program``."""
     cname = mutant_config(name)
     if not adapter.switches().get(name, False):
         return Kill(name, cname, False, None, message="not applicable here")
+    if tour:
+        from refimpl.testing.tour import tour_kill
+
+        judged: Kill = tour_kill(adapter, name)
+        if judged.killed:
+            return judged
     n = examples if examples is not None else KILL_EXAMPLES[profile]
     res = hunt(adapter, cname, (name,), profile=profile, examples=n, seconds=seconds)
     if res.failure is None:

@@ -12,8 +12,9 @@ regression world (``kvown fuzz --config NAME``):
     tp_pairs          TP 2 -> 4 with a prefix hit and corrupt/duplicated chunks
     two_faults        two faults in one run, three attempts: faults in attempt 2 and 3
 
-``FUZZ_WORLDS`` is what ``kvown fuzz`` and ``kvown mutate --target refimpl`` run: the
-default suite, then the combined worlds. ``get_world`` finds a world by name (the spec's
+``TOUR_WORLDS`` are tiny worlds for the graph tour (``tour``). ``FUZZ_WORLDS`` is what
+``kvown fuzz`` and ``kvown mutate --target refimpl`` run: the default suite, then the
+combined worlds. ``get_world`` finds a world by name (the spec's
 configs included), so a printed ``Divergence`` replays with ``replay_program``.
 """
 
@@ -88,11 +89,77 @@ COMBINED: dict[str, Config] = {
 
 FUZZ_WORLDS: tuple[str, ...] = (*DEFAULT_SUITE, *COMBINED)
 
+# Tiny worlds for the graph tour (``tour``): each reaches, in a few hundred states, a
+# behaviour the default configs reach only in a large world (so a tour of it fits the
+# suite). Not fuzzed by default; ``get_world`` finds them.
+TOUR_WORLDS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config(
+            name="mismatch_one",
+            doc="one request, 1 block, one attempt, one fault: a mismatched manifest",
+            blocks=1,
+            faults=1,
+            fault_kinds=frozenset({"mismatch"}),
+            max_attempts=1,
+        ),
+        Config(
+            name="net_one",
+            doc="one request, 1 block, one attempt, one fault: a duplicated or corrupt message",
+            blocks=1,
+            faults=1,
+            fault_kinds=frozenset({"duplicate", "corrupt"}),
+            max_attempts=1,
+        ),
+        Config(
+            name="retract_fail_one",
+            doc="one request, 1 block, two attempts; decode may fail an attempt or retract",
+            blocks=1,
+            decode_failure=True,
+            retract=True,
+        ),
+        Config(
+            name="unrevocable_one",
+            doc="one request, 2 blocks, one attempt, a transport with no revoke",
+            blocks=2,
+            revocable=False,
+            max_attempts=1,
+        ),
+        Config(
+            name="slots_one",
+            doc="two requests, 1 block each, one attempt, one decode metadata slot, no cancel",
+            n_reqs=2,
+            blocks=1,
+            slots=True,
+            max_attempts=1,
+            cancel=False,
+        ),
+        Config(
+            name="full_hit_one",
+            doc="one request, 1 block, all of it a cached prefix: a zero-block handoff",
+            blocks=1,
+            prefix=1,
+            cap_d=2,
+            max_attempts=1,
+        ),
+        Config(
+            name="ranks_one",
+            doc="one request, 1 block, one attempt, decode TP 2: each rank installs its shard",
+            blocks=1,
+            dst_tp=2,
+            decode_ranks=True,
+            max_attempts=1,
+        ),
+    )
+}
+
 
 def get_world(name: str) -> Config:
     """A combined world or a spec config by name (KeyError naming the valid ones)."""
     if name in COMBINED:
         return COMBINED[name]
+    if name in TOUR_WORLDS:
+        return TOUR_WORLDS[name]
     try:
         return get_config(name)
     except KeyError:

@@ -59,7 +59,7 @@ def test_list_names_the_sampled_mutants(capsys: pytest.CaptureFixture[str]) -> N
     assert len(lines) == 3 and all(":" in ln.split()[0] for ln in lines)
 
 
-def test_a_leak_mutant_is_killed_by_the_fuzz_check_in_its_own_process() -> None:
+def test_a_leak_mutant_is_killed_by_the_tour_check_in_its_own_process() -> None:
     t = target(unit=False, examples=5)
     [m] = [  # the free of the finished request's blocks dropped: they leak
         m
@@ -67,8 +67,9 @@ def test_a_leak_mutant_is_killed_by_the_fuzz_check_in_its_own_process() -> None:
         if m.id.startswith("refimpl.engine.prefill.PrefillActions.PrefillFinish:drop_call")
         and "-        self.P.alloc.free(self.rid(i))" in m.to_json().get("diff", "")
     ]
-    [res] = run_mutants(t.root, [m], t.checks, copy=t.copy)
-    assert res.outcomes == {"fuzz": "killed"}, res.details
-    assert res.details["fuzz"].startswith("killed on ")
+    [res] = run_mutants(t.root, [m], t.checks, copy=t.copy, stop_at_first_kill=True)
+    assert res.outcomes == {"tour": "killed"}, res.details  # the tour first; fuzz not run
+    assert res.details["tour"].startswith("killed on ")
     assert json.dumps(m.to_json())  # the report's shape
+    assert [c.name for c in t.checks] == ["tour", "fuzz"]
     assert sys.executable in t.checks[0].argv
