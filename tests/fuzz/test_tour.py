@@ -28,6 +28,9 @@ COVERAGE_TOURS = (
     "restart_handoff",
     "identity_prefix",
     "handoff_tp1to2",
+    "turns_append",
+    "host_cache_warm",
+    "host_cache_store",
 )
 SCAN = 800
 
