@@ -151,3 +151,12 @@ def test_refimpl_lazily_re_exports_exactly_the_api() -> None:
     assert {
         n for n in refimpl.__all__ if getattr(refimpl, n) is getattr(refimpl.api, n, None)
     } == api
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest (rootdir mode, no __init__.py) refuses to collect two test modules of one
+    basename: the whole run stops at collection."""
+    seen: dict[str, list[str]] = {}
+    for p in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}
