@@ -9,7 +9,7 @@
                     ``disk_over_raw_given_checksums``: the same with the manifest's
                     checksums already at hand (an offload: the handoff's sender hashed
                     them), the load still verifying every block.
-(b) --kills N       ``refimpl.testing.disk_crash.kill_rounds``: N rounds of one writer and
+(b) --kills N       ``refimpl.testing.crash.disk.kill_rounds``: N rounds of one writer and
                     N of two writers of the same keys, each killed with SIGKILL at a random
                     point, then a restart: kills survived, orphans removed, reported keys
                     kept, hits verified, failures (must be 0).
@@ -39,7 +39,7 @@ from refimpl.api import DiskTier, KVGeometry  # noqa: E402
 from refimpl.api.disk import Loaded  # noqa: E402
 from refimpl.checksum import block_checksum, byte_view, writable_byte_view  # noqa: E402
 from refimpl.engine.data import RankPools, gen  # noqa: E402
-from refimpl.testing.disk_crash import MODEL, kill_rounds, sample_file  # noqa: E402
+from refimpl.testing.crash.disk import MODEL, kill_rounds, sample_file  # noqa: E402
 from spec.manifest import Manifest  # noqa: E402
 
 GEO = KVGeometry(16, 8, 128, 16, "float16")  # the seed's config: 1024 tokens = 64 MiB

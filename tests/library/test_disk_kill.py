@@ -5,7 +5,7 @@ but not flushed, flushed but not renamed, renamed but the directory not yet flus
 then random kill points, one writer and two writers of the same keys. After every
 restart no temp file is left, every reported file is still published, and every
 published file is a verified hit with the written bytes. Every writer is killed and
-reaped by its pid inside ``refimpl.testing.disk_crash``. At scale:
+reaped by its pid inside ``refimpl.testing.crash.disk``. At scale:
 ``benchmarks/disk_tier.py --kills N``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from refimpl.testing.disk_crash import PHASES, kill_at, kill_rounds
+from refimpl.testing.crash.disk import PHASES, kill_at, kill_rounds
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
