@@ -111,7 +111,7 @@ def run(
     prefilter: bool = True,
     coverage: bool = True,
     on_result: Callable[[MutantResult], None] | None = None,
-    skip_uncovered: bool = True,
+    skip_uncovered: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, object], list[MutantResult]]:
     """Sample ``n`` mutants (``only``: these ids instead), judge each, summarise.
