@@ -58,6 +58,11 @@ QUICK: dict[str, tuple[list[str], int, tuple[str, ...]]] = {
     "kvown list": (["list"], 0, ("free_on_cancel_in_flight", "NoReuseUnderIO")),
     "kvown --version": (["--version"], 0, ("kvown 0.",)),
     "kvown fuzz --tour": (["fuzz", "--tour", "--config", "mismatch_one"], 0, ("graph tour",)),
+    "kvown check --config handoff_tp2to1 --workers 2": (
+        ["check", "--config", "handoff_crash", "--workers", "2"],
+        0,
+        ("handoff_crash",),
+    ),
 }
 
 
