@@ -75,6 +75,7 @@ def test_killed_prefill_rank_restarts_and_its_requests_are_retried(tmp_path: Pat
     assert (tmp_path / "logs" / "p1.1.jsonl").exists()  # the new incarnation's own log
 
 
+@pytest.mark.nightly  # ~55 s of starting processes; the prefill-kill restart stays
 def test_killed_decode_worker_restarts_while_the_other_serves(tmp_path: Path) -> None:
     j = _run(tmp_path, requests=6, kill="decode:1@30%", decode_workers=2, seed=3)
     counts = j["requests"]
