@@ -19,6 +19,13 @@ KVOWN = [sys.executable, "-m", "kvown_cli.main"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+def _as_a_terminal_gives_it() -> None:
+    """SIGINT at its default in the child: a shell's background job (``cmd &`` in a
+    script, as a CI runner may start the suite) ignores SIGINT, and an ignored signal is
+    inherited across exec, so Python would not install its Ctrl-C handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _group(pgid: int) -> list[int]:
     """Live processes of a process group (zombies excluded)."""
     pids = []
@@ -74,6 +81,7 @@ def test_ctrl_c_is_one_line_exit_130_and_no_worker_left(
         cwd=ROOT,
         env=ENV,
         start_new_session=True,  # its own process group, as a terminal gives it
+        preexec_fn=_as_a_terminal_gives_it,
     )
     for _ in range(600):  # until the work (and its workers) has started
         if len(_group(p.pid)) > workers and p.poll() is None:
@@ -122,6 +130,7 @@ def test_a_thread_dying_during_ctrl_c_adds_nothing_to_the_one_line() -> None:
         cwd=ROOT,
         env=ENV,
         start_new_session=True,
+        preexec_fn=_as_a_terminal_gives_it,
     )
     assert p.stdout is not None
     assert p.stdout.readline() == b"ready\n"
