@@ -95,8 +95,8 @@ class Encoding:
     ) -> None:
         if not encodable(c):
             raise ValueError(
-                f"config {c.name!r}: restarts (Config.restarts) and the shared host cache"
-                " (Config.host_cache) are not in the z3 encoding;"
+                f"config {c.name!r}: restarts (Config.restarts), the shared host cache"
+                " (Config.host_cache) and turns (Config.turns) are not in the z3 encoding;"
                 " check it with the explicit explorer (kvown check --config NAME)"
             )
         self.c, self.m = c, frozenset(mutants)
@@ -147,7 +147,7 @@ class Encoding:
         }
         for i in range(self.c.n_reqs):
             for a in ACTIONS.values():
-                if a.arg == "req":
+                if a.arg == "req" and a.name in PER_REQ:  # not the UNENCODED ones
                     yield Inst(a.name, i, 0)
             for code in self.codes:
                 for name in by_kind[msg_kind(code)]:
