@@ -339,6 +339,18 @@ KILL_WORLDS: dict[str, str] = {
     "restart_keeps_pool": "restart_handoff",
     "no_timeout_while_filling": "mismatch_one",
     "decode_runs_before_all_ranks": "ranks_one",
+    # issue #22: the host cache's and the turns' switches, in their own small worlds
+    "evict_pinned_copy": "host_cache_warm",
+    "unpin_at_load_start": "host_cache_warm",
+    "reload_consumes_shared": "host_cache_warm",
+    "failed_load_counted_loaded": "host_cache_warm",
+    "failed_load_keeps_hit": "host_cache_warm",
+    "publish_before_commit": "host_cache_store",
+    "late_completion_publishes": "host_cache_store",
+    "append_after_evict": "turns_append",
+    "append_divergent_uncut": "turns_append",
+    "two_writers_on_session": "turns_append",
+    "evict_pinned_session": "turns_append",
 }
 
 
