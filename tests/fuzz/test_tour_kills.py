@@ -16,7 +16,14 @@ from refimpl.testing.worlds import get_world
 
 ADAPTER = EngineAdapter()
 SWITCHES = ADAPTER.switches()
-APPLICABLE = [n for n, ok in SWITCHES.items() if ok]
+# Switches merged without a small kill world yet (their bug needs a world past MAX_STATES
+# or one not yet measured); each is killed by the replay of the explorer's counterexample
+# on the engine and by its repro script. A gap, named: give each a kill world.
+NOT_TOURED = {
+    "reject_unfenced": "needs reject_dup (24,796 states): a second Handoff after a rejection",
+    "release_keeps_wait": "caught in handoff_crash (14 steps); its edge tour is not measured",
+}
+APPLICABLE = [n for n, ok in SWITCHES.items() if ok and n not in NOT_TOURED]
 MAX_STATES = 3500  # a kill world is small: its tour fits the suite
 MAX_CPU_S = 30.0  # per switch, the tour to the kill and the shrink (a few s on a quiet core)
 
