@@ -1,10 +1,14 @@
 """Hypothesis settings profiles (``refimpl/testing/run.py``): ``ci`` (derandomised, bounded)
 by default, so the README's test command gives the same result on every machine;
-``HYPOTHESIS_PROFILE`` picks ``dev`` or ``nightly`` (randomised, more examples) instead."""
+``HYPOTHESIS_PROFILE`` picks ``dev`` or ``nightly`` (randomised, more examples) instead.
+
+The ``nightly`` marker: a long run left to ``.ci/nightly`` (``KVOWN_NIGHTLY=1``). The
+worker count of ``-n auto`` (pyproject's addopts): ``auto_workers``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import settings
@@ -13,6 +17,29 @@ from refimpl.testing.run import register_profiles
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+MAX_WORKERS = 2  # CI's cores; more workers on a bigger machine: PYTEST_XDIST_AUTO_NUM_WORKERS
+
+
+def auto_workers(env: Mapping[str, str] = os.environ) -> int:
+    """The suite's xdist workers for ``-n auto``: ``PYTEST_XDIST_AUTO_NUM_WORKERS`` when set,
+    else min(MAX_WORKERS, the CPUs this process may run on); 0 (no workers: the tests run in
+    pytest's own process) where that is 1, since one worker only adds its start-up."""
+    given = env.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    if given.strip().isdigit():
+        return int(given)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    n = min(MAX_WORKERS, cpus)
+    return n if n > 1 else 0
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return auto_workers()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -77,10 +78,12 @@ def covered_lines(
     except (OSError, ValueError, KeyError, TypeError):
         pass
     hit = measure(root, files, configs)
+    part = cache.with_suffix(f".{os.getpid()}.part")  # whole or absent: two runs may race
     try:
-        cache.write_text(json.dumps({f: sorted(v) for f, v in hit.items()}))
+        part.write_text(json.dumps({f: sorted(v) for f, v in hit.items()}))
+        os.replace(part, cache)
     except OSError:
-        pass
+        part.unlink(missing_ok=True)
     return hit, False
 
 

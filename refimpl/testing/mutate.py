@@ -99,7 +99,9 @@ def target(*, unit: bool = True, examples: int = FUZZ_EXAMPLES, timeout_s: float
         ),
     ]
     if unit:
-        unit_argv = (py, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "tests/refimpl")
+        # -n 0: in the check's own process (the mutants already run --jobs at a time)
+        unit_argv = (py, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider")
+        unit_argv += ("tests/refimpl",)
         checks.append(Check("unit", unit_argv, timeout_s=timeout_s, counts=False))
     return Target(
         name="refimpl",

@@ -1,0 +1,43 @@
+"""The suite runs on both cores: the README's ``python -m pytest`` takes pyproject's addopts
+(``-n auto --dist loadgroup``), ``-n auto`` is ``tests/conftest.py``'s ``auto_workers``
+(min(2, the CPUs), none on one CPU), and the extra that the README installs brings
+pytest-xdist, without which ``-n`` is an unknown option."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from tests.conftest import MAX_WORKERS, auto_workers
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_auto_is_two_workers_at_most_and_none_on_one_cpu() -> None:
+    n = auto_workers({})
+    assert n == (min(MAX_WORKERS, _cpus()) if _cpus() > 1 else 0)
+    assert MAX_WORKERS == 2 and n != 1  # one worker is the serial run plus a start-up
+
+
+def test_the_environment_variable_sets_the_count() -> None:
+    assert auto_workers({"PYTEST_XDIST_AUTO_NUM_WORKERS": "5"}) == 5
+    assert auto_workers({"PYTEST_XDIST_AUTO_NUM_WORKERS": "0"}) == 0
+    assert auto_workers({"PYTEST_XDIST_AUTO_NUM_WORKERS": "many"}) == auto_workers({})
+
+
+def test_addopts_run_the_suite_on_auto_workers_by_group() -> None:
+    opts = PYPROJECT["tool"]["pytest"]["ini_options"]["addopts"].split()
+    assert opts[opts.index("-n") + 1] == "auto"
+    assert opts[opts.index("--dist") + 1] == "loadgroup"
+
+
+def test_the_extras_that_run_the_suite_bring_xdist() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for name in ("dev", "test"):
+        assert any(r.startswith("pytest-xdist") for r in extras[name]), name
