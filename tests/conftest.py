@@ -49,10 +49,27 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_by_mutant(items)
     if os.environ.get("KVOWN_NIGHTLY") == "1":
         return
     skip = pytest.mark.skip(reason="nightly: KVOWN_NIGHTLY=1 runs it")
     for item in items:
         if item.get_closest_marker("nightly") is not None:
             item.add_marker(skip)
+
+
+def group_by_mutant(items: list[pytest.Item]) -> None:
+    """Every test parametrized by a spec mutant's name runs on the worker of that mutant's
+    ``xdist_group``: ``check_mutant`` (the model check of the mutant, cached per process)
+    is then explored once for all of them (tests/model_checks/test_model_check.py,
+    tests/fuzz/test_trace_replay_all.py, tests/refimpl/test_engine_mutants.py and the
+    behaviour tests share it), not once per worker that draws one of its tests."""
+    from spec.mutants import MUTANTS
+
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for v in params.values():
+            if isinstance(v, str) and v in MUTANTS:
+                item.add_marker(pytest.mark.xdist_group(f"mutant:{v}"))

@@ -92,6 +92,10 @@ def test_the_engine_conforms_on_every_edge(name: str) -> None:
     assert rep["edges_covered"] == rep["edges"] and rep["pairs_missed"] == []
 
 
+# The tests of the pair tours run on one xdist worker: the module fixture is run once.
+PAIR_TOURS = pytest.mark.xdist_group("tests/fuzz/test_tour.py::pair_tours")
+
+
 @pytest.fixture(scope="module")
 def pair_tours() -> dict[str, tuple[TourPlan, TourResult]]:
     """Every pair tour of ``COVERAGE_TOURS``, run once for the tests below."""
@@ -102,6 +106,7 @@ def pair_tours() -> dict[str, tuple[TourPlan, TourResult]]:
     return out
 
 
+@PAIR_TOURS
 @pytest.mark.parametrize("name", COVERAGE_TOURS)
 def test_the_engine_conforms_on_every_reachable_pair(
     name: str, pair_tours: dict[str, tuple[TourPlan, TourResult]]
@@ -111,6 +116,7 @@ def test_the_engine_conforms_on_every_reachable_pair(
     assert report(plan, res.coverage)["pairs_missed"] == []
 
 
+@PAIR_TOURS
 def test_the_tours_take_every_action_and_press_every_property(
     pair_tours: dict[str, tuple[TourPlan, TourResult]],
 ) -> None:
