@@ -1,0 +1,104 @@
+"""The long set runs: ``.ci/nightly`` makes its venv as ``.ci/run`` does, runs every step it
+names, and its record in benchmarks/RESULTS.md is kept fresh.
+
+Fresh means: the record's commit is an ancestor of HEAD, and at most ``MAX_BEHIND``
+first-parent commits of HEAD that touch ``spec/`` or ``refimpl/`` lie after it
+(``git rev-list --first-parent --count REC..HEAD -- spec refimpl``). That is "one issue's
+work": the integrator's rounds of this repository's history, merges and fixes on main,
+were 11, 2, 18 and 13 such commits (the rounds of 2026-11-30 and 2026-12-01), so 20 lets
+the nightly run once per issue, before its last merges, and fails in the round after an
+issue that did not run it. Counted on first parents, a merged branch is one commit, its
+own commits are not counted. Skipped outside a git checkout with history (an sdist, a
+shallow clone), where the ancestry cannot be read."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+MAX_BEHIND = 20
+
+
+def _record_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "nightly_record", ROOT / ".ci" / "nightly_record.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+REC = _record_module()
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def _preamble(script: str, start: str, end: str) -> list[str]:
+    lines = (ROOT / ".ci" / script).read_text().splitlines()
+    first = next(k for k, x in enumerate(lines) if x.startswith(start))
+    last = next(k for k, x in enumerate(lines) if end in x)
+    return lines[first:last]
+
+
+def test_the_nightly_makes_its_venv_as_ci_run_does() -> None:
+    run = _preamble("run", "PYTHON=", "--- the README's test command")
+    nightly = _preamble("nightly", "PYTHON=", "--- the end of the shared preamble")
+    assert run == nightly and any("-m venv" in x for x in run)
+
+
+def test_the_nightly_runs_every_step_it_is_for() -> None:
+    script = (ROOT / ".ci" / "nightly").read_text()
+    for step in (
+        "step pytest env KVOWN_NIGHTLY=1 python -m pytest",
+        "step deep kvown check --suite deep",
+        "step tour kvown fuzz --tour",
+        "step mutate-spec kvown mutate --target spec --sample",
+        "step mutate-refimpl kvown mutate --target refimpl --sample",
+    ):
+        assert step in script, step
+    assert 'pip install -q torch==2.13.0 -e ".[dev]"' in script
+
+
+def test_the_record_reads_back_and_a_malformed_one_is_refused(tmp_path: Path) -> None:
+    rec = REC.parse(RESULTS.read_text())
+    assert re.fullmatch(r"[0-9a-f]{40}", rec.commit) and rec.result in ("pass", "FAIL", "partial")
+    assert rec.summary.startswith("nightly: ")
+    copy = tmp_path / "RESULTS.md"
+    copy.write_text(RESULTS.read_text())
+    new = REC.write(copy, "a" * 40, "pass", "nightly: pass in 1s: deep ok 1s")
+    assert REC.parse(copy.read_text()) == new and new.commit == "a" * 40
+    for bad in ("no record here", RESULTS.read_text() * 2):
+        with pytest.raises(ValueError, match="expected one"):
+            REC.parse(bad)
+
+
+def test_the_record_is_at_most_one_issue_older_than_spec_and_refimpl() -> None:
+    if _git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
+        pytest.skip("not a git checkout")
+    if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        pytest.skip("a shallow clone: the record's ancestry is not here")
+    rec = REC.parse(RESULTS.read_text())
+    assert _git("cat-file", "-e", f"{rec.commit}^{{commit}}").returncode == 0, (
+        f"the nightly record's commit {rec.commit} is not in this repository"
+    )
+    assert _git("merge-base", "--is-ancestor", rec.commit, "HEAD").returncode == 0, (
+        f"the nightly record's commit {rec.commit} is not an ancestor of HEAD"
+    )
+    behind = _git(
+        "rev-list", "--first-parent", "--count", f"{rec.commit}..HEAD", "--", "spec", "refimpl"
+    )
+    n = int(behind.stdout.strip())
+    assert n <= MAX_BEHIND, (
+        f"{n} commits touched spec/ or refimpl/ since the nightly record ({rec.date}, "
+        f"{rec.commit[:10]}): run .ci/nightly --record and commit benchmarks/RESULTS.md"
+    )
