@@ -14,6 +14,7 @@ shallow clone), where the ancestry cannot be read."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -80,6 +81,22 @@ def test_the_record_reads_back_and_a_malformed_one_is_refused(tmp_path: Path) ->
     for bad in ("no record here", RESULTS.read_text() * 2):
         with pytest.raises(ValueError, match="expected one"):
             REC.parse(bad)
+
+
+def test_the_kill_summary_reads_both_targets_reports(tmp_path: Path) -> None:
+    """The spec report counts ``not_covered``, the refimpl report lists them: the first
+    nightly run ended (set -e) on a summary that took the count for a list."""
+    spec = {"mutants": 30, "killed": 18, "not_covered": 0, "survivors": [], "kill_rate": 0.6}
+    refimpl = {"mutants": 12, "killed": 9, "not_covered": [{"id": "x"}], "kill_rate": 0.75}
+    for report, want in (
+        (spec, "killed 18 of 30 (kill rate 0.6)"),
+        (refimpl, "killed 9 of 12 (kill rate 0.75)"),
+    ):
+        out = tmp_path / "mutate.out"
+        out.write_text("kvown mutate: plan ...\n" + json.dumps(report, indent=2))
+        assert REC.rate(out) == want
+    out.write_text("Traceback (most recent call last): ...")
+    assert REC.rate(out) == "(no report)"
 
 
 def test_the_record_is_at_most_one_issue_older_than_spec_and_refimpl() -> None:

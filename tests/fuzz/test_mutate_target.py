@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import cache
 
 import pytest
 
 from kvown_cli.main import main
 from model_checks.mutation import run_mutants
+from model_checks.mutation.operators import Mutant
 from refimpl.testing.mutate import EXCLUDE, engine_files, target
+
+# The tests that read the target's mutants run on one xdist worker and generate them once.
+MUTANTS = pytest.mark.xdist_group("tests/fuzz/test_mutate_target.py::mutants")
+
+
+@cache
+def _mutants() -> tuple[Mutant, ...]:
+    """``target().mutants()``, generated once per process (tens of CPU s): the mutants do
+    not depend on the target's checks or example count."""
+    return tuple(target(unit=False).mutants())
 
 
 def test_the_target_mutates_the_code_the_fuzzer_drives() -> None:
@@ -20,8 +32,9 @@ def test_the_target_mutates_the_code_the_fuzzer_drives() -> None:
     assert not any(f.startswith(("refimpl/testing/", "refimpl/demo/")) for f in files)
 
 
+@MUTANTS
 def test_self_checks_and_switch_only_code_are_left_out() -> None:
-    ms = target(unit=False).mutants()
+    ms = _mutants()
     assert len(ms) > 1000
     assert not any(m.id.startswith(EXCLUDE) for m in ms)
     # after `if "source_writes_while_frozen" not in self.m: raise ...`: the switch's code
@@ -29,10 +42,11 @@ def test_self_checks_and_switch_only_code_are_left_out() -> None:
     assert any("source_writes_while_frozen" in m.description for m in ms)  # the test itself
 
 
+@MUTANTS
 def test_every_reviewed_equivalent_is_a_mutant_with_a_reason() -> None:
     t = target(unit=False)
     eq = t.load_equivalents()
-    ids = {m.id for m in t.mutants()}
+    ids = {m.id for m in _mutants()}
     assert sorted(set(eq) - ids) == []  # a stale entry: the source moved on, review again
     assert all(len(reason) > 20 for reason in eq.values())
 
@@ -59,11 +73,13 @@ def test_list_names_the_sampled_mutants(capsys: pytest.CaptureFixture[str]) -> N
     assert len(lines) == 3 and all(":" in ln.split()[0] for ln in lines)
 
 
+@MUTANTS
 def test_a_leak_mutant_is_killed_by_the_tour_check_in_its_own_process() -> None:
     t = target(unit=False, examples=5)
+    assert t.files == target(unit=False).files  # the same mutants as _mutants()
     [m] = [  # the free of the finished request's blocks dropped: they leak
         m
-        for m in t.mutants()
+        for m in _mutants()
         if m.id.startswith("refimpl.engine.prefill.PrefillActions.PrefillFinish:drop_call")
         and "-        self.P.alloc.free(self.rid(i))" in m.to_json().get("diff", "")
     ]
