@@ -1,7 +1,8 @@
 """The suite runs on both cores: the README's ``python -m pytest`` takes pyproject's addopts
 (``-n auto --dist loadgroup``), ``-n auto`` is ``tests/conftest.py``'s ``auto_workers``
 (min(2, the CPUs), none on one CPU), and the extra that the README installs brings
-pytest-xdist, without which ``-n`` is an unknown option."""
+pytest-xdist, without which ``-n`` is an unknown option. A test parametrized by a spec
+mutant joins that mutant's ``xdist_group`` (``group_by_mutant``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import os
 import tomllib
 from pathlib import Path
 
-from tests.conftest import MAX_WORKERS, auto_workers
+import pytest
+
+from spec.mutants import MUTANTS
+from tests.conftest import MAX_WORKERS, auto_workers, group_by_mutant
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -41,3 +45,23 @@ def test_the_extras_that_run_the_suite_bring_xdist() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
     for name in ("dev", "test"):
         assert any(r.startswith("pytest-xdist") for r in extras[name]), name
+
+
+class _Item:
+    """What ``group_by_mutant`` reads of a pytest item: its parameters and its marks."""
+
+    def __init__(self, **params: object) -> None:
+        self.callspec = type("CallSpec", (), {"params": params})()
+        self.marks: list[pytest.MarkDecorator] = []
+
+    def add_marker(self, mark: pytest.MarkDecorator) -> None:
+        self.marks.append(mark)
+
+
+def test_a_test_of_a_mutant_joins_that_mutants_group() -> None:
+    name = next(iter(MUTANTS))
+    items = [_Item(name=name), _Item(name="not a mutant"), _Item(tp=2)]
+    group_by_mutant(items)  # type: ignore[arg-type]
+    (mark,) = items[0].marks
+    assert mark.name == "xdist_group" and mark.args == (f"mutant:{name}",)
+    assert items[1].marks == [] and items[2].marks == []
