@@ -81,6 +81,15 @@ class State(Enum):
         return self in (State.DONE, State.REFUSED, State.ABORTED)
 
 
+def fence(transport: object, channel: str, epoch: int) -> None:
+    """Tell the transport that every message of ``epoch`` or older on ``channel`` is
+    void from now on (an ended attempt's late messages are dropped, not kept); a
+    transport without ``fence`` keeps them until they are polled and fenced here."""
+    f = getattr(transport, "fence", None)
+    if f is not None:
+        f(channel, epoch)
+
+
 MAX_REASONS, MAX_REASON_CHARS = 64, 1000  # what a peer's reasons may fill, at most
 
 
