@@ -8,8 +8,10 @@
 On the manifest: parse (hostile input), ``check_compatible`` against this side's
 ``LocalConfig``, the prefix held here against the manifest's first token ids, reserve
 the target blocks, the staging copy (another block size) no larger than this side's
-pool (``CapacityError``), and only then allocate it. Any refusal or failure answers
-``nack`` with the reasons and keeps nothing; ``poll`` never raises on a peer's message.
+pool (``CapacityError``; in total over every live attempt's staging, not per attempt),
+and only then allocate it. Any refusal or failure answers ``nack`` with the reasons and
+keeps nothing; ``poll`` and ``abort`` never raise on a peer's message (a reply the
+transport cannot route ends the attempt by name, ``RankAgreement``).
 
 Per chunk: request + epoch (an int, else fenced and counted), rank and index, the payload
 size, xxh3(payload) == the header's (else ``ChecksumError`` naming block and rank), then
@@ -27,7 +29,7 @@ then free: installs are synchronous), chunks in flight are dropped, and the send
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,13 +160,9 @@ class Receiver:
 
     def records(self) -> dict[str, int]:
         """Per-request entries kept (a memory test reads these; ``forget`` empties them)."""
-        return {
-            "attempts": len(self._att),
-            "refusals": len(self._errors),
-            "expected": len(self._expect),
-            "early_aborts": len(self._aborted),
-            "staged_bytes": self.staged_bytes(),
-        }
+        kept: dict[str, Sized] = {"attempts": self._att, "refusals": self._errors}
+        kept.update(expected=self._expect, early_aborts=self._aborted)
+        return {**{k: len(v) for k, v in kept.items()}, "staged_bytes": self.staged_bytes()}
 
     def staged_bytes(self) -> int:
         """Staging copies held by live attempts (bounded in total by the pool's bytes)."""

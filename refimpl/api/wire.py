@@ -27,6 +27,13 @@ every reply.
 Every failure ends the attempt on the side that sees it, gives back what it held, and
 answers the peer (``nack`` from the receiver, ``abort`` from the sender), so the peer
 gives back its part too. A side that hears nothing ends it with ``abort(rid, "timeout")``.
+With one Sender per rank, a rank's ``abort`` goes to the receiver and to every sibling
+rank's channel, and the receiver answers every rank's channel, so every rank of both
+sides ends with the aborting rank's reason. The ranks of an attempt share its epoch; a
+rank that hears of a newer one than it offered (or a chunk of a newer one at the
+receiver) ends the attempt everywhere with a ``RankAgreement`` reason naming the rank and
+both epochs. The side that ended an attempt ``fence``s its inbound channel at the
+attempt's epoch: the transport drops its late messages instead of keeping them.
 
 A peer's message is checked before it is used: a header that is not an object is
 ignored; an epoch counts only as an int (``true`` and ``1.0`` are not epoch 1), else the

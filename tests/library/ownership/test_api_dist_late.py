@@ -58,7 +58,7 @@ def _receiver(t: Any) -> dict[str, Any]:
         "late_kept": late,
         "b": rx.state("b").value,
         "b_equal": equal,
-        "stats": {k: t.stats[k] for k in ("fenced", "malformed", "misrouted")},
+        "stats": {k: t.stats[k] for k in ("aborted", "fenced", "malformed", "misrouted")},
         "dropped": list(t.dropped),
         "held": len(rx.held()),
     }
@@ -80,6 +80,8 @@ def _sender(t: Any) -> dict[str, Any]:
         blocks = pools.alloc.allocate(rid, G.blocks_for(N))
         write_kv(pools, rid, blocks, [list(layer) for layer in _kv(seed)])
         tx.offer(rid, list(range(N)), blocks=blocks, free_source=True)
+        if rid == "a":
+            time.sleep(1.0)  # the receiver has aborted before this side reads its ready
         _until(lambda rid=rid: tx.state(rid).final, lambda rid=rid: tx.poll(rid))
         out[rid] = tx.state(rid).value
         if rid == "a":
