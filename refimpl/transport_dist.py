@@ -20,7 +20,13 @@ dropped and counted in ``stats``). A peer's frame is untrusted: a header that is
 not ``{"ch": str, "h": object}``, or on a channel that does not route here is dropped and
 counted (``stats["malformed"]``, ``stats["misrouted"]``, the last reasons in
 ``dropped``), and the link goes on serving; only a size frame out of bounds ends it (the
-frames after it cannot be told apart), as a crash does. ``close()``
+frames after it cannot be told apart), as a crash does.
+
+A link that fails (the peer's process died: gloo's ``recv`` raises at once) is the
+transport's failure detection: ``failed(channel)`` names it (``peer P failed: ...``) for
+every channel that routes to that peer, and ``Sender``/``Receiver`` end a live attempt
+whose peer failed with that reason at their next ``poll``, not at a timer.
+``close()``
 tells every peer it is done and waits (bounded) for theirs, so no frame is left
 unmatched when the process group is destroyed.
 """
@@ -72,6 +78,7 @@ class DistTransport:
         self._closed: set[int] = set()
         self.errors: list[str] = []  # a peer's link failed (a crash): its messages stop
         self.dropped: deque[str] = deque(maxlen=16)  # why the last dropped frames were
+        self._failed: dict[int, str] = {}  # peer -> why its link failed
         self._outq: dict[int, queue.SimpleQueue[list[torch.Tensor] | None]] = {
             p: queue.SimpleQueue() for p in self.peers
         }
@@ -146,8 +153,16 @@ class DistTransport:
                 self._file(peer, bytes(byte_view(head)), payload)
         except Exception as e:
             self.errors.append(f"recv from {peer}: {type(e).__name__}: {e}")
+            self._failed[peer] = f"peer {peer} failed: {type(e).__name__}: {e!s:.200}"
         with self._lock:
             self._closed.add(peer)
+
+    def failed(self, channel: str) -> str:
+        """Why the process ``channel`` routes to is gone ("" while its link is up)."""
+        try:
+            return self._failed.get(self.route(channel), "")
+        except Exception:
+            return ""
 
     def _file(self, peer: int, head: bytes, payload: Payload) -> None:
         """File one message under its channel, or drop it (counted) if it is malformed,

@@ -80,6 +80,12 @@ def reply_channels(rid: str, header: Mapping[str, Any]) -> list[str]:
     return [wire.channels(rid).to_sender]
 
 
+def tos(a: Attempt) -> list[str]:
+    """The channels of an attempt's sender: every rank's when ranked."""
+    ch = wire.channels(a.m.request_id)
+    return [ch.to_rank(r) for r in range(a.m.src_tp)] if a.ranked else [ch.to_sender]
+
+
 def send_quietly(transport: Any, channel: str, header: Mapping[str, Any]) -> str:
     """Send one message; returns why it failed ("" if sent). A peer's message must never
     make the receiver raise (a ranked manifest on a one-rank route, a closed link)."""

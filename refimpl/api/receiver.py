@@ -13,18 +13,15 @@ and only then allocate it. Any refusal or failure answers ``nack`` with the reas
 keeps nothing; ``poll`` and ``abort`` never raise on a peer's message (a reply the
 transport cannot route ends the attempt by name, ``RankAgreement``).
 
-Per chunk: request + epoch (an int, else fenced and counted), rank and index, the payload
-size, xxh3(payload) == the header's (else ``ChecksumError`` naming block and rank), then
-the install; only once it returned is the chunk counted. Same block size on both sides:
-it lands straight in its target block (TP heads and axis order by ``land_shard``); else
-in a private staging copy of the sender's geometry, resharded into the targets at the end.
-A streamed offer (``layers=L``): a chunk per layer, a seal per rank (``refimpl.api.layers``).
-
+Per chunk: request + epoch (an int, else fenced and counted), then ``refimpl.api.install``
+(checked, installed, only then counted): straight into its target block with the same
+block size, else into a staging copy of the sender's geometry that goes into the targets
+layer by layer (streamed: as each layer completes) or at the end. A sender's process that
+the transport reports gone (``DistTransport.failed``) ends the attempt with its reason.
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
 checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any
-failure after the reservation aborts: the reserved blocks go back to the pool (quarantine,
-then free: installs are synchronous), chunks in flight are dropped, and the sender gets a
-``nack`` naming the error.
+failure after the reservation aborts: the reserved blocks go back to the pool, chunks in
+flight are dropped (and fenced), and the sender gets a ``nack`` naming the error.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from typing import Any
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.install import install_block, install_layer
-from refimpl.api.intake import Attempt, Expect, accept, newer, reply_channels, send_quietly
+from refimpl.api.intake import Attempt, Expect, accept, newer, reply_channels, send_quietly, tos
 from refimpl.api.layers import SEAL
 from refimpl.api.switches import LAYER_READY_ON_STAGING, RECEIVER_SWITCHES, check_switches
 from refimpl.api.tokens import read_kv, write_kv_layer
@@ -221,6 +218,12 @@ class Receiver:
         a = self._att.get(request_id)
         if a is not None and a.state is State.RECEIVING and self._complete(a):
             self._finish(a)
+        elif (
+            a is not None
+            and not a.state.final
+            and (why := wire.peer_failed(self.transport, tos(a)))
+        ):
+            self._fail(a, CancelledError(f"a sender's process is gone: {why}"))
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
@@ -392,7 +395,6 @@ class Receiver:
         failed ("" if none did): a route the transport cannot reach is the peer's fault,
         never raised here."""
         a = self._att.get(rid)
-        tos = [channels(rid).to_sender]
-        if a is not None and a.ranked and a.m.epoch == header.get("epoch"):
-            tos = [channels(rid).to_rank(r) for r in range(a.m.src_tp)]  # every rank's Sender
-        return "; ".join(filter(None, (send_quietly(self.transport, to, header) for to in tos)))
+        to = tos(a) if a is not None and a.m.epoch == header.get("epoch") else None
+        to = to or [channels(rid).to_sender]
+        return "; ".join(filter(None, (send_quietly(self.transport, x, header) for x in to)))

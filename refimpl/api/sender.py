@@ -51,6 +51,7 @@ from refimpl.api.wire import (
     channels,
     epoch_of,
     fence,
+    peer_failed,
     reasons_of,
 )
 from refimpl.checksum import block_checksum
@@ -118,8 +119,7 @@ class Sender:
 
     def stats(self, request_id: str) -> tuple[int, int]:
         """(chunks sent, payload bytes sent) of the request's attempt."""
-        o = self._offers[request_id]
-        return o.chunks, o.bytes_sent
+        return self._offers[request_id].chunks, self._offers[request_id].bytes_sent
 
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks pinned by attempts that have not ended (empty once all ended)."""
@@ -130,8 +130,7 @@ class Sender:
         return len(self._offers)
 
     def forget(self, request_id: str) -> None:
-        """Drop the record of an ended offer (memory stays bounded by the live ones). A
-        later offer of the request starts at epoch 1 unless ``epoch`` says otherwise."""
+        """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
         o = self._offers.get(request_id)
         if o is not None and not o.state.final:
             raise InUseError(f"{request_id!r} is still {o.state.value}; abort it first")
@@ -335,6 +334,10 @@ class Sender:
             elif kind in (NACK, ABORT):
                 final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
                 self._end(o, final, reasons_of(header))
+        rx = channels(request_id).to_receiver
+        if o is not None and not o.state.final and (why := peer_failed(self.transport, [rx])):
+            self._end(o, State.ABORTED, [f"the receiver's process is gone: {why}"])
+            self._tell(o.request_id, o.epoch, o.reasons)  # the sibling ranks hear it too
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
@@ -345,8 +348,8 @@ class Sender:
             return
         why = [reason if self.rank is None else f"rank {self.rank} aborted: {reason}"]
         self._end(o, State.ABORTED, why)
-        if self.rank is None:  # (a rank's channel to the receiver is its siblings' too)
-            self.transport.abort(channels(request_id).to_receiver)  # chunks in flight: void
+        if self.rank is None:  # chunks in flight are void (a rank's channel is shared)
+            self.transport.abort(channels(request_id).to_receiver)
         self._tell(o.request_id, o.epoch, why)
 
     def _tell(self, rid: str, epoch: int, reasons: list[str]) -> None:
@@ -373,8 +376,7 @@ class Sender:
             self._tell(o.request_id, epoch, why)
 
     def _replies(self, rid: str) -> str:
-        ch = channels(rid)
-        return ch.to_sender if self.rank is None else ch.to_rank(self.rank)
+        return channels(rid).to_sender if self.rank is None else channels(rid).to_rank(self.rank)
 
     def crash(self) -> None:
         """Lose everything (a process crash): attempts forgotten, pools reset."""

@@ -97,6 +97,13 @@ def fence(transport: object, channel: str, epoch: int) -> None:
         f(channel, epoch)
 
 
+def peer_failed(transport: object, tos: list[str]) -> str:
+    """Why the process one of ``tos`` routes to failed, if the transport detects it
+    (``DistTransport.failed``: its link broke); "" otherwise."""
+    f = getattr(transport, "failed", None)
+    return next((why for to in tos if (why := f(to))), "") if f is not None else ""
+
+
 MAX_REASONS, MAX_REASON_CHARS = 64, 1000  # what a peer's reasons may fill, at most
 
 
