@@ -18,7 +18,8 @@ on arrival (a cancelled request's late chunks are not kept). What is not polled 
 bounded (``refimpl.transport.Inbox``: channels, messages, bytes; past a cap a message is
 dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not JSON,
 not ``{"ch": str, "h": object}``, or on a channel that does not route here is dropped and
-counted (``stats["malformed"]``, ``stats["misrouted"]``, the last reasons in
+counted (``route`` must be the same function in every process; ``stats["malformed"]``,
+``stats["misrouted"]``, the last reasons in
 ``dropped``), and the link goes on serving; only a size frame out of bounds ends it (the
 frames after it cannot be told apart), as a crash does.
 
