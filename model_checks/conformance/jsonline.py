@@ -9,16 +9,15 @@ a short, printable prefix. No exception other than ``LogError`` leaves ``loads_l
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterator
 from typing import IO, Any
+
+from spec.strict_json import StrictJSONError, loads_strict
 
 MAX_LINE = 1 << 16  # bytes per line, newline included
 MAX_DEPTH = 8  # the format needs 2 (event -> args/observed); ignored fields get some room
 MAX_INT_DIGITS = 20  # integer literals longer than this are refused before conversion
 _SHOW = 40  # characters of a value an error message repeats
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class LogError(ValueError):
@@ -50,78 +49,22 @@ def cut(msg: str, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Bad(f"duplicate key {show(k)}")
-        out[k] = v
-    return out
-
-
-class _Bad(Exception):
-    """A strictness refusal raised inside the json hooks."""
-
-
-def _int(s: str) -> int:
-    if len(s.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Bad(f"integer literal of {len(s)} characters (at most {MAX_INT_DIGITS} digits)")
-    return int(s)
-
-
-def _float(s: str) -> float:
-    if len(s) > 4 * MAX_INT_DIGITS:
-        raise _Bad(f"number literal of {len(s)} characters")
-    f = float(s)
-    if f in (float("inf"), float("-inf")):
-        raise _Bad(f"number {show(s)} overflows a float")
-    return f
-
-
-def _constant(s: str) -> float:
-    raise _Bad(f"{s} is not a number this format accepts")
-
-
-def _depth(text: str) -> int:
-    """Deepest nesting of arrays and objects, strings skipped (only run on lines that
-    hold more than MAX_DEPTH brackets)."""
-    depth = deepest = 0
-    for ch in _STRINGS.sub("", text):
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
 def loads_line(n: int, raw: bytes | str) -> Any:
-    """Parse one line strictly; ``LogError(n, ...)`` for anything malformed."""
+    """Parse one line strictly (``spec.strict_json``, the project's one reader of untrusted
+    JSON, under this format's limits); ``LogError(n, ...)`` for anything malformed."""
     if len(raw) > MAX_LINE:
         raise LogError(n, f"line longer than {MAX_LINE} bytes")
-    if isinstance(raw, bytes):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise LogError(n, f"not UTF-8 ({exc.reason})") from None
-    else:
-        text = raw
-    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(text) > MAX_DEPTH:
-        raise LogError(n, f"JSON nested deeper than {MAX_DEPTH}")
     try:
-        return json.loads(
-            text,
-            object_pairs_hook=_pairs,
-            parse_int=_int,
-            parse_float=_float,
-            parse_constant=_constant,
+        return loads_strict(
+            raw,
+            max_bytes=MAX_LINE,
+            max_depth=MAX_DEPTH,
+            max_int_digits=MAX_INT_DIGITS,
+            max_float_chars=4 * MAX_INT_DIGITS,
+            what="line",
         )
-    except json.JSONDecodeError as exc:
-        raise LogError(n, f"bad JSON: {exc.msg} (column {exc.colno})") from None
-    except _Bad as exc:
+    except StrictJSONError as exc:
         raise LogError(n, str(exc)) from None
-    except (RecursionError, ValueError, OverflowError, TypeError, MemoryError) as exc:
-        raise LogError(n, f"bad JSON ({type(exc).__name__})") from None
 
 
 def read_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:

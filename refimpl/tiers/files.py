@@ -47,6 +47,10 @@ from spec.strict_json import StrictJSONError, loads_strict
 PUBLISHED_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's cap
+# members and elements of a header, outside its strings: a tier file has 2 metadata keys and
+# one tensor (7 each, its shape's dimensions among them); a foreign file gets room for 256
+# tensors of 6 dimensions. 5 M junk keys are refused by a count, before any parse.
+MAX_HEADER_ITEMS = 4096
 WRITE_CHUNK_BYTES = 16 << 20  # one os.write at most (a short write is retried)
 _NAME = re.compile(r"^[0-9a-z][0-9a-z_-]{0,127}$")
 _TEMP = re.compile(r"^\.(?P<name>[0-9a-z][0-9a-z_-]*)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp$")
@@ -199,7 +203,14 @@ def read_header(f: BinaryIO) -> Header:
     if len(text) != n:
         raise TornFileError(f"header: {len(text)} of {n} bytes")
     try:
-        head = loads_strict(text.rstrip(b" "), max_depth=3, max_int_digits=19)
+        head = loads_strict(
+            text.rstrip(b" "),
+            max_bytes=MAX_HEADER_BYTES,
+            max_depth=3,
+            max_int_digits=19,
+            max_items=MAX_HEADER_ITEMS,
+            what="header",
+        )
     except StrictJSONError as e:
         raise TornFileError(f"header: {e}") from None
     if not isinstance(head, dict):

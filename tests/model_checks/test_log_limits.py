@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from model_checks.conformance import jsonline
 from model_checks.conformance.jsonline import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
@@ -21,6 +20,7 @@ from model_checks.conformance.jsonline import (
     show,
     text_lines,
 )
+from spec import strict_json
 
 
 def _nested(depth: int) -> str:
@@ -124,7 +124,7 @@ def test_a_parser_failure_of_any_kind_is_a_log_error(monkeypatch: pytest.MonkeyP
         def fail(*a: object, _e: type[BaseException] = exc, **k: object) -> None:
             raise _e()
 
-        monkeypatch.setattr(jsonline.json, "loads", fail)
+        monkeypatch.setattr(strict_json.json, "loads", fail)
         with pytest.raises(LogError, match=exc.__name__) as ei:
             loads_line(3, b"{}")
         assert ei.value.line == 3
