@@ -92,10 +92,14 @@ def parse(raw: bytes, path: str) -> dict[str, Any]:
     return {**doc, "mutants": mutants}
 
 
-def cex_hint(path: str) -> str:
-    """For ``check-trace`` given a counterexample: ``; ... use kvown replay``, else ``""``."""
+def cex_hint(path: str, data: bytes | None) -> str:
+    """For ``check-trace`` given a counterexample (``data``: the bytes it read of ``path``,
+    None when it did not keep them all): ``; ... use kvown replay``, else ``""``. It never
+    reads ``path`` again (a FIFO's writer is gone, a pipe would wait)."""
+    if data is None:
+        return ""
     try:
-        load(path)
+        parse(data, path)
     except UsageError:
         return ""
     return f"; this is a saved counterexample: `kvown replay {path}` replays it"

@@ -9,6 +9,8 @@ a short, printable prefix. No exception other than ``LogError`` leaves ``loads_l
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -21,7 +23,11 @@ _SHOW = 40  # characters of a value an error message repeats
 
 
 class LogError(ValueError):
-    """Malformed input; ``line`` is 1-based (None: not tied to a line)."""
+    """Malformed input; ``line`` is 1-based (None: not tied to a line). ``head``: the
+    whole input, when it was small and had all been read (``LineReader.whole``), for a
+    hint about what it is instead; None otherwise."""
+
+    head: bytes | None = None
 
     def __init__(self, line: int | None, msg: str) -> None:
         self.line, self.msg = line, msg
@@ -67,23 +73,101 @@ def loads_line(n: int, raw: bytes | str) -> Any:
         raise LogError(n, str(exc)) from None
 
 
-def read_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """Physical lines of a binary stream, numbered from 1, without their newline; memory
-    is one line: a line past MAX_LINE is refused without reading the rest of it."""
-    n = 0
-    while True:
-        n += 1
+CHUNK = 1 << 16  # bytes asked of the stream at a time
+HEAD = 1 << 16  # bytes of a stream's beginning kept for a hint (``LogError.head``)
+
+
+class LineReader:
+    """Physical lines of a binary stream, numbered from 1, without their newline. Memory is
+    two chunks whatever the stream: a line past MAX_LINE is refused without reading the
+    rest of it. Reads never wait for more than the stream has (``read1``), so a pipe or a
+    FIFO streams; the first ``keep`` bytes read are kept (``head``) for a caller that wants
+    to say what the input was without reading it again."""
+
+    def __init__(self, f: IO[bytes], keep: int = 0) -> None:
+        self.f, self.keep = f, keep
+        self.head = bytearray()
+        self.total = 0
+        self.eof = False
         try:
-            b = f.readline(MAX_LINE + 1)
+            st = os.fstat(f.fileno())
+            self._size: int | None = st.st_size if stat.S_ISREG(st.st_mode) else None
+        except (OSError, AttributeError, ValueError):  # an in-memory stream: no file
+            self._size = None
+
+    def _read(self, n: int) -> bytes:
+        read = getattr(self.f, "read1", self.f.read)  # unbuffered: read is one os.read
+        try:
+            b: bytes = read(CHUNK)
         except MemoryError:
             raise LogError(n, "out of memory reading the line") from None
         if not b:
+            self.eof = True
+        elif len(self.head) < self.keep:
+            self.head += b[: self.keep - len(self.head)]
+        self.total += len(b)
+        return b
+
+    def whole(self) -> bytes | None:
+        """The whole input when it is at most ``keep`` bytes: what was read, and from a
+        pipe or FIFO what it holds now (read without waiting: a live writer's pipe is not
+        waited on), else None."""
+        if not self.eof and self._size is None:
+            self._drain()
+        done = self.eof or (self._size is not None and self.total >= self._size)
+        return bytes(self.head) if done and self.total <= self.keep else None
+
+    def _drain(self) -> None:
+        """Read on without blocking, up to one byte past ``keep``, until the stream would
+        wait or ends."""
+        try:
+            fd = self.f.fileno()
+            was = os.get_blocking(fd)
+        except (OSError, AttributeError, ValueError):
             return
-        if b.endswith(b"\n"):
-            b = b[:-1]
-        elif len(b) > MAX_LINE:
-            raise LogError(n, f"line longer than {MAX_LINE} bytes")
-        yield n, b
+        try:
+            os.set_blocking(fd, False)
+            while self.total <= self.keep:
+                b = os.read(fd, self.keep + 1 - self.total)
+                if not b:
+                    self.eof = True
+                    return
+                self.head += b[: self.keep - len(self.head)]
+                self.total += len(b)
+        except OSError:  # BlockingIOError: the writer is there and has said nothing more
+            return
+        finally:
+            try:
+                os.set_blocking(fd, was)
+            except OSError:
+                pass
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        buf, pos, scan, n = bytearray(), 0, 0, 0
+        while True:
+            nl = buf.find(b"\n", scan)
+            if nl >= 0:
+                n += 1
+                if nl - pos > MAX_LINE:
+                    raise LogError(n, f"line longer than {MAX_LINE} bytes")
+                yield n, bytes(buf[pos:nl])
+                pos = scan = nl + 1
+                continue
+            if len(buf) - pos > MAX_LINE:
+                raise LogError(n + 1, f"line longer than {MAX_LINE} bytes")
+            del buf[:pos]
+            pos, scan = 0, len(buf)
+            b = self._read(n + 1)
+            if not b:
+                if buf:
+                    yield n + 1, bytes(buf)
+                return
+            buf += b
+
+
+def read_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``LineReader(f)``'s lines: a stream's physical lines, numbered from 1."""
+    return iter(LineReader(f))
 
 
 def text_lines(data: bytes | str) -> Iterator[tuple[int, bytes | str]]:

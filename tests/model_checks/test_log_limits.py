@@ -131,11 +131,11 @@ def test_a_parser_failure_of_any_kind_is_a_log_error(monkeypatch: pytest.MonkeyP
 
 
 def test_running_out_of_memory_reading_a_line_is_a_log_error() -> None:
-    class Starved(io.BytesIO):
-        def readline(self, size: int | None = -1) -> bytes:
+    class Starved(io.BytesIO):  # gives the first line, then fails
+        def read1(self, size: int | None = -1) -> bytes:
             if self.tell():
                 raise MemoryError
-            return super().readline(size)
+            return super().read1(3)
 
     with pytest.raises(LogError, match="out of memory") as ei:
         list(read_lines(Starved(b"{}\n{}\n")))
