@@ -102,7 +102,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int_in(8, 128), default=8, help="head dimension")
     p.add_argument("--block-size", type=int_in(1, 64), default=8, help="tokens per KV block")
     p.add_argument("--no-raw", action="store_true", help="skip the raw send/recv baseline")
-    p.add_argument("--log-dir", help="event logs go here (default: a new temporary folder)")
+    p.add_argument(
+        "--log-dir",
+        help="event logs go here; a folder with files in it gets a new run-<n> folder inside"
+        " (default: a new temporary folder)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -22,11 +22,9 @@ Then ``finish`` measures the raw baseline, shuts the workers down and checks the
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
@@ -111,10 +109,7 @@ class Router:
     def __init__(self, cfg: ClusterConfig, progress: Progress | None = None) -> None:
         self.cfg, self.progress = cfg, progress
         self.t0 = time.time()
-        self.dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="kvown-cluster-"))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for old in self.dir.glob("*.jsonl"):
-            old.unlink()
+        self.dir = eventlog.fresh_log_dir(cfg.log_dir)  # deletes nothing of the user's
         self.reqs = make_requests(cfg.requests, cfg.model, seed=cfg.seed, steps=cfg.steps)
         self.by_id = {r.rid: r for r in self.reqs}
         self.kill: Kill | None = parse_kill(cfg.kill, cfg.prefill_tp, cfg.decode_workers, cfg.seed)

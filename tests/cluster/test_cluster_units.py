@@ -3,6 +3,8 @@ real TCPStore, the Lamport merge and per-request checks, and the KV data path.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from refimpl.cluster import eventlog
@@ -182,3 +184,17 @@ def test_cancels_and_drops_are_functions_of_the_seed_not_of_the_order() -> None:
     assert drops == [f.drops("ready", {"rid": r, "epoch": 1}) for r in rids]
     assert 20 < sum(drops) < 100
     assert not any(f.drops("ack", {"rid": r, "epoch": 1}) for r in rids)  # never an Ack
+
+
+def test_a_log_dir_with_files_gets_a_new_run_folder_and_keeps_them(tmp_path: Path) -> None:
+    """``kvown cluster --log-dir DIR`` deleted every ``*.jsonl`` already in DIR (issue #34)."""
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text('{"mine": 1}\n')
+    first = eventlog.fresh_log_dir(str(tmp_path))
+    second = eventlog.fresh_log_dir(str(tmp_path))
+    assert first == tmp_path / "run-1" and second == tmp_path / "run-2"
+    assert mine.read_text() == '{"mine": 1}\n'
+    new = tmp_path / "new" / "logs"
+    assert eventlog.fresh_log_dir(str(new)) == new and new.is_dir()  # new or empty: itself
+    assert eventlog.fresh_log_dir(str(new)) == new
+    assert eventlog.fresh_log_dir("").is_dir()
