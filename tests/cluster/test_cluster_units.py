@@ -197,4 +197,6 @@ def test_a_log_dir_with_files_gets_a_new_run_folder_and_keeps_them(tmp_path: Pat
     new = tmp_path / "new" / "logs"
     assert eventlog.fresh_log_dir(str(new)) == new and new.is_dir()  # new or empty: itself
     assert eventlog.fresh_log_dir(str(new)) == new
-    assert eventlog.fresh_log_dir("").is_dir()
+    temp = eventlog.fresh_log_dir("")
+    assert temp.is_dir() and not any(temp.iterdir())
+    temp.rmdir()
