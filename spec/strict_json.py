@@ -17,9 +17,9 @@ anything large is built:
 - anything ``json`` itself refuses (``bad JSON: ...``).
 
 Every check is linear in the document's length and runs at C speed (``re`` without
-backtracking, ``str.count``, ``json``): a string of escaped quotes, unbalanced brackets or
-a megabyte of ``[]`` cost the same per byte as an ordinary document
-(``benchmarks/hostile_readers.py`` measures it). Messages quote at most
+backtracking, ``str.count``, ``bytes.translate`` and ``replace``, ``json``): a string of
+escaped quotes, unbalanced brackets or a megabyte of ``[]`` cost about what an ordinary
+document does per byte (``benchmarks/hostile_readers.py`` measures it). Messages quote at most
 :data:`QUOTE_CHARS` printable characters of a value (``short``).
 """
 
@@ -33,12 +33,18 @@ from typing import Final
 QUOTE_CHARS: Final = 40  # longest value prefix an error message repeats
 MAX_FLOAT_CHARS: Final = 64  # longest float literal accepted (unless a caller says otherwise)
 
-# A string, or an unterminated one to the end of the text. Possessive quantifiers: the
-# engine never backtracks into it, so a run of escaped quotes is read once (the
-# backtracking form retried from every quote: quadratic, 42 s for 64 KB).
-_STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"?', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
-_LEAF = re.compile(r"\[\]|\{\}")  # a pair holding nothing (once strings and scalars are gone)
+# The skeleton of a document: its brackets, commas and colons outside strings, found at C
+# speed (``bytes.replace``, ``translate``, one regex that cannot backtrack): escaped
+# backslashes go, then escaped quotes (no quote inside a string is left), then every byte
+# but ``"[]{},:``, then each string (``""`` first: most strings hold none of those). (The
+# backtracking regex this replaced retried from every quote of a run of escaped quotes:
+# quadratic, 42 s for 64 KB.)
+_STRUCTURAL = b'"[]{},:'
+_NOT_STRUCTURAL = bytes(c for c in range(256) if c not in _STRUCTURAL)
+_STRING = re.compile(rb'"[^"]*+"')
+# The brackets of a skeleton, one kind: ``{`` read as ``[`` and ``}`` as ``]`` (the depth is
+# the same; a mismatched pair is left for json to name).
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
 
 
 class StrictJSONError(ValueError):
@@ -61,21 +67,31 @@ def short(value: object, limit: int = QUOTE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _skeleton(text: str) -> str:
-    """``text`` without its strings: the brackets, separators and scalars (C speed)."""
-    return _STRING.sub("", text)
+def _skeleton(text: str) -> bytes:
+    """``text``'s brackets, commas and colons outside its strings (an unterminated string is
+    read as outside, and json names the error)."""
+    raw = text.encode("utf-8", "replace")
+    raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # no escaped quote is left
+    skel = raw.translate(None, _NOT_STRUCTURAL).replace(b'""', b"")  # most strings: gone
+    return _STRING.sub(b"", skel) if b'"' in skel else skel  # those holding ,:[]{}
 
 
-def _depth(brackets: str, max_depth: int) -> int | None:
+def _brackets(skeleton: bytes) -> bytes:
+    """The brackets of a skeleton as ``[`` and ``]`` only."""
+    return skeleton.translate(_BRACKETS, b'",:')
+
+
+def _depth(brackets: bytes, max_depth: int) -> int | None:
     """The nesting depth of a string of brackets (``max_depth + 1`` once past it), or None
-    when they do not balance. Each pass removes every empty pair at once (``re.sub`` does
-    not rescan what it produced), so ``k`` passes empty a balanced string of depth ``k``."""
+    when they do not balance. Each pass removes every empty pair ``[]`` at once
+    (``bytes.replace`` does not rescan what it produced), so ``k`` passes empty a balanced
+    string of depth ``k``."""
     for k in range(max_depth + 1):
         if not brackets:
             return k
-        if re.search(rf"[\[{{]{{{max_depth + 1 - k}}}", brackets):
+        if b"[" * (max_depth + 1 - k) in brackets:
             return max_depth + 1  # that many openers in a row, k levels already gone: deeper
-        shorter = _LEAF.sub("", brackets)
+        shorter = brackets.replace(b"[]", b"")
         if len(shorter) == len(brackets):
             return None  # no empty pair left in a non-empty string: they do not balance
         brackets = shorter
@@ -86,7 +102,7 @@ def nesting_depth(text: str, max_depth: int) -> int:
     """The deepest bracket nesting of ``text`` outside strings, stopping once past
     ``max_depth`` (it then returns ``max_depth + 1``, as it does for brackets that do not
     balance: an unclosed run is as deep as it goes)."""
-    d = _depth(_NOT_BRACKET.sub("", _skeleton(text)), max_depth)
+    d = _depth(_brackets(_skeleton(text)), max_depth)
     return max_depth + 1 if d is None else d
 
 
@@ -127,11 +143,11 @@ def _shape(text: str, max_depth: int, max_items: int | None) -> None:
     skel = _skeleton(text)
     if many:
         assert max_items is not None
-        items = skel.count(",") + skel.count(":")
+        items = skel.count(b",") + skel.count(b":")
         if items > max_items:
             raise StrictJSONError(f"more than {max_items} members and elements ({items})")
     if deep:
-        d = _depth(_NOT_BRACKET.sub("", skel), max_depth)
+        d = _depth(_brackets(skel), max_depth)
         if d is not None and d > max_depth:
             raise StrictJSONError(f"nested deeper than {max_depth} levels")
         # None: the brackets do not balance, and json names where it breaks
