@@ -8,8 +8,9 @@ pair: ``pairs.py``), and then loops, never blocking without a deadline:
 - admits requests (to every prefill rank, naming a live decode worker, round robin) up
   to ``max_inflight`` at a time; fires the planned kill (SIGKILL by pid);
 - declares a worker dead when its process has exited or its heartbeat has not moved
-  for ``timeout_s``; it reads what the dead process had sent, logs ``EnvCrash`` after
-  everything the crashed worker logged (see ``on_death``), gives the attempts it held
+  for ``timeout_s`` (times ``control.load_factor()`` on a loaded machine); it reads
+  what the dead process had sent, logs ``EnvCrash`` after everything the crashed worker
+  logged (see ``on_death``), gives the attempts it held
   their fate, and restarts it (``restarts`` in all) as a new incarnation: a new process
   (and, for the prefill worker, its surviving ranks) with empty pools, the old
   incarnation's mailboxes and pair groups fenced (``EnvRestart``);
@@ -27,7 +28,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from refimpl.cluster import eventlog
-from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
+from refimpl.cluster.control import (
+    Channel,
+    ControlFaults,
+    Message,
+    heartbeats,
+    load_factor,
+    serve_store,
+)
 from refimpl.cluster.faults import DROPPABLE, CancelPlan, Kill, parse_kill
 from refimpl.cluster.procs import Procs
 from refimpl.cluster.report import ClusterReport
@@ -298,12 +306,13 @@ class Router:
         live = [w for w in self.workers if self.group(w) not in self.down]
         live = [w for w in live if w not in self.booting]
         counts = heartbeats(self.store, live)
+        patience = self.cfg.timeout_s * load_factor()  # a loaded machine's beats are late
         for w in live:
             n = counts[w]
             last = self.beats.get(w)
             if last is None or last[0] != n:
                 self.beats[w] = (n, now)
-            stale = now - self.beats[w][1] > self.cfg.timeout_s
+            stale = now - self.beats[w][1] > patience
             if not self.procs.alive(w) or stale:
                 self.on_death(w)
 

@@ -200,3 +200,22 @@ def test_a_log_dir_with_files_gets_a_new_run_folder_and_keeps_them(tmp_path: Pat
     temp = eventlog.fresh_log_dir("")
     assert temp.is_dir() and not any(temp.iterdir())
     temp.rmdir()
+
+
+def test_the_heartbeat_timeout_scales_with_the_machines_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On 2 busy cores a live worker's beat thread waited for a CPU past ``--timeout`` and
+    the worker was declared dead (issue #34): the router scales the timeout by the load."""
+    from refimpl.cluster import control
+
+    monkeypatch.setattr(control.os, "cpu_count", lambda: 2)
+    for load, factor in ((0.5, 1.0), (2.0, 1.0), (12.0, 6.0), (1000.0, control.MAX_LOAD_FACTOR)):
+        monkeypatch.setattr(control.os, "getloadavg", lambda v=load: (v, v, v))
+        assert control.load_factor() == factor
+
+    def unknown() -> tuple[float, float, float]:
+        raise OSError("no load average")
+
+    monkeypatch.setattr(control.os, "getloadavg", unknown)
+    assert control.load_factor() == 1.0
