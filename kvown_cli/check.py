@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kvown_cli import outcome
+from kvown_cli import usage as outcome
 from kvown_cli.junit import Case, write_junit
 from kvown_cli.progress import Progress, console
 from kvown_cli.usage import UsageError, output_path, refuse

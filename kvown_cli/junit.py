@@ -14,7 +14,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from kvown_cli import outcome
+from kvown_cli import usage as outcome
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 

@@ -14,7 +14,7 @@ One exit-code contract for every command (the README's table):
 
 A closed stdout (``kvown list | head -1``, ``kvown check-trace bug.jsonl | true``,
 ``kvown list >&-``) drops the rest of the output quietly, and the exit code is the
-command's own: a violation stays 1 (``kvown_cli.outcome``). An output file that cannot be
+command's own: a violation stays 1 (``kvown_cli.usage``). An output file that cannot be
 written after the work is one ``error:`` line; it makes a 0 a 2 and leaves a 1 a 1.
 ``kvown --version`` prints the version; a bare ``kvown`` prints the usage on stderr and
 exits 2 (as argparse does for a missing subcommand). Ctrl-C during a long command also
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
-from kvown_cli import outcome
+from kvown_cli import usage as outcome
 from kvown_cli.usage import UsageError, one_line, refuse
 
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -28,14 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from refimpl.cluster import eventlog
-from refimpl.cluster.control import (
-    Channel,
-    ControlFaults,
-    Message,
-    heartbeats,
-    load_factor,
-    serve_store,
-)
+from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
 from refimpl.cluster.faults import DROPPABLE, CancelPlan, Kill, parse_kill
 from refimpl.cluster.procs import Procs
 from refimpl.cluster.report import ClusterReport
@@ -306,7 +299,9 @@ class Router:
         live = [w for w in self.workers if self.group(w) not in self.down]
         live = [w for w in live if w not in self.booting]
         counts = heartbeats(self.store, live)
-        patience = self.cfg.timeout_s * load_factor()  # a loaded machine's beats are late
+        from refimpl.cluster.control import load_factor  # a loaded machine's beats are late
+
+        patience = self.cfg.timeout_s * load_factor()
         for w in live:
             n = counts[w]
             last = self.beats.get(w)
