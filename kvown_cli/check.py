@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
+from kvown_cli import usage as outcome
 from kvown_cli.junit import Case, write_junit
 from kvown_cli.progress import Progress, console
 from kvown_cli.usage import UsageError, output_path, refuse
@@ -135,8 +136,7 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
             text = to_dot(g)
         except ValueError as exc:
             return _err(args, str(exc))
-        with open(args.dot, "w") as f:
-            f.write(text)
+        outcome.write_text(args.dot, text)
     first = None
     if violated is not None:
         pid = str(violated["id"])
@@ -230,10 +230,8 @@ def _write_cex(
     """``<config>[.<mutant>].<property>.json`` (the replayable trace) and ``.dot``."""
     stem = os.path.join(folder, ".".join(x for x in (config, mutant, prop) if x))
     out = {"config": config, "mutants": [mutant] if mutant else [], "violated": prop}
-    with open(f"{stem}.json", "w") as f:
-        json.dump({**out, "trace": steps}, f, indent=1)
-    with open(f"{stem}.dot", "w") as f:
-        f.write(dot)
+    outcome.write_text(f"{stem}.json", json.dumps({**out, "trace": steps}, indent=1))
+    outcome.write_text(f"{stem}.dot", dot)
 
 
 def _mutant(args: argparse.Namespace) -> int:
@@ -256,8 +254,7 @@ def _mutant(args: argparse.Namespace) -> int:
         from model_checks.explicit.explore import explore
 
         g = explore(get_config(r.config), frozenset({r.name}), stop_on=r.expected)
-        with open(args.dot, "w") as f:
-            f.write(to_dot(g, path=r.trace.steps))
+        outcome.write_text(args.dot, to_dot(g, path=r.trace.steps))
     if args.json:
         out: dict[str, Any] = {
             "mutant": r.name,

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     except LogError as exc:
         from kvown_cli.replay import cex_hint  # a saved counterexample is not an event log
 
-        return _malformed(args, exc.msg + cex_hint(args.file), exc.line)
+        return _malformed(args, exc.msg + cex_hint(args.file, exc.head), exc.line)
     if args.junit:
         text = None if verdict.conforms else format_verdict(verdict)
         msg = f"line {verdict.line}: {verdict.violated}"

@@ -12,16 +12,22 @@ parses, shows progress and prints.
 
 Exit codes: 0 the run is clean; 1 something failed (a request lost, a leak, tokens
 differ, a worker crashed, or the merged log is flagged: a ``--mutant`` run exits 1 with
-``conforms: false``); 2 misuse (one ``error:`` line; with ``--json`` also ``{"error"}``).
+``conforms: false``); 2 misuse (one ``error:`` line; with ``--json`` also ``{"error"}``);
+130 interrupted: Ctrl-C, SIGTERM or SIGHUP (one line, every worker ended).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from kvown_cli.usage import MAX_SEED, UsageError, int_in, positive_seconds
@@ -102,7 +108,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int_in(8, 128), default=8, help="head dimension")
     p.add_argument("--block-size", type=int_in(1, 64), default=8, help="tokens per KV block")
     p.add_argument("--no-raw", action="store_true", help="skip the raw send/recv baseline")
-    p.add_argument("--log-dir", help="event logs go here (default: a new temporary folder)")
+    p.add_argument(
+        "--log-dir",
+        help="event logs go here; a folder with files in it gets a new run-<n> folder inside"
+        " (default: a new temporary folder)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -143,6 +153,29 @@ def _log_dir(path: str) -> None:
         raise UsageError(f"--log-dir: {short(path)} is not writable")
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the run as Ctrl-C does (the router's ``finally`` ends every
+    worker by its pid; ``main`` prints one line with what was done, exit 130). The first
+    one interrupts; later ones are ignored, so they cannot cut that cleanup short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGTERM, signal.SIGHUP)
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        for s in sigs:
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, interrupt) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _fmt(x: object, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec) if isinstance(x, float) else str(x)
 
@@ -160,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
             line = " ".join(f"{k}={v}" for k, v in counts.items() if k != "lost")
             bar.update(done, note=line)
 
-        rep = run_cluster(cfg, progress)
+        with _terminate_as_interrupt():
+            rep = run_cluster(cfg, progress)
     j = rep.to_json()
     if args.json:
         print(json.dumps(j))

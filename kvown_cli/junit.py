@@ -14,6 +14,8 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
+from kvown_cli import usage as outcome
+
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
@@ -68,14 +70,18 @@ def to_xml(suite: str, cases: list[Case]) -> ET.ElementTree[ET.Element]:
 
 def write_junit(path: str, suite: str, cases: list[Case]) -> None:
     """Write the suite to ``path`` atomically (a temporary file beside it, then rename);
-    a path that exists and is not a regular file (a pipe, /dev/stdout) is written in place."""
-    if os.path.exists(path) and not os.path.isfile(path):
-        to_xml(suite, cases).write(path, encoding="utf-8", xml_declaration=True)
-        return
-    tmp = f"{path}.tmp{os.getpid()}"
+    a path that exists and is not a regular file (a pipe, /dev/stdout) is written in place.
+    A failure is reported and noted (``outcome``): the command's verdict still stands."""
     try:
-        to_xml(suite, cases).write(tmp, encoding="utf-8", xml_declaration=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if os.path.exists(path) and not os.path.isfile(path):
+            to_xml(suite, cases).write(path, encoding="utf-8", xml_declaration=True)
+            return
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            to_xml(suite, cases).write(tmp, encoding="utf-8", xml_declaration=True)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:  # after the work: reported, and the verdict's code stands
+        outcome.output_failed(path, exc)

@@ -12,10 +12,13 @@ One exit-code contract for every command (the README's table):
   (``KVOWN_DEBUG=1`` shows the traceback instead);
 - 130: interrupted (Ctrl-C): one line, every child process ended.
 
-A closed stdout (``kvown list | head -1``, ``kvown list >&-``) ends quietly with 0: the
-output is dropped, the exit code is the command's. ``kvown --version`` prints the version;
-a bare ``kvown`` prints the usage on stderr and exits 2 (as argparse does for a missing
-subcommand). Ctrl-C during a long command also prints what was done so far.
+A closed stdout (``kvown list | head -1``, ``kvown check-trace bug.jsonl | true``,
+``kvown list >&-``) drops the rest of the output quietly, and the exit code is the
+command's own: a violation stays 1 (``kvown_cli.usage``). An output file that cannot be
+written after the work is one ``error:`` line; it makes a 0 a 2 and leaves a 1 a 1.
+``kvown --version`` prints the version; a bare ``kvown`` prints the usage on stderr and
+exits 2 (as argparse does for a missing subcommand). Ctrl-C during a long command also
+prints what was done so far.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
+from kvown_cli import usage as outcome
 from kvown_cli.usage import UsageError, one_line, refuse
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -217,6 +221,14 @@ def _reopen_closed_std() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _reopen_closed_std()
+    saved = outcome.guard_stdout()  # a reader that goes away never changes the exit code
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(_usage())
@@ -235,10 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _install_signal_handlers()
     # torch warns at import when numpy is absent; kvown never needs numpy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    outcome.set_command(name)
     try:
         rc = _dispatch(name, args[1:], as_json)
         sys.stdout.flush()
-        return rc
+        return outcome.final(rc)
     except KeyboardInterrupt:
         _mute_stderr()
         _end_children()

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvown_cli.progress import Progress, duration
+from kvown_cli.usage import UsageError
 from model_checks.mutation import Check, MutantResult, Target, run_mutants, sample, summarise
 from model_checks.mutation.runner import MAX_JOBS
 from spec.config import SUITES
@@ -109,8 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _err(msg: str) -> int:
-    print(f"error: kvown mutate: {msg}", file=sys.stderr)
-    return 2
+    raise UsageError(msg)  # main prints it, with {"error"} under --json, and exits 2
 
 
 def _build(args: argparse.Namespace) -> Target:

@@ -56,12 +56,18 @@ def load(path: str) -> dict[str, Any]:
             raw = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{short(path)}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise UsageError(f"{short(path)}: larger than {MAX_BYTES} bytes: not a counterexample")
+    return parse(raw, path)
+
+
+def parse(raw: bytes, path: str) -> dict[str, Any]:
+    """A counterexample's bytes (read from ``path``), checked for shape; UsageError names
+    what is wrong."""
     try:
-        doc = loads_strict(raw, max_depth=32, max_int_digits=32)
-    except (StrictJSONError, ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{short(path)}: bad JSON: {exc}") from None
+        doc = loads_strict(
+            raw, max_bytes=MAX_BYTES, max_depth=32, max_int_digits=32, what="counterexample"
+        )
+    except StrictJSONError as exc:
+        raise UsageError(f"{short(path)}: {exc}") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{short(path)}: expected a JSON object with config and trace")
     missing = [k for k in ("config", "trace") if k not in doc]
@@ -69,18 +75,31 @@ def load(path: str) -> dict[str, Any]:
         raise UsageError(f"{short(path)}: not a counterexample: no {', '.join(missing)}")
     if not isinstance(doc["config"], str) or not isinstance(doc["trace"], list):
         raise UsageError(f"{short(path)}: 'config' must be a string and 'trace' a list")
+    for k, st in enumerate(doc["trace"], start=1):
+        if not isinstance(st, dict) or not isinstance(st.get("action"), str):
+            raise UsageError(f"{short(path)}: trace step {k} is not an object with an 'action'")
+        if not isinstance(st.get("args", {}), dict):
+            raise UsageError(f"{short(path)}: trace step {k}: 'args' must be an object")
+    if doc.get("violated") is not None and not isinstance(doc["violated"], str):
+        raise UsageError(f"{short(path)}: 'violated' must be a property name (a string)")
     mutants = doc.get("mutants", [])
+    if doc.get("mutant") is not None and not isinstance(doc["mutant"], str):
+        raise UsageError(f"{short(path)}: 'mutant' must be a name (a string)")
     if doc.get("mutant"):
-        mutants = [*mutants, *str(doc["mutant"]).split(",")]
+        mutants = [*mutants, *doc["mutant"].split(",")]
     if not isinstance(mutants, list) or not all(isinstance(m, str) for m in mutants):
         raise UsageError(f"{short(path)}: 'mutants' must be a list of names")
     return {**doc, "mutants": mutants}
 
 
-def cex_hint(path: str) -> str:
-    """For ``check-trace`` given a counterexample: ``; ... use kvown replay``, else ``""``."""
+def cex_hint(path: str, data: bytes | None) -> str:
+    """For ``check-trace`` given a counterexample (``data``: the bytes it read of ``path``,
+    None when it did not keep them all): ``; ... use kvown replay``, else ``""``. It never
+    reads ``path`` again (a FIFO's writer is gone, a pipe would wait)."""
+    if data is None:
+        return ""
     try:
-        load(path)
+        parse(data, path)
     except UsageError:
         return ""
     return f"; this is a saved counterexample: `kvown replay {path}` replays it"

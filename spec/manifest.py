@@ -257,10 +257,14 @@ def from_json(text: str | bytes) -> Manifest:
     digits refused), then every field checked."""
     if not isinstance(text, str | bytes | bytearray):
         raise ManifestError([f"manifest: expected str or bytes, got {type(text).__name__}"])
-    if len(text) > MAX_JSON_CHARS:
-        raise ManifestError([f"manifest: {len(text)} characters exceed the cap {MAX_JSON_CHARS}"])
     try:
-        d = loads_strict(text, max_depth=MAX_JSON_DEPTH, max_int_digits=MAX_INT_DIGITS)
+        d = loads_strict(
+            text,
+            max_bytes=MAX_JSON_CHARS,
+            max_depth=MAX_JSON_DEPTH,
+            max_int_digits=MAX_INT_DIGITS,
+            what="manifest",
+        )
     except StrictJSONError as e:
         raise ManifestError([f"manifest: {e}"]) from None
     return from_json_dict(d)

@@ -37,7 +37,7 @@ MAX_T = 1e12  # seconds; larger timestamps and timeouts are refused
 # NTP keeps the hosts of one cluster within milliseconds of each other: 0.1 s is a
 # generous bound for them, and far below any engine's transfer timeout.
 DEFAULT_SKEW_S = 0.1
-MAX_CLOCKS = 64  # named process clocks a header may declare
+MAX_CLOCKS = 64  # named process clocks a header may declare, or a log name without one
 _EPS = 1e-9  # float slack when comparing readings of two clocks
 
 Observed = tuple[int, tuple[tuple[str, int], ...]]  # (request, ((field, value), ...))
@@ -243,6 +243,13 @@ class LineParser:
         if owner is None and e.clock in WORKERS and not self.owners:
             # no 'clocks' in the header: a process clock named on a prefill or decode
             # line is that worker's (it is one of its processes, as a TP rank is)
+            if sub not in self.implicit and len(self.implicit) >= MAX_CLOCKS:
+                raise LogError(
+                    n,
+                    f"clock {show(sub)}: more than {MAX_CLOCKS} process clocks named without"
+                    " a header 'clocks' (the checker keeps each clock's readings; a log"
+                    f" names at most {MAX_CLOCKS})",
+                )
             owner = self.implicit.setdefault(sub, e.clock)
         if owner is None:
             known = sorted(self.owners) or "none"

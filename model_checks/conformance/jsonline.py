@@ -9,20 +9,25 @@ a short, printable prefix. No exception other than ``LogError`` leaves ``loads_l
 
 from __future__ import annotations
 
-import json
-import re
+import os
+import stat
 from collections.abc import Iterator
 from typing import IO, Any
+
+from spec.strict_json import StrictJSONError, loads_strict
 
 MAX_LINE = 1 << 16  # bytes per line, newline included
 MAX_DEPTH = 8  # the format needs 2 (event -> args/observed); ignored fields get some room
 MAX_INT_DIGITS = 20  # integer literals longer than this are refused before conversion
 _SHOW = 40  # characters of a value an error message repeats
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class LogError(ValueError):
-    """Malformed input; ``line`` is 1-based (None: not tied to a line)."""
+    """Malformed input; ``line`` is 1-based (None: not tied to a line). ``head``: the
+    whole input, when it was small and had all been read (``LineReader.whole``), for a
+    hint about what it is instead; None otherwise."""
+
+    head: bytes | None = None
 
     def __init__(self, line: int | None, msg: str) -> None:
         self.line, self.msg = line, msg
@@ -50,97 +55,119 @@ def cut(msg: str, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Bad(f"duplicate key {show(k)}")
-        out[k] = v
-    return out
-
-
-class _Bad(Exception):
-    """A strictness refusal raised inside the json hooks."""
-
-
-def _int(s: str) -> int:
-    if len(s.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Bad(f"integer literal of {len(s)} characters (at most {MAX_INT_DIGITS} digits)")
-    return int(s)
-
-
-def _float(s: str) -> float:
-    if len(s) > 4 * MAX_INT_DIGITS:
-        raise _Bad(f"number literal of {len(s)} characters")
-    f = float(s)
-    if f in (float("inf"), float("-inf")):
-        raise _Bad(f"number {show(s)} overflows a float")
-    return f
-
-
-def _constant(s: str) -> float:
-    raise _Bad(f"{s} is not a number this format accepts")
-
-
-def _depth(text: str) -> int:
-    """Deepest nesting of arrays and objects, strings skipped (only run on lines that
-    hold more than MAX_DEPTH brackets)."""
-    depth = deepest = 0
-    for ch in _STRINGS.sub("", text):
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
 def loads_line(n: int, raw: bytes | str) -> Any:
-    """Parse one line strictly; ``LogError(n, ...)`` for anything malformed."""
+    """Parse one line strictly (``spec.strict_json``, the project's one reader of untrusted
+    JSON, under this format's limits); ``LogError(n, ...)`` for anything malformed."""
     if len(raw) > MAX_LINE:
         raise LogError(n, f"line longer than {MAX_LINE} bytes")
-    if isinstance(raw, bytes):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise LogError(n, f"not UTF-8 ({exc.reason})") from None
-    else:
-        text = raw
-    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(text) > MAX_DEPTH:
-        raise LogError(n, f"JSON nested deeper than {MAX_DEPTH}")
     try:
-        return json.loads(
-            text,
-            object_pairs_hook=_pairs,
-            parse_int=_int,
-            parse_float=_float,
-            parse_constant=_constant,
+        return loads_strict(
+            raw,
+            max_bytes=MAX_LINE,
+            max_depth=MAX_DEPTH,
+            max_int_digits=MAX_INT_DIGITS,
+            max_float_chars=4 * MAX_INT_DIGITS,
+            what="line",
         )
-    except json.JSONDecodeError as exc:
-        raise LogError(n, f"bad JSON: {exc.msg} (column {exc.colno})") from None
-    except _Bad as exc:
+    except StrictJSONError as exc:
         raise LogError(n, str(exc)) from None
-    except (RecursionError, ValueError, OverflowError, TypeError, MemoryError) as exc:
-        raise LogError(n, f"bad JSON ({type(exc).__name__})") from None
 
 
-def read_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
-    """Physical lines of a binary stream, numbered from 1, without their newline; memory
-    is one line: a line past MAX_LINE is refused without reading the rest of it."""
-    n = 0
-    while True:
-        n += 1
+CHUNK = 1 << 16  # bytes asked of the stream at a time
+HEAD = 1 << 16  # bytes of a stream's beginning kept for a hint (``LogError.head``)
+
+
+class LineReader:
+    """Physical lines of a binary stream, numbered from 1, without their newline. Memory is
+    two chunks whatever the stream: a line past MAX_LINE is refused without reading the
+    rest of it. Reads never wait for more than the stream has (``read1``), so a pipe or a
+    FIFO streams; the first ``keep`` bytes read are kept (``head``) for a caller that wants
+    to say what the input was without reading it again."""
+
+    def __init__(self, f: IO[bytes], keep: int = 0) -> None:
+        self.f, self.keep = f, keep
+        self.head = bytearray()
+        self.total = 0
+        self.eof = False
         try:
-            b = f.readline(MAX_LINE + 1)
+            st = os.fstat(f.fileno())
+            self._size: int | None = st.st_size if stat.S_ISREG(st.st_mode) else None
+        except (OSError, AttributeError, ValueError):  # an in-memory stream: no file
+            self._size = None
+
+    def _read(self, n: int) -> bytes:
+        read = getattr(self.f, "read1", self.f.read)  # unbuffered: read is one os.read
+        try:
+            b: bytes = read(CHUNK)
         except MemoryError:
             raise LogError(n, "out of memory reading the line") from None
         if not b:
+            self.eof = True
+        elif len(self.head) < self.keep:
+            self.head += b[: self.keep - len(self.head)]
+        self.total += len(b)
+        return b
+
+    def whole(self) -> bytes | None:
+        """The whole input when it is at most ``keep`` bytes: what was read, and from a
+        pipe or FIFO what it holds now (read without waiting: a live writer's pipe is not
+        waited on), else None."""
+        if not self.eof and self._size is None:
+            self._drain()
+        done = self.eof or (self._size is not None and self.total >= self._size)
+        return bytes(self.head) if done and self.total <= self.keep else None
+
+    def _drain(self) -> None:
+        """Read on without blocking, up to one byte past ``keep``, until the stream would
+        wait or ends."""
+        try:
+            fd = self.f.fileno()
+            was = os.get_blocking(fd)
+        except (OSError, AttributeError, ValueError):
             return
-        if b.endswith(b"\n"):
-            b = b[:-1]
-        elif len(b) > MAX_LINE:
-            raise LogError(n, f"line longer than {MAX_LINE} bytes")
-        yield n, b
+        try:
+            os.set_blocking(fd, False)
+            while self.total <= self.keep:
+                b = os.read(fd, self.keep + 1 - self.total)
+                if not b:
+                    self.eof = True
+                    return
+                self.head += b[: self.keep - len(self.head)]
+                self.total += len(b)
+        except OSError:  # BlockingIOError: the writer is there and has said nothing more
+            return
+        finally:
+            try:
+                os.set_blocking(fd, was)
+            except OSError:
+                pass
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        buf, pos, scan, n = bytearray(), 0, 0, 0
+        while True:
+            nl = buf.find(b"\n", scan)
+            if nl >= 0:
+                n += 1
+                if nl - pos > MAX_LINE:
+                    raise LogError(n, f"line longer than {MAX_LINE} bytes")
+                yield n, bytes(buf[pos:nl])
+                pos = scan = nl + 1
+                continue
+            if len(buf) - pos > MAX_LINE:
+                raise LogError(n + 1, f"line longer than {MAX_LINE} bytes")
+            del buf[:pos]
+            pos, scan = 0, len(buf)
+            b = self._read(n + 1)
+            if not b:
+                if buf:
+                    yield n + 1, bytes(buf)
+                return
+            buf += b
+
+
+def read_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``LineReader(f)``'s lines: a stream's physical lines, numbered from 1."""
+    return iter(LineReader(f))
 
 
 def text_lines(data: bytes | str) -> Iterator[tuple[int, bytes | str]]:

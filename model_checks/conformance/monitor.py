@@ -14,7 +14,7 @@ from typing import Any
 
 from model_checks.conformance.checker import Checker
 from model_checks.conformance.events import EventLog, LineParser
-from model_checks.conformance.jsonline import LogError, read_lines, text_lines
+from model_checks.conformance.jsonline import HEAD, LineReader, LogError, text_lines
 from model_checks.conformance.verdict import Verdict
 
 
@@ -110,14 +110,20 @@ def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdi
 
 
 def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
-    """Check a log file streamed line by line (memory: one line); stops reading at the
-    first violation. LogError on malformed input or an unreadable file."""
+    """Check a log file, a pipe or a FIFO streamed line by line (memory: two chunks); stops
+    reading at the first violation. LogError on malformed input or an unreadable file
+    (with ``head``, the input itself when it was small: a caller's hint reads that)."""
     m = Monitor(config, **kw)
     try:
-        with open(path, "rb") as f:
-            for n, raw in read_lines(f):
-                if m.feed_line(raw, n) is not None:
-                    break
+        with open(path, "rb", buffering=0) as f:  # no read-ahead: what is read is kept
+            lines = LineReader(f, keep=HEAD)
+            try:
+                for n, raw in lines:
+                    if m.feed_line(raw, n) is not None:
+                        break
+            except LogError as exc:
+                exc.head = lines.whole()  # what was read already: never a second read
+                raise
     except OSError as exc:
         raise LogError(None, f"cannot read {path}: {exc.strerror or exc}") from None
     return m.close()

@@ -21,7 +21,13 @@ allocated. Then the bytes are read and every block must hash to the manifest's c
 Anything else is a ``Miss`` with its reason, never a partial hit.
 
 The files themselves (temp name per writer, fsync, atomic rename, orphan sweep) are
-``refimpl.tiers.files``. In the spec's vocabulary: writing the temp file is the store's
+``refimpl.tiers.files``: a load opens only a regular file of the tier's own folder (no
+symlink, FIFO, device or folder at the name: a miss saying which), the header's size and
+member count are checked before it is parsed, and ``DiskTier(path)`` opens any folder a
+crash or another program left (the sweep skips what is not a writer's temp file; a path
+that is no usable folder is one ``TierPathError``).
+
+In the spec's vocabulary: writing the temp file is the store's
 ``PrefillOffloadCopy`` steps, the rename is ``PrefillOffloadCommit`` (a file is visible
 only once every block is in it: ``PublishAfterCommit``); a load is ``PrefillReloadBegin``
 / ``Copy`` / ``Commit`` (a block counts only once verified: ``NoPartialUse``), and a miss
@@ -30,6 +36,7 @@ is the failed load that falls back to recompute.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Sequence
@@ -44,6 +51,7 @@ from refimpl.engine.data import RankPools
 from refimpl.tiers.files import (
     Header,
     TornFileError,
+    open_published,
     published_names,
     published_path,
     read_header,
@@ -58,6 +66,11 @@ from spec.manifest import from_json as manifest_from_json
 FORMAT = "kvown-disk-kv/1"
 FORMAT_KEY, MANIFEST_KEY, TENSOR = "kvown.format", "kvown.manifest", "kv"
 HEADS_MAJOR = "heads_major"
+
+
+class TierPathError(ValueError):
+    """A tier folder that cannot be used (not a folder, cannot be created, not readable
+    and writable): one clear error, from ``DiskTier(path)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +126,18 @@ class DiskTier:
 
     def __init__(self, directory: str | os.PathLike[str], model: ModelIdentity) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.model = model
-        self.orphans_removed = sweep_orphans(self.directory)  # temp files of dead writers
-        self.adopted = published_names(self.directory)  # checked on read, one by one
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.directory.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder")
+            if not os.access(self.directory, os.R_OK | os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not readable and writable")
+            self.orphans_removed = sweep_orphans(self.directory)  # temp files of dead writers
+            self.adopted = published_names(self.directory)  # checked on read, one by one
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise TierPathError(f"DiskTier: {str(self.directory)[:200]!r}: {why}") from None
 
     # ------------------------------------------------------------ names
     def key(self, geometry: KVGeometry, token_ids: Sequence[int]) -> str:
@@ -175,15 +196,21 @@ class DiskTier:
         stops the read; on a miss the blocks taken in ``into`` are given back."""
         key = self.key(geometry, token_ids)
         try:
-            f = open(self.path(key), "rb")  # noqa: SIM115  # closed below
+            f = open_published(self.path(key))  # a regular file of the tier, or refused
         except FileNotFoundError:
             return Miss(key, "not published")
+        except TornFileError as e:
+            return Miss(key, f"TornFileError: {e}")
+        except OSError as e:
+            return Miss(key, f"cannot read: {e.strerror or e}")
         with f:
             try:
                 header = read_header(f)
                 m, geo = self._check(header, geometry, token_ids)
             except (TornFileError, SpecManifestError) as e:
                 return Miss(key, f"{type(e).__name__}: {e}")
+            except (OSError, ValueError, MemoryError) as e:  # an unreadable or strange file
+                return Miss(key, f"{type(e).__name__}: {str(e)[:200]}")
             if into is None:
                 pools = geo.make_pools(m.num_blocks)  # allocated only now, to the size checked
             else:
@@ -199,9 +226,9 @@ class DiskTier:
                         raise TornFileError(
                             f"block {i}: bytes hash to {got}, the manifest says {want}"
                         )
-            except TornFileError as e:
+            except (TornFileError, OSError) as e:
                 pools.alloc.free(request_id)
-                return Miss(key, f"TornFileError: {e}")
+                return Miss(key, f"{type(e).__name__}: {e}")
         return Loaded(key, m, pools, blocks, len(blocks))
 
     def _check(

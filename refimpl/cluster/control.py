@@ -31,6 +31,7 @@ the same seed drops the same messages whatever the processes' timing.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -224,6 +225,22 @@ def start_heartbeat(host: str, port: int, name: str, every_s: float, timeout_s: 
             time.sleep(every_s)
 
     threading.Thread(target=run, name=f"heartbeat-{name}", daemon=True).start()
+
+
+MAX_LOAD_FACTOR = 20.0
+
+
+def load_factor() -> float:
+    """How many times over this machine's CPUs are asked for (1.0 when it is not loaded,
+    the 1-minute load average per CPU otherwise, at most ``MAX_LOAD_FACTOR``). The router
+    scales a heartbeat's timeout by it: on a loaded machine a live worker's beat thread
+    waits for a CPU, and was declared dead (``kvown cluster`` on 2 busy cores exited 1 with
+    no kill injected). A worker that exits is still seen at once (its process is gone)."""
+    try:
+        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 1.0
+    return min(MAX_LOAD_FACTOR, max(1.0, per_cpu))
 
 
 def heartbeats(store: Store, names: Iterable[str]) -> dict[str, int]:

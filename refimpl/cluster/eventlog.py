@@ -24,8 +24,10 @@ per-request configs do not model (each has exactly its own blocks).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,27 @@ from typing import Any
 from model_checks.conformance import Verdict, check_text
 
 GLOBAL_ACTIONS = frozenset({"EnvCrash"})
+
+
+def fresh_log_dir(path: str) -> Path:
+    """The folder a run writes its logs in, and nothing else's: ``path`` itself when it is
+    new or empty, else a new ``run-<n>`` folder inside it (created here, so two runs never
+    share one); "" a new temporary folder. A file already in ``path`` is never touched
+    (the run used to delete every ``*.jsonl`` there)."""
+    if not path:
+        return Path(tempfile.mkdtemp(prefix="kvown-cluster-"))
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    if not any(p.iterdir()):
+        return p
+    for n in itertools.count(1):
+        q = p / f"run-{n}"
+        try:
+            q.mkdir()
+        except FileExistsError:
+            continue
+        return q
+    raise AssertionError("unreachable")
 
 
 class ProcLog:

@@ -8,8 +8,9 @@ pair: ``pairs.py``), and then loops, never blocking without a deadline:
 - admits requests (to every prefill rank, naming a live decode worker, round robin) up
   to ``max_inflight`` at a time; fires the planned kill (SIGKILL by pid);
 - declares a worker dead when its process has exited or its heartbeat has not moved
-  for ``timeout_s``; it reads what the dead process had sent, logs ``EnvCrash`` after
-  everything the crashed worker logged (see ``on_death``), gives the attempts it held
+  for ``timeout_s`` (times ``control.load_factor()`` on a loaded machine); it reads
+  what the dead process had sent, logs ``EnvCrash`` after everything the crashed worker
+  logged (see ``on_death``), gives the attempts it held
   their fate, and restarts it (``restarts`` in all) as a new incarnation: a new process
   (and, for the prefill worker, its surviving ranks) with empty pools, the old
   incarnation's mailboxes and pair groups fenced (``EnvRestart``);
@@ -22,11 +23,9 @@ Then ``finish`` measures the raw baseline, shuts the workers down and checks the
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
@@ -111,10 +110,7 @@ class Router:
     def __init__(self, cfg: ClusterConfig, progress: Progress | None = None) -> None:
         self.cfg, self.progress = cfg, progress
         self.t0 = time.time()
-        self.dir = Path(cfg.log_dir or tempfile.mkdtemp(prefix="kvown-cluster-"))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for old in self.dir.glob("*.jsonl"):
-            old.unlink()
+        self.dir = eventlog.fresh_log_dir(cfg.log_dir)  # deletes nothing of the user's
         self.reqs = make_requests(cfg.requests, cfg.model, seed=cfg.seed, steps=cfg.steps)
         self.by_id = {r.rid: r for r in self.reqs}
         self.kill: Kill | None = parse_kill(cfg.kill, cfg.prefill_tp, cfg.decode_workers, cfg.seed)
@@ -303,12 +299,15 @@ class Router:
         live = [w for w in self.workers if self.group(w) not in self.down]
         live = [w for w in live if w not in self.booting]
         counts = heartbeats(self.store, live)
+        from refimpl.cluster.control import load_factor  # a loaded machine's beats are late
+
+        patience = self.cfg.timeout_s * load_factor()
         for w in live:
             n = counts[w]
             last = self.beats.get(w)
             if last is None or last[0] != n:
                 self.beats[w] = (n, now)
-            stale = now - self.beats[w][1] > self.cfg.timeout_s
+            stale = now - self.beats[w][1] > patience
             if not self.procs.alive(w) or stale:
                 self.on_death(w)
 

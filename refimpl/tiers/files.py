@@ -16,8 +16,12 @@ file that is torn, truncated, extended or malformed raises ``TornFileError`` and
 reads it as a miss. ``read_into`` fills a preallocated tensor with ``readinto`` (no copy
 through Python bytes).
 
-Restart (``sweep_orphans``): temp files of writers that are gone are removed; published
-names are adopted as they are (``published_names``); their content is checked on read.
+Restart (``sweep_orphans``): temp files of writers that are gone are removed; anything
+else is left as it is and never stops the sweep (a folder or a symlink with a temp name, a
+"pid" no process can have, another user's file). Published names are adopted as they are
+(``published_names``: regular files only); their content is checked on read, and a read
+opens only a regular file in the folder (``open_published``: no symlink, FIFO, device or
+folder at the name).
 "Gone" is read from the pid in the temp name, so the directory's writers must share one
 pid namespace (one host); writers on several hosts need a lease instead.
 
@@ -28,11 +32,13 @@ spaces to 8 bytes), then the tensors' bytes back to back, as in the safetensors 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
 import secrets
+import stat
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +53,11 @@ from spec.strict_json import StrictJSONError, loads_strict
 PUBLISHED_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's cap
+# members and elements of a header, outside its strings: a tier file has 2 metadata keys and
+# one tensor (7 each, its shape's dimensions among them); a foreign file gets room for 256
+# tensors of 6 dimensions. 5 M junk keys are refused by a count, before any parse.
+MAX_HEADER_ITEMS = 4096
+MAX_PID = (1 << 31) - 1  # pid_t; a temp name with a larger "pid" is no writer's
 WRITE_CHUNK_BYTES = 16 << 20  # one os.write at most (a short write is retried)
 _NAME = re.compile(r"^[0-9a-z][0-9a-z_-]{0,127}$")
 _TEMP = re.compile(r"^\.(?P<name>[0-9a-z][0-9a-z_-]*)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp$")
@@ -199,7 +210,14 @@ def read_header(f: BinaryIO) -> Header:
     if len(text) != n:
         raise TornFileError(f"header: {len(text)} of {n} bytes")
     try:
-        head = loads_strict(text.rstrip(b" "), max_depth=3, max_int_digits=19)
+        head = loads_strict(
+            text.rstrip(b" "),
+            max_bytes=MAX_HEADER_BYTES,
+            max_depth=3,
+            max_int_digits=19,
+            max_items=MAX_HEADER_ITEMS,
+            what="header",
+        )
     except StrictJSONError as e:
         raise TornFileError(f"header: {e}") from None
     if not isinstance(head, dict):
@@ -238,12 +256,46 @@ def read_into(
         got += n
 
 
+def _regular(p: Path) -> bool:
+    """``p`` is a regular file itself (not a symlink, FIFO, device or folder)."""
+    try:
+        return stat.S_ISREG(p.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def open_published(path: Path) -> BinaryIO:
+    """Open a published file for reading, only when it is a regular file in its folder: a
+    symlink (it may lead out of the tier), a FIFO (an open would wait for a writer), a
+    device or a folder at the name is a TornFileError naming what it is.
+    FileNotFoundError: nothing is published there."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise TornFileError("a symlink, not a file of the tier") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket"}
+            kind = what.get(stat.S_IFMT(mode), "a device")
+            raise TornFileError(f"{kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def published_names(directory: Path) -> list[str]:
-    """Names published in ``directory`` (temp files and foreign files are not)."""
+    """Names published in ``directory``: regular files with a published name (temp
+    files, foreign files, symlinks, FIFOs and folders are not)."""
     out = []
     for p in directory.iterdir():
         stem = p.name[: -len(PUBLISHED_SUFFIX)]
-        if p.name.endswith(PUBLISHED_SUFFIX) and _NAME.match(stem) and p.is_file():
+        if p.name.endswith(PUBLISHED_SUFFIX) and _NAME.match(stem) and _regular(p):
             out.append(stem)
     return sorted(out)
 
@@ -267,7 +319,17 @@ def sweep_orphans(directory: Path, *, all_writers: bool = False) -> list[str]:
     removed = []
     for p in directory.iterdir():
         m = _TEMP.match(p.name)
-        if m and (all_writers or not _alive(int(m["pid"]))):
-            p.unlink(missing_ok=True)
+        if not m or not _regular(p):
+            continue  # not a temp file of a writer: a folder, a symlink, a foreign name
+        pid = int(m["pid"]) if len(m["pid"]) <= 10 else 0
+        if not 0 < pid <= MAX_PID:
+            continue  # no process has that id: not ours to judge
+        if all_writers or not _alive(pid):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass  # another sweep was first
+            except OSError:
+                continue  # another user's file in a shared folder: left as it is
             removed.append(p.name)
     return sorted(removed)

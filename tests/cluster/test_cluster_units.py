@@ -3,6 +3,8 @@ real TCPStore, the Lamport merge and per-request checks, and the KV data path.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from refimpl.cluster import eventlog
@@ -182,3 +184,38 @@ def test_cancels_and_drops_are_functions_of_the_seed_not_of_the_order() -> None:
     assert drops == [f.drops("ready", {"rid": r, "epoch": 1}) for r in rids]
     assert 20 < sum(drops) < 100
     assert not any(f.drops("ack", {"rid": r, "epoch": 1}) for r in rids)  # never an Ack
+
+
+def test_a_log_dir_with_files_gets_a_new_run_folder_and_keeps_them(tmp_path: Path) -> None:
+    """``kvown cluster --log-dir DIR`` deleted every ``*.jsonl`` already in DIR (issue #34)."""
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text('{"mine": 1}\n')
+    first = eventlog.fresh_log_dir(str(tmp_path))
+    second = eventlog.fresh_log_dir(str(tmp_path))
+    assert first == tmp_path / "run-1" and second == tmp_path / "run-2"
+    assert mine.read_text() == '{"mine": 1}\n'
+    new = tmp_path / "new" / "logs"
+    assert eventlog.fresh_log_dir(str(new)) == new and new.is_dir()  # new or empty: itself
+    assert eventlog.fresh_log_dir(str(new)) == new
+    temp = eventlog.fresh_log_dir("")
+    assert temp.is_dir() and not any(temp.iterdir())
+    temp.rmdir()
+
+
+def test_the_heartbeat_timeout_scales_with_the_machines_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On 2 busy cores a live worker's beat thread waited for a CPU past ``--timeout`` and
+    the worker was declared dead (issue #34): the router scales the timeout by the load."""
+    from refimpl.cluster import control
+
+    monkeypatch.setattr(control.os, "cpu_count", lambda: 2)
+    for load, factor in ((0.5, 1.0), (2.0, 1.0), (12.0, 6.0), (1000.0, control.MAX_LOAD_FACTOR)):
+        monkeypatch.setattr(control.os, "getloadavg", lambda v=load: (v, v, v))
+        assert control.load_factor() == factor
+
+    def unknown() -> tuple[float, float, float]:
+        raise OSError("no load average")
+
+    monkeypatch.setattr(control.os, "getloadavg", unknown)
+    assert control.load_factor() == 1.0

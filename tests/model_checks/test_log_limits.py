@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from model_checks.conformance import jsonline
 from model_checks.conformance.jsonline import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
@@ -21,6 +20,7 @@ from model_checks.conformance.jsonline import (
     show,
     text_lines,
 )
+from spec import strict_json
 
 
 def _nested(depth: int) -> str:
@@ -124,18 +124,18 @@ def test_a_parser_failure_of_any_kind_is_a_log_error(monkeypatch: pytest.MonkeyP
         def fail(*a: object, _e: type[BaseException] = exc, **k: object) -> None:
             raise _e()
 
-        monkeypatch.setattr(jsonline.json, "loads", fail)
+        monkeypatch.setattr(strict_json.json, "loads", fail)
         with pytest.raises(LogError, match=exc.__name__) as ei:
             loads_line(3, b"{}")
         assert ei.value.line == 3
 
 
 def test_running_out_of_memory_reading_a_line_is_a_log_error() -> None:
-    class Starved(io.BytesIO):
-        def readline(self, size: int | None = -1) -> bytes:
+    class Starved(io.BytesIO):  # gives the first line, then fails
+        def read1(self, size: int | None = -1) -> bytes:
             if self.tell():
                 raise MemoryError
-            return super().readline(size)
+            return super().read1(3)
 
     with pytest.raises(LogError, match="out of memory") as ei:
         list(read_lines(Starved(b"{}\n{}\n")))

@@ -12,7 +12,7 @@ import pytest
 
 from kvown_cli import check_trace as cmd_check_trace
 from model_checks.conformance import LogError, Monitor, check_file, check_text
-from model_checks.conformance.jsonline import MAX_LINE, read_lines
+from model_checks.conformance.jsonline import CHUNK, MAX_LINE, read_lines
 
 H = '{"config": "handoff_two", "version": 1}\n'
 ADMIT = '{"action": "PrefillAdmit", "args": {"req": 0}'
@@ -110,7 +110,7 @@ def test_the_line_cap_refuses_without_reading_the_rest() -> None:
     f = io.BytesIO(b"x" * (3 * MAX_LINE))  # no newline at all, like /dev/zero
     with pytest.raises(LogError, match="longer than") as ei:
         list(read_lines(f))
-    assert ei.value.line == 1 and f.tell() == MAX_LINE + 1
+    assert ei.value.line == 1 and f.tell() <= MAX_LINE + CHUNK < 3 * MAX_LINE
 
 
 def test_clocks_are_per_worker() -> None:

@@ -78,7 +78,8 @@ def test_booleans_are_not_integers() -> None:
 
 
 def test_strict_json_limits() -> None:
-    assert loads_strict('{"a": [1, 2]}', max_depth=2, max_int_digits=3) == {"a": [1, 2]}
+    lim = {"max_bytes": 1 << 16, "max_int_digits": 3}
+    assert loads_strict('{"a": [1, 2]}', max_depth=2, **lim) == {"a": [1, 2]}
     for text, what in [
         ('{"a": [[1]]}', "nested deeper"),
         ('{"a": 1234}', "integer literal"),
@@ -88,10 +89,10 @@ def test_strict_json_limits() -> None:
         ('{"a": "[[[[["}', None),  # brackets inside strings do not count
     ]:
         if what is None:
-            assert loads_strict(text, max_depth=1, max_int_digits=3) == {"a": "[[[[["}
+            assert loads_strict(text, max_depth=1, **lim) == {"a": "[[[[["}
             continue
         with pytest.raises(StrictJSONError, match=what):
-            loads_strict(text, max_depth=2, max_int_digits=3)
+            loads_strict(text, max_depth=2, **lim)
 
 
 def test_the_payload_cap_follows_the_local_pool() -> None:

@@ -20,7 +20,7 @@ from tests.spec.hostile_manifests import good_dict
 
 
 def _loads(text: str) -> object:
-    return loads_strict(text, max_depth=3, max_int_digits=3)
+    return loads_strict(text, max_bytes=1 << 16, max_depth=3, max_int_digits=3)
 
 
 @pytest.mark.parametrize("lit", ["999", "-999", "0", "-0"])
