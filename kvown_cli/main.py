@@ -24,7 +24,6 @@ import argparse
 import errno
 import importlib
 import json
-import multiprocessing
 import os
 import signal
 import sys
@@ -87,14 +86,11 @@ def _usage() -> str:
 
 
 def _end_children() -> None:
-    """Terminate every worker process (z3 claims, repro prefetch), then reap them."""
-    children = multiprocessing.active_children()
-    for p in children:
-        p.terminate()
-    for p in children:
-        p.join(timeout=0.5)
-        if p.is_alive():
-            p.kill()
+    """End every worker: the registered process groups (mutate's checks, the cluster's
+    workers) and the multiprocessing children (z3 claims, the explorer, repro prefetch)."""
+    from model_checks import children
+
+    children.end_all()
 
 
 # While an interrupt is handled, fd 2 points at /dev/null and this is the real stderr:
@@ -155,20 +151,16 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _ignore_sigint_in_child() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its workers itself
-
-
-_FORK_HOOK = False
-
-
 def _install_signal_handlers() -> None:
-    global _FORK_HOOK
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=_ignore_sigint_in_child)
-        _FORK_HOOK = True
+    """Ctrl-C and SIGTERM end the workers and the command (exit 130); forked children die
+    with this process (``model_checks.children``)."""
+    from model_checks import children
+
+    children.install()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigint)
 
 
 def _silence_stdout() -> None:

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvown_cli.progress import Progress, duration
+from model_checks import children
 from model_checks.mutation import Check, MutantResult, Target, run_mutants, sample, summarise
 from model_checks.mutation.runner import MAX_JOBS
 from spec.config import SUITES
@@ -190,7 +191,14 @@ def _covered(args: argparse.Namespace, picked: list[Any]) -> tuple[list[Any], li
         return picked, []
     print("kvown mutate: tracing the lines the checks execute ...", file=sys.stderr, flush=True)
     argv = lines_argv(args.examples) if args.examples is not None else lines_argv()
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    proc = children.popen(argv, stdout=subprocess.PIPE)
+    try:
+        raw, _ = proc.communicate()
+    finally:
+        children.release(proc)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    out = raw.decode()
     hit = {f: set(v) for f, v in json.loads(out.strip().splitlines()[-1]).items()}
     covered = [m for m in picked if m.line in hit.get(m.file, ())]
     uncovered = [m for m in picked if m.line not in hit.get(m.file, ())]

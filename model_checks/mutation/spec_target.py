@@ -156,7 +156,8 @@ def run(
         if on_result is not None:
             on_result(res)
 
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
+    workers = ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = []
         for m in picked:
             if m.id in skip:
@@ -174,6 +175,8 @@ def run(
             futures.append(workers.submit(judge, m))
         for f in futures:
             f.result()
+    finally:  # an interrupt: the queued mutants never start
+        workers.shutdown(wait=True, cancel_futures=True)
     results = [done[m.id] for m in picked]
     report = summarise(results, load_equivalents(EQUIVALENTS), cs)
     report["generated"] = len(pool)
