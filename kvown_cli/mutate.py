@@ -220,6 +220,7 @@ class _Tally:
     ) -> None:
         self.n, self.jobs, self.checks = n, min(jobs, max(1, n)), checks
         self.counts: dict[str, int] = {}
+        self.seconds: list[float] = []  # each finished mutant's wall seconds
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.progress = Progress("mutate", n, "mutants", summary=self.summary)
@@ -248,16 +249,22 @@ class _Tally:
             done = sum(self.counts.values())
         cols = " ".join(f"{k}={v}" for k, v in r.outcomes.items())
         print(f"{r.mutant.id}  {cols}  ({r.seconds:.0f} s)", file=sys.stderr, flush=True)
+        with self.lock:
+            self.seconds.append(r.seconds)
+            each = sum(self.seconds) / len(self.seconds)  # measured: each mutant's own wall
         if done == self.jobs and self.n > done:
-            each = (time.monotonic() - self.t0) / done * self.jobs  # wall per mutant per job
             left = each * (self.n - done) / self.jobs
             print(
-                f"kvown mutate: estimate: {each:.0f} s per mutant (the first {done}),"
-                f" about {duration(left)} more for the other {self.n - done}",
+                f"kvown mutate: estimate: {each:.0f} s per mutant (the first {done}, measured"
+                f" on them alone), about {duration(left)} more for the other {self.n - done}",
                 file=sys.stderr,
                 flush=True,
             )
         self.progress.advance()
+
+    def start_work(self) -> None:
+        """The one-off start-up (the prefilter's exploration) is over: rates from now."""
+        self.progress.start_work()
 
 
 def _run_spec(args: argparse.Namespace) -> int:
@@ -290,6 +297,7 @@ def _run_spec(args: argparse.Namespace) -> int:
                 prefilter=not args.no_prefilter,
                 coverage=not args.no_coverage,
                 on_result=tally.add,
+                on_start=tally.start_work,
                 skip_uncovered=args.skip_uncovered,
                 say=lambda line: print(f"kvown mutate: {line}", file=sys.stderr, flush=True),
             )
