@@ -58,3 +58,11 @@ def test_all_mutants_writes_every_counterexample(
     assert {json.loads((tmp_path / f).read_text())["mutants"][0] for f in files} == set(two)
     for f in files:  # each replays to its violation
         assert main(["replay", str(tmp_path / f)]) == 1, f
+    capsys.readouterr()
+    # several files at once, as `kvown replay cex/*.json` gives them
+    assert main(["replay", "--json", *(str(tmp_path / f) for f in files)]) == 1
+    rows = json.loads(capsys.readouterr().out)["replays"]
+    assert [r["file"] for r in rows] == [str(tmp_path / f) for f in files]
+    assert all(r["reproduced"] for r in rows)
+    assert main(["replay", *(str(tmp_path / f) for f in files)]) == 1
+    assert capsys.readouterr().out.count("REPRODUCED: config") == 2
