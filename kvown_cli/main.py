@@ -10,7 +10,9 @@ One exit-code contract for every command (the README's table):
   ``{"error": ...}`` object on stdout); also an output that cannot be written;
 - 3: an internal error (a bug in kvown): one ``error: internal error`` line, never 1
   (``KVOWN_DEBUG=1`` shows the traceback instead);
-- 130: interrupted (Ctrl-C): one line, every child process ended.
+- 4: (``check``) the state bound reached: a verdict on the states explored only;
+- 130: interrupted (Ctrl-C or SIGTERM): one line, every child process ended
+  (``model_checks.children``: also when kvown itself is killed).
 
 A closed stdout (``kvown list | head -1``, ``kvown list >&-``) ends quietly with 0: the
 output is dropped, the exit code is the command's. ``kvown --version`` prints the version;
@@ -81,7 +83,10 @@ def _usage() -> str:
     lines = ["usage: kvown COMMAND [options]", "", "commands:"]
     lines += [f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines.append("\n`kvown COMMAND --help` for a command's options; `kvown --version`.")
-    lines.append("exit codes: 0 holds, 1 violation, 2 bad input, 3 internal error, 130 Ctrl-C")
+    lines.append(
+        "exit codes: 0 holds, 1 violation, 2 bad input, 3 internal error,"
+        " 4 state bound reached (check), 130 Ctrl-C"
+    )
     return "\n".join(lines)
 
 
