@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -27,12 +28,19 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     rows: list[dict[str, Any]] = []
     failure: str | None = None
     err = Console(stderr=True)
-    with Progress("fuzz --tour", len(names), "configs") as bar:
+    with Progress("fuzz --tour", None, "planned steps") as bar:
+        # Every plan first (the explorations: a one-off), then the work left is known in
+        # planned steps (the configs' tours differ 100-fold: a rate per config misleads).
+        plans = []
         for name in names:
+            bar.update(note=f"planning {name}")
+            plans.append(plan_tour(get_config(name)))
+        bar.total = sum(p.steps for p in plans)
+        bar.start_work()
+        for name, plan in zip(names, plans, strict=True):
             bar.update(note=f"touring {name}")
             if not args.json:
                 err.print(f"touring {name} ...", highlight=False)
-            plan = plan_tour(get_config(name))
             res = run_tour(adapter, plan, deadline=deadline)
             rows.append(
                 report(
@@ -45,7 +53,7 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
                     failed=res.failed,
                 )
             )
-            bar.advance()
+            bar.advance(sum(len(q) for q in plan.sequences[: res.sequences]))
             if res.failure is not None:
                 failure = str(res.failure)
                 break
@@ -59,10 +67,10 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     out_of_time = deadline.passed() and failure is None
     if out_of_time:
         whole = False
-        err.print(
+        print(
             f"kvown fuzz --tour: the {args.seconds:g} s budget ran out after"
             f" {len(rows)} of {len(names)} configs (the last one partly)",
-            highlight=False,
+            file=sys.stderr,
         )
     if args.json:
         out = {"configs": rows, "complete": whole, "failure": failure, "out_of_time": out_of_time}

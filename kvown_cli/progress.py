@@ -147,7 +147,9 @@ class Progress:
                 self.note = note
         if self._bar is not None:
             desc = f"{self.command} {self.note}".strip()
-            self._bar.update(self._task, completed=self.done, description=desc)  # type: ignore[attr-defined]
+            self._bar.update(  # type: ignore[attr-defined]
+                self._task, completed=self.done, total=self.total, description=desc
+            )
 
     def start_work(self) -> None:
         """The rate (and the time left) is measured from now: what came before was a

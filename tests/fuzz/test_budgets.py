@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from refimpl.testing import EngineAdapter
 from refimpl.testing.run import Deadline, hunt, kill
 from refimpl.testing.tour import KILL_WORLDS
@@ -53,3 +55,13 @@ def test_reject_unfenced_is_killed_within_its_budget_from_the_command_line() -> 
     assert r.returncode == 0, r.stderr[-2000:]
     (got,) = json.loads(r.stdout)["mutants"]
     assert got["killed"] is True and got["out_of_time"] is False, got
+
+
+def test_the_tour_stops_at_its_budget_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvown_cli.main import main
+
+    rc = main(["fuzz", "--tour", "--config", "offload_contend", "--seconds", "0.001", "--json"])
+    out = capsys.readouterr()
+    got = json.loads(out.out)
+    assert rc == 1 and got["out_of_time"] is True and got["complete"] is False
+    assert "budget ran out" in out.err
