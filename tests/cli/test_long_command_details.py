@@ -58,3 +58,17 @@ def test_the_hf_example_without_transformers_names_the_extra() -> None:
     r = _py(code)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "[hf] extra" in r.stderr, r.stderr
+
+
+def test_the_rate_is_measured_from_the_work_not_the_start_up() -> None:
+    import time
+
+    from kvown_cli.progress import Progress
+
+    p = Progress("x", 10, "units", enabled=False)
+    p.t0 = p.t_work = time.monotonic() - 100.0  # a 100 s one-off start-up ...
+    p.start_work()
+    p.t_work -= 1.0  # ... then 5 units in 1 s
+    p.advance(5)
+    body = p.body()
+    assert "about 1 s left" in body, body  # not the 100 s the start-up would say
