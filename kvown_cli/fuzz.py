@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
     if args.tour:
-        from kvown_cli.fuzz_tour import tour
+        from kvown_cli.reports.fuzz_tour import tour
 
         return tour(args, adapter)
     return _fuzz(args, adapter)
