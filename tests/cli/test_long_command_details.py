@@ -72,3 +72,15 @@ def test_the_rate_is_measured_from_the_work_not_the_start_up() -> None:
     p.advance(5)
     body = p.body()
     assert "about 1 s left" in body, body  # not the 100 s the start-up would say
+
+
+def test_a_skipped_script_is_not_called_as_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CUDA-stream script runs on a GPU")
+    assert main(["repro", "reload_on_critical_stream"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict:   skipped, not run here (n/a on CPU)" in out
+    assert "behaves as documented" not in out.replace("0 of 0 that ran behave", "")
+    assert "skipped, not run (not applicable here): 1: reload_on_critical_stream" in out
