@@ -30,12 +30,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State, read_kv, write_kv_layer
 from refimpl.model import ContiguousKV, TinyConfig, TinyDecoder, decode, generate
+
+# isort: split
+import torch  # after refimpl: its import filters torch's NumPy-less warning
 
 PROMPT, STEPS, SEED, RID = 37, 8, 0, "req-1"
 SRC_TP, DECODE = 2, 2  # prefill ranks 0..1, the decode side is group rank 2

@@ -27,14 +27,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, channels, handoff, offload, reload
 from refimpl.adapters.hf import blocks_to_cache, cache_to_blocks, identity_from_hf_config
 from refimpl.errors import OwnershipError
 from refimpl.transport import Fault, InProcessTransport
+
+# isort: split
+import torch  # after refimpl: its import filters torch's NumPy-less warning
 
 PROMPT, STEPS, SEED = 37, 12, 0
 
@@ -150,6 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print(
+            "error: this example needs transformers, the [hf] extra:"
+            " pip install -e '.[hf]' (or pip install 'transformers>=5.0')",
+            file=sys.stderr,
+        )
+        return 2
     cfg, model = build_model()
     m_cfg, mistral = build_mistral()
     other_rope = identity_from_hf_config(cfg, "hf-llama-random-seed0")

@@ -35,14 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State
 from refimpl.adapters.vllm import blocks_to_vllm_layer, vllm_layer_to_blocks
 from refimpl.transport import InProcessTransport, Transport
 from spec.manifest import RopeConfig
+
+# isort: split
+import torch  # after refimpl: its import filters torch's NumPy-less warning
 
 LAYERS, HEADS, DIM, PROMPT, PREFIX = 3, 4, 8, 37, 16
 MODEL = ModelIdentity("example-llama", RopeConfig(10000.0, DIM))

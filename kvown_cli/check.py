@@ -1,4 +1,9 @@
-"""``kvown check``: the explicit-state model check (suite, one config, mutants)."""
+"""``kvown check``: the explicit-state model check (suite, one config, mutants).
+
+Exit codes: 0 every property holds (every mutant caught), 1 a property is violated (a
+mutant not caught), 2 misuse, 4 the state bound (``--max-states``) was reached: a verdict
+on the states explored only ("bound reached, N states, properties held so far").
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ from rich.table import Table
 from kvown_cli import usage as outcome
 from kvown_cli.junit import Case, write_junit
 from kvown_cli.progress import Progress, console
-from kvown_cli.usage import UsageError, output_path, refuse
+from kvown_cli.usage import UsageError, int_in, output_path, refuse
 from model_checks.explicit.explore import Progress as ProgressFn
+from model_checks.explicit.graph import StateBound
 from model_checks.explicit.runner import (
+    MAX_STATES,
     ConfigResult,
     MutantResult,
     check_config,
@@ -29,6 +36,7 @@ from spec.strict_json import short
 
 HELP = "explore the spec exhaustively (default suite)"
 DOT_MAX_STATES = 5000  # to_dot's limit on a whole graph
+EXIT_BOUND = 4  # the state bound reached: no verdict beyond the states explored
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="explore with N processes (a partitioned visited set, the same states, verdicts"
         " and counterexamples); 1: the serial explorer",
     )
+    p.add_argument(
+        "--max-states",
+        type=int_in(1, 1_000_000_000),
+        default=MAX_STATES,
+        metavar="N",
+        help="the state bound per config: reached, the check ends with exit 4 (bound"
+        f" reached, N states, properties held so far) (default: {MAX_STATES})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dot", metavar="FILE", help="write the state graph (or cex) as DOT")
     p.add_argument(
@@ -58,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cex-dir",
         metavar="DIR",
         help="on a violation, write its counterexample there as JSON (kvown replay reads it)"
-        " and DOT; the folder is made when missing",
+        " and DOT (--all-mutants: the JSON of every mutant); the folder is made when missing",
     )
 
 
@@ -117,16 +133,31 @@ def _pinned_states(name: str) -> int:
 
 def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
     results: list[ConfigResult] = []
-    with Progress("check", len(names), "configs") as bar:
-        for name in names:
-            bar.update(note=f"exploring {name}")
+    # The work left is measured in states when every config's count is pinned (sizes
+    # differ by 1000x: a rate per config would be far off), else in configs.
+    sizes = {n: _pinned_states(n) for n in names}
+    by_states = len(names) > 1 and all(sizes.values())
+    total = sum(sizes.values()) if by_states else len(names)
+    base = 0
+    with Progress("check", total, "states" if by_states else "configs") as bar:
+        for k, name in enumerate(names):
+            bar.update(note=f"config {k + 1}/{len(names)}: exploring {name}")
 
-            def tick(n: int, frontier: int, name: str = name) -> None:
-                bar.update(note=f"exploring {name}: {n:,} states")
+            def tick(n: int, frontier: int, name: str = name, k: int = k, at: int = base) -> None:
+                done = at + min(n, sizes[name]) if by_states else None
+                note = f"config {k + 1}/{len(names)}: exploring {name}: {n:,} states"
+                bar.update(done, note=note)
 
             fn: ProgressFn = tick
-            results.append(check_config(name, progress=fn, workers=args.workers))
-            bar.advance()
+            try:
+                res = check_config(
+                    name, progress=fn, workers=args.workers, max_states=args.max_states
+                )
+            except StateBound as exc:
+                return _bound(args, exc, results)
+            results.append(res)
+            base += sizes[name]
+            bar.update(base) if by_states else bar.advance()
     rows = property_rows(results)
     inv_rows = invariant_rows(results)  # INVARIANTS.md's conjuncts, evaluated on every state
     violated = next((r for r in (*rows, *inv_rows) if not r["holds"]), None)
@@ -194,6 +225,22 @@ def _suite(args: argparse.Namespace, names: tuple[str, ...]) -> int:
     return 0
 
 
+def _bound(args: argparse.Namespace, exc: StateBound, results: list[ConfigResult]) -> int:
+    """The state bound reached: what was checked, as a verdict of its own (exit 4)."""
+    done = [r.name for r in results]
+    if args.json:
+        out = {
+            "bound_reached": {"config": exc.config, "states": exc.bound, "violated": exc.violated},
+            "configs_done": done,
+        }
+        print(json.dumps(out))
+    else:
+        print(f"bound reached: {exc}")
+        if done:
+            print(f"configs checked in full before it: {', '.join(done)}")
+    return 1 if exc.violated else EXIT_BOUND
+
+
 def _suite_cases(results: list[ConfigResult]) -> list[Case]:
     """One testcase per property x config (and per INVARIANTS.md conjunct claimed in the
     config); a failure carries the pretty counterexample.
@@ -229,9 +276,13 @@ def _write_cex(
 ) -> None:
     """``<config>[.<mutant>].<property>.json`` (the replayable trace) and ``.dot``."""
     stem = os.path.join(folder, ".".join(x for x in (config, mutant, prop) if x))
-    out = {"config": config, "mutants": [mutant] if mutant else [], "violated": prop}
-    outcome.write_text(f"{stem}.json", json.dumps({**out, "trace": steps}, indent=1))
+    _write_cex_json(f"{stem}.json", config, mutant, prop, steps)
     outcome.write_text(f"{stem}.dot", dot)
+
+
+def _write_cex_json(path: str, config: str, mutant: str | None, prop: str, steps: Any) -> None:
+    out = {"config": config, "mutants": [mutant] if mutant else [], "violated": prop}
+    outcome.write_text(path, json.dumps({**out, "trace": steps}, indent=1))
 
 
 def _mutant(args: argparse.Namespace) -> int:
@@ -287,6 +338,11 @@ def _all_mutants(args: argparse.Namespace) -> int:
             results.append(check_mutant(name, args.workers))
             bar.advance()
     ok = all(r.caught for r in results)
+    if args.cex_dir:  # the replayable JSON of each (a DOT drawing: --mutant NAME)
+        for r in results:
+            if r.trace is not None:
+                path = os.path.join(args.cex_dir, f"{r.config}.{r.name}.{r.expected}.json")
+                _write_cex_json(path, r.config, r.name, r.expected, r.trace.steps)
     if args.junit:
         write_junit(args.junit, "kvown check --all-mutants", [_mutant_case(r) for r in results])
     if args.json:

@@ -41,7 +41,15 @@ from kvown_cli.usage import (
 )
 from refimpl.testing import EngineAdapter
 from refimpl.testing.harness import NONTRIVIAL, Coverage
-from refimpl.testing.run import PROFILES, Kill, RunResult, hunt, kill, shrunk, state_share
+from refimpl.testing.run import (
+    PROFILES,
+    Kill,
+    RunResult,
+    hunt,
+    kill,
+    shrunk,
+    state_share,
+)
 from refimpl.testing.worlds import FUZZ_WORLDS
 from refimpl.testing.worlds import get_world as get_config
 from spec.actions import ACTIONS
@@ -61,13 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--examples",
         type=int_in(1, MAX_EXAMPLES),
         metavar="N",
-        help="examples per config or switch",
+        help="examples per config or switch (default: the profile's, ci: 100 per config,"
+        " 500 per switch)",
     )
     p.add_argument(
         "--seconds",
         type=positive_seconds,
         metavar="S",
-        help="time budget, finite and > 0 (total; per switch)",
+        help="a hard time budget, finite and > 0: in all when fuzzing or touring, per switch"
+        " with --mutant/--all-mutants; what was done when it runs out is reported (default:"
+        " none, the examples bound the work)",
     )
     p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
     p.add_argument(
@@ -111,73 +122,10 @@ def run(args: argparse.Namespace) -> int:
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
     if args.tour:
-        return _tour(args, adapter)
+        from kvown_cli.reports.fuzz_tour import tour
+
+        return tour(args, adapter)
     return _fuzz(args, adapter)
-
-
-# --------------------------------------------------------------------- the graph tour
-def _tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
-    from refimpl.testing.tour import EDGE_TOURS, plan_tour, report, run_tour
-    from spec.config import DEFAULT_SUITE
-
-    names = (args.config,) if args.config else (*DEFAULT_SUITE, *EDGE_TOURS[2:])
-    rows: list[dict[str, Any]] = []
-    failure: str | None = None
-    err = Console(stderr=True)
-    with Progress("fuzz --tour", len(names), "configs") as bar:
-        for name in names:
-            bar.update(note=f"touring {name}")
-            if not args.json:
-                err.print(f"touring {name} ...", highlight=False)
-            plan = plan_tour(get_config(name))
-            res = run_tour(adapter, plan)
-            rows.append(
-                report(
-                    plan,
-                    res.coverage,
-                    steps=res.steps,
-                    probes=res.probes,
-                    plan_cpu_seconds=round(plan.seconds, 2),
-                    cpu_seconds=round(res.seconds, 2),
-                    failed=res.failed,
-                )
-            )
-            bar.advance()
-            if res.failure is not None:
-                failure = str(res.failure)
-                break
-    whole = all(
-        r["pairs_covered"] == r["pairs"]
-        and (r["goal"] != "edges" or r["edges_covered"] == r["edges"])
-        for r in rows
-    )
-    if args.json:
-        print(json.dumps({"configs": rows, "complete": whole, "failure": failure}))
-    else:
-        t = Table(title="the graph tour (every check on every step)")
-        cols = ("config", "goal", "states", "edges", "pairs", "sequences", "steps", "cpu s")
-        for col in (*cols, "verdict"):
-            t.add_column(col, justify="left" if col in ("config", "goal", "verdict") else "right")
-        for r in rows:
-            verdict = "[red]DIVERGES[/red]" if r["failed"] else "conforms"
-            t.add_row(
-                r["config"],
-                r["goal"],
-                str(r["states"]),
-                f"{r['edges_covered']}/{r['edges']}",
-                f"{r['pairs_covered']}/{r['pairs']}",
-                str(r["sequences"]),
-                str(r["steps"]),
-                f"{r['plan_cpu_seconds'] + r['cpu_seconds']:.1f}",
-                verdict,
-            )
-        console().print(t)
-        for r in rows:
-            if r["pairs_missed"]:
-                print(f"{r['config']}: pairs not exercised: {', '.join(r['pairs_missed'])}")
-        if failure is not None:
-            print(failure)
-    return 0 if failure is None and whole else 1
 
 
 # --------------------------------------------------------------------- fuzzing
@@ -337,7 +285,10 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
 
     def so_far() -> str:
         got = Counter("n/a" if k.killed is None else str(k.killed) for k in kills)
-        return f"killed {got['True']}, survived {got['False']}"
+        late = sum(1 for k in kills if k.out_of_time)
+        return f"killed {got['True']}, survived {got['False']}" + (
+            f" ({late} out of time)" if late else ""
+        )
 
     with Progress("fuzz", len(names), "switches", summary=so_far) as bar:
         for name in names:
@@ -366,6 +317,8 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
         t.add_column(col, justify="right" if right else "left", no_wrap=col != "caught by")
     for k in kills:
         killed = "n/a" if k.killed is None else "yes" if k.killed else "[red]NO[/red]"
+        if k.out_of_time:
+            killed = "[red]NO (out of time)[/red]"
         t.add_row(
             k.name,
             k.config,
@@ -378,8 +331,10 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
     con = console()
     con.print(t)
     tally = Counter("n/a" if k.killed is None else str(k.killed) for k in kills)
+    late = [k.name for k in kills if k.out_of_time]
     con.print(
-        f"killed {tally['True']}, survived {tally['False']}, not applicable {tally['n/a']}",
+        f"killed {tally['True']}, survived {tally['False']}, not applicable {tally['n/a']}"
+        + (f"; out of time ({args.seconds:g} s each): {', '.join(late)}" if late else ""),
         highlight=False,
     )
     return 0 if ok else 1
@@ -392,4 +347,6 @@ def _kill_case(k: Kill) -> Case:
     if k.killed:
         return Case("kvown.fuzz.mutants", k.name, k.seconds)
     msg = f"switch {k.name} survived {k.examples or 0} examples on {k.config}"
+    if k.out_of_time:
+        msg += " (its time budget ran out)"
     return Case("kvown.fuzz.mutants", k.name, k.seconds, f"SURVIVED: {msg}\n{k.message}", msg)

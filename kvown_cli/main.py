@@ -10,7 +10,9 @@ One exit-code contract for every command (the README's table):
   ``{"error": ...}`` object on stdout); also an output that cannot be written;
 - 3: an internal error (a bug in kvown): one ``error: internal error`` line, never 1
   (``KVOWN_DEBUG=1`` shows the traceback instead);
-- 130: interrupted (Ctrl-C): one line, every child process ended.
+- 4: (``check``) the state bound reached: a verdict on the states explored only;
+- 130: interrupted (Ctrl-C or SIGTERM): one line, every child process ended
+  (``model_checks.children``: also when kvown itself is killed).
 
 A closed stdout (``kvown list | head -1``, ``kvown check-trace bug.jsonl | true``,
 ``kvown list >&-``) drops the rest of the output quietly, and the exit code is the
@@ -27,7 +29,6 @@ import argparse
 import errno
 import importlib
 import json
-import multiprocessing
 import os
 import signal
 import sys
@@ -86,19 +87,19 @@ def _usage() -> str:
     lines = ["usage: kvown COMMAND [options]", "", "commands:"]
     lines += [f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines.append("\n`kvown COMMAND --help` for a command's options; `kvown --version`.")
-    lines.append("exit codes: 0 holds, 1 violation, 2 bad input, 3 internal error, 130 Ctrl-C")
+    lines.append(
+        "exit codes: 0 holds, 1 violation, 2 bad input, 3 internal error,"
+        " 4 state bound reached (check), 130 Ctrl-C"
+    )
     return "\n".join(lines)
 
 
 def _end_children() -> None:
-    """Terminate every worker process (z3 claims, repro prefetch), then reap them."""
-    children = multiprocessing.active_children()
-    for p in children:
-        p.terminate()
-    for p in children:
-        p.join(timeout=0.5)
-        if p.is_alive():
-            p.kill()
+    """End every worker: the registered process groups (mutate's checks, the cluster's
+    workers) and the multiprocessing children (z3 claims, the explorer, repro prefetch)."""
+    from model_checks import children
+
+    children.end_all()
 
 
 # While an interrupt is handled, fd 2 points at /dev/null and this is the real stderr:
@@ -159,20 +160,16 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _ignore_sigint_in_child() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its workers itself
-
-
-_FORK_HOOK = False
-
-
 def _install_signal_handlers() -> None:
-    global _FORK_HOOK
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=_ignore_sigint_in_child)
-        _FORK_HOOK = True
+    """Ctrl-C and SIGTERM end the workers and the command (exit 130); forked children die
+    with this process (``model_checks.children``)."""
+    from model_checks import children
+
+    children.install()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigint)
 
 
 def _silence_stdout() -> None:

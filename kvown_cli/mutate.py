@@ -57,6 +57,7 @@ from typing import Any
 
 from kvown_cli.progress import Progress, duration
 from kvown_cli.usage import UsageError
+from model_checks import children
 from model_checks.mutation import Check, MutantResult, Target, run_mutants, sample, summarise
 from model_checks.mutation.runner import MAX_JOBS
 from spec.config import SUITES
@@ -190,7 +191,14 @@ def _covered(args: argparse.Namespace, picked: list[Any]) -> tuple[list[Any], li
         return picked, []
     print("kvown mutate: tracing the lines the checks execute ...", file=sys.stderr, flush=True)
     argv = lines_argv(args.examples) if args.examples is not None else lines_argv()
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    proc = children.popen(argv, stdout=subprocess.PIPE)
+    try:
+        raw, _ = proc.communicate()
+    finally:
+        children.release(proc)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    out = raw.decode()
     hit = {f: set(v) for f, v in json.loads(out.strip().splitlines()[-1]).items()}
     covered = [m for m in picked if m.line in hit.get(m.file, ())]
     uncovered = [m for m in picked if m.line not in hit.get(m.file, ())]
@@ -212,6 +220,7 @@ class _Tally:
     ) -> None:
         self.n, self.jobs, self.checks = n, min(jobs, max(1, n)), checks
         self.counts: dict[str, int] = {}
+        self.seconds: list[float] = []  # each finished mutant's wall seconds
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
         self.progress = Progress("mutate", n, "mutants", summary=self.summary)
@@ -240,16 +249,22 @@ class _Tally:
             done = sum(self.counts.values())
         cols = " ".join(f"{k}={v}" for k, v in r.outcomes.items())
         print(f"{r.mutant.id}  {cols}  ({r.seconds:.0f} s)", file=sys.stderr, flush=True)
+        with self.lock:
+            self.seconds.append(r.seconds)
+            each = sum(self.seconds) / len(self.seconds)  # measured: each mutant's own wall
         if done == self.jobs and self.n > done:
-            each = (time.monotonic() - self.t0) / done * self.jobs  # wall per mutant per job
             left = each * (self.n - done) / self.jobs
             print(
-                f"kvown mutate: estimate: {each:.0f} s per mutant (the first {done}),"
-                f" about {duration(left)} more for the other {self.n - done}",
+                f"kvown mutate: estimate: {each:.0f} s per mutant (the first {done}, measured"
+                f" on them alone), about {duration(left)} more for the other {self.n - done}",
                 file=sys.stderr,
                 flush=True,
             )
         self.progress.advance()
+
+    def start_work(self) -> None:
+        """The one-off start-up (the prefilter's exploration) is over: rates from now."""
+        self.progress.start_work()
 
 
 def _run_spec(args: argparse.Namespace) -> int:
@@ -282,6 +297,7 @@ def _run_spec(args: argparse.Namespace) -> int:
                 prefilter=not args.no_prefilter,
                 coverage=not args.no_coverage,
                 on_result=tally.add,
+                on_start=tally.start_work,
                 skip_uncovered=args.skip_uncovered,
                 say=lambda line: print(f"kvown mutate: {line}", file=sys.stderr, flush=True),
             )

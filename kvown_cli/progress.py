@@ -80,6 +80,7 @@ class Progress:
         self.command, self.total, self.unit, self.summary = command, total, unit, summary
         self.done, self.note = 0, ""
         self.t0 = time.monotonic()
+        self.t_work, self.done_at_work = self.t0, 0  # where the rate is measured from
         self.enabled = enabled
         self.lines = 0  # plain lines written
         self._lock = threading.Lock()
@@ -146,7 +147,15 @@ class Progress:
                 self.note = note
         if self._bar is not None:
             desc = f"{self.command} {self.note}".strip()
-            self._bar.update(self._task, completed=self.done, description=desc)  # type: ignore[attr-defined]
+            self._bar.update(  # type: ignore[attr-defined]
+                self._task, completed=self.done, total=self.total, description=desc
+            )
+
+    def start_work(self) -> None:
+        """The rate (and the time left) is measured from now: what came before was a
+        one-off start-up (a prefilter, a prefetch), not the work left."""
+        with self._lock:
+            self.t_work, self.done_at_work = time.monotonic(), self.done
 
     def advance(self, n: int = 1, note: str | None = None) -> None:
         with self._lock:
@@ -161,12 +170,14 @@ class Progress:
         """``DONE/TOTAL UNIT, ELAPSED, RATE, about T left (NOTE; SUMMARY)``."""
         with self._lock:
             done, note = self.done, self.note
-        took = time.monotonic() - self.t0
+            t_work, worked = self.t_work, self.done - self.done_at_work
+        now = time.monotonic()
+        took, working = now - self.t0, now - t_work
         of = f"/{self.total}" if self.total is not None else ""
         parts = [f"{done}{of} {self.unit}", f"{duration(took)}"]
-        if done and took > 0:
-            rate = done / took
-            each = f"{took / done:.3g} s each"
+        if worked > 0 and working > 0:  # measured on the work itself, since start_work
+            rate = worked / working
+            each = f"{working / worked:.3g} s each"
             parts.append(f"{rate:.3g} {self.unit}/s" if rate >= 0.1 else each)
             if self.total is not None and not final and done < self.total:
                 parts.append(f"about {duration((self.total - done) / rate)} left")

@@ -161,17 +161,27 @@ def _rows(claims: list[Any], every: bool) -> list[tuple[str, str, str, str, str]
 
 def _mutant(args: argparse.Namespace, _err: Callable[[str], int]) -> int:
     from model_checks.explicit.trace import pretty
-    from model_checks.symbolic.bmc import SAFETY_MUTANTS, bfs_depth, mutant_bmc
+    from model_checks.symbolic.bmc import (
+        SAFETY_MUTANTS,
+        UNENCODED_MUTANTS,
+        bfs_depth,
+        mutant_bmc,
+    )
     from spec.config import get_config
     from spec.mutants import MUTANTS
+    from spec.properties import PROPERTIES
 
     name = args.mutant
     if name not in MUTANTS:
         return _err(f"unknown mutant {name!r}; valid mutants: {', '.join(MUTANTS)}")
     if name not in SAFETY_MUTANTS:
         prop = MUTANTS[name].expected
+        kind = PROPERTIES[prop].kind if prop in PROPERTIES else "safety"  # INVARIANTS.md
+        why = f"a {kind} property"
+        if name in UNENCODED_MUTANTS:  # safety, but outside what the z3 encoding holds
+            why += f" on {MUTANTS[name].configs[0]}, outside the z3 encoding's claims"
         return _err(
-            f"mutant {name!r} breaks {prop}, a liveness property: not a BMC claim"
+            f"mutant {name!r} breaks {prop}, {why}: not a BMC claim"
             f" (see `kvown check --mutant {name}`); BMC mutants: {', '.join(SAFETY_MUTANTS)}"
         )
     res = mutant_bmc(name)

@@ -1,4 +1,4 @@
-"""``kvown replay FILE``: replay a saved counterexample on the spec, step by step.
+"""``kvown replay FILE [FILE ...]``: replay saved counterexamples on the spec, step by step.
 
 The file is what ``kvown check --cex-dir DIR`` writes (``DIR/<config>[.<mutant>].<property>
 .json``), also ``kvown check --json``'s and ``kvown prove --mutant M --json``'s object:
@@ -35,7 +35,13 @@ MAX_BYTES = 64 << 20  # a counterexample is a few KB; a bigger file is not one
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="the counterexample JSON (kvown check --cex-dir DIR writes them)")
+    p.add_argument(
+        "file",
+        nargs="+",
+        metavar="FILE",
+        help="the counterexample JSON (kvown check --cex-dir DIR writes them); several: each"
+        " in turn (kvown replay cex/*.json), exit 1 when any is reproduced",
+    )
     p.add_argument(
         "--without-mutants",
         action="store_true",
@@ -182,11 +188,34 @@ def on_engine(doc: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """One file: its verdict. Several: every file is read and checked first (a bad one is
+    refused before any replay), then each is replayed; JSON ``{"replays": [...]}``."""
+    paths = list(args.file)
     try:
-        doc = load(args.file)
-        verdict = replay_cex(doc, with_mutants=not args.without_mutants)
+        docs = [load(p) for p in paths]
+        verdicts = [replay_cex(d, with_mutants=not args.without_mutants) for d in docs]
     except UsageError as exc:
         return refuse("replay", str(exc), args.json)
+    if len(paths) == 1:
+        return _show(args, docs[0], verdicts[0])
+    if args.json:
+        for d, v in zip(docs, verdicts, strict=True):
+            if args.engine:
+                v["engine"] = on_engine(d, v)
+        print(
+            json.dumps(
+                {"replays": [{"file": p, **v} for p, v in zip(paths, verdicts, strict=True)]}
+            )
+        )
+        return 1 if any(v["reproduced"] for v in verdicts) else 0
+    rcs = []
+    for p, d, v in zip(paths, docs, verdicts, strict=True):
+        print(f"== {p}")
+        rcs.append(_show(args, d, v))
+    return max(rcs)
+
+
+def _show(args: argparse.Namespace, doc: dict[str, Any], verdict: dict[str, Any]) -> int:
     if args.engine:
         verdict["engine"] = on_engine(doc, verdict)
     if args.json:

@@ -81,7 +81,7 @@ def run_one(name: str, narrate: bool) -> dict[str, object]:
 
     res = guarded(name, m.PROPERTY, m.run, print if narrate else None)
     rec = res.record()
-    if res.ok and res.damage == res.prevented and res.damage.startswith("n/a"):
+    if res.skipped():
         rec["skipped"] = res.damage  # e.g. "n/a on CPU": it did not run here
     return rec
 
@@ -111,13 +111,16 @@ def run(args: argparse.Namespace) -> int:
     names = valid if args.all else list(args.names)
     narrate = not args.json and not args.all
     t0 = time.perf_counter()
-    if len(names) > 1:  # the model checks of all of them at once, in worker processes
-        mods = [load(n) for n in names]
-        from refimpl.replay import prefetch
-
-        prefetch(m.MUTANT for m in mods if m.MUTANT)
     records: list[dict[str, object]] = []
     with Progress("repro", len(names), "scripts") as bar:
+        if len(names) > 1:  # the model checks of all of them at once, in worker processes
+            mods = [load(n) for n in names]
+            from refimpl.replay import prefetch
+
+            todo = [m.MUTANT for m in mods if m.MUTANT]
+            bar.update(note=f"the model checks of {len(todo)} mutants, in worker processes")
+            prefetch(todo)
+            bar.start_work()  # the rate of the scripts, not of the prefetch
         for n in names:
             bar.update(note=f"running {n}")
             rec = run_one(n, narrate)
@@ -131,12 +134,14 @@ def run(args: argparse.Namespace) -> int:
     skipped = [r["name"] for r in records if "skipped" in r]
     if args.json:
         print(json.dumps({"repros": records}))
-    elif args.all:
+    elif args.all or len(names) > 1 or skipped:  # one script's narration ends in its verdict
+        # a skipped script did not run: it is not counted as behaving as documented
         took = time.perf_counter() - t0
         ran = len(records) - len(skipped)
-        print(f"{ran - len(bad)} of {ran} behave as documented ({took:.1f} s)")
+        print(f"{ran - len(bad)} of {ran} that ran behave as documented ({took:.1f} s)")
         if skipped:
-            print(f"skipped (not applicable here): {', '.join(map(str, skipped))}")
+            why = "; ".join(f"{r['name']}: {r['skipped']}" for r in records if "skipped" in r)
+            print(f"skipped, not run (not applicable here): {len(skipped)}: {why}")
         if bad:
             print(f"not as documented: {', '.join(map(str, bad))}")
     return 1 if bad else 0

@@ -29,7 +29,13 @@ The API names load on first use, so ``import refimpl.blocks`` stays torch-light.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
+
+# torch warns at import when numpy is not installed ("Failed to initialize NumPy"): the
+# reference implementation never converts a tensor to numpy, so numpy is no dependency
+# and that one warning is noise. Filtered before any refimpl module imports torch.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 _API = (
     "Channels",

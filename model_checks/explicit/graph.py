@@ -106,6 +106,26 @@ Progress = Callable[[int, int], None]  # (states so far, frontier size)
 EdgePred = Callable[[World, str, int, int, World, Config], bool]
 
 
+class StateBound(Exception):
+    """The exploration reached its state bound: a verdict on the states explored only
+    (``kvown check`` exit 4), not an error. ``violated``: the safety properties violated
+    on the states explored (None: not known, as with the parallel explorer)."""
+
+    def __init__(self, config: str, bound: int, violated: list[str] | None) -> None:
+        self.config, self.bound, self.violated = config, bound, violated
+        held = (
+            "the properties' verdicts on them are not collected"
+            if violated is None
+            else f"violated on them: {', '.join(violated)}"
+            if violated
+            else "every safety property held on them"
+        )
+        super().__init__(
+            f"config {config}: state bound reached, {bound} states explored ({held});"
+            " no verdict on the states beyond"
+        )
+
+
 class Run:
     """One exploration: the graph being built, the checks, the stop condition."""
 
@@ -153,4 +173,4 @@ class Run:
 
     def too_many(self, tid: int) -> None:
         if tid >= self.max_states:
-            raise RuntimeError(f"config {self.c.name}: more than {self.max_states} states")
+            raise StateBound(self.c.name, self.max_states, sorted(self.g.first_violation))

@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from model_checks.explicit.explore import EdgePred, Graph, Label, Progress
+from model_checks.explicit.graph import StateBound
 from model_checks.explicit.partition import label_of, owner, run_worker, start_method, wait_for
 from model_checks.explicit.verdicts import state_preds
 from spec.common import Mutants
@@ -99,7 +100,7 @@ def explore_parallel(
             if stop or new == 0:
                 break
             if total > max_states:
-                raise RuntimeError(f"config {c.name}: more than {max_states} states")
+                raise StateBound(c.name, max_states, None)
             for q in ctrl:
                 q.put("expand")
         for q in ctrl:

@@ -18,6 +18,8 @@ from spec.invariants import INVARIANTS
 from spec.mutants import get_mutant
 from spec.properties import LIVENESS, SAFETY
 
+MAX_STATES = 2_000_000  # the explorer's default state bound (``kvown check --max-states``)
+
 
 @dataclass
 class Violation:
@@ -58,23 +60,39 @@ def check_config(
     progress: Progress | None = None,
     workers: int = 1,
     por: bool = False,
+    max_states: int = MAX_STATES,
 ) -> ConfigResult:
     """Explore ``name`` exhaustively; record the shortest counterexample per property.
 
     ``workers`` > 1: the parallel explorer (``parallel.explore_parallel``), the same graph;
     its CPU time counts the worker processes'. ``por``: partial-order reduction (safety
     and transition properties only: liveness is not checked on a reduced graph, and a
-    counterexample may be longer); not with ``workers``."""
+    counterexample may be longer); not with ``workers``. More than ``max_states`` states:
+    ``graph.StateBound`` (a verdict on the states explored, not an error)."""
     c = get_config(name)
     t0, c0 = time.perf_counter(), _cpu()
     if workers > 1:
         if por:
             raise ValueError("por is not available with workers > 1")
         g = explore_parallel(
-            c, mutants, workers=workers, symmetry=symmetry, stop_on=stop_on, progress=progress
+            c,
+            mutants,
+            workers=workers,
+            symmetry=symmetry,
+            stop_on=stop_on,
+            progress=progress,
+            max_states=max_states,
         )
     else:
-        g = explore(c, mutants, symmetry=symmetry, stop_on=stop_on, progress=progress, por=por)
+        g = explore(
+            c,
+            mutants,
+            symmetry=symmetry,
+            stop_on=stop_on,
+            progress=progress,
+            por=por,
+            max_states=max_states,
+        )
     res = ConfigResult(name, g, 0.0)
     for pid in sorted({*g.first_violation, *g.first_step_violation}):
         path = g.violation_path(pid)

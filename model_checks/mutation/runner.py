@@ -3,7 +3,9 @@
 ``run_mutants`` gives every worker thread one private copy of ``root``'s folders (made
 once, then only the mutated file is rewritten and restored), so N mutants cost N file
 writes, not N copies. Each ``Check`` runs as a subprocess in its own process group, so
-a timeout ends the check and every child it started.
+a timeout ends the check and every child it started; the groups and the copies are
+registered with ``model_checks.children`` (an interrupt ends them, the watchdog removes
+them if this process is killed), and after an interrupt no new check starts.
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model_checks import children
 from model_checks.mutation.operators import Mutant
 
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
@@ -64,20 +65,19 @@ def _run_check(check: Check, cwd: Path) -> tuple[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    proc = subprocess.Popen(
-        check.argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    proc = children.popen(
+        check.argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
         out, _ = proc.communicate(timeout=check.timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        children.end_group(proc)
         proc.communicate()
         return TIMEOUT, f"ran past {check.timeout_s:g} s"
+    finally:
+        children.release(proc)
+    if children.stopping():  # ended by an interrupt: no verdict
+        raise KeyboardInterrupt
     tail = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
     last = tail[-1][:300] if tail else ""
     return (SURVIVED if proc.returncode == 0 else KILLED), last
@@ -103,7 +103,9 @@ def run_mutants(
     for m in mutants:
         if m.file.split("/")[0] not in {c.split("/")[0] for c in copy}:
             raise ValueError(f"mutant {m.id} is in {m.file}, outside the copied {list(copy)}")
-    with tempfile.TemporaryDirectory(prefix="kvown-mutate-") as tmp:
+    if children.stopping():
+        raise KeyboardInterrupt
+    with children.temp_dir("kvown-mutate-") as tmp:
         slots: queue.Queue[Path] = queue.Queue()
         for k in range(min(jobs, max(1, len(mutants)))):
             d = Path(tmp) / f"w{k}"
@@ -137,8 +139,11 @@ def run_mutants(
                 on_result(res)
             return res
 
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
             return list(pool.map(one, mutants))
+        finally:  # an interrupt: the queued mutants never start, the running ones end
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def summarise(

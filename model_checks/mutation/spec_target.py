@@ -111,6 +111,7 @@ def run(
     prefilter: bool = True,
     coverage: bool = True,
     on_result: Callable[[MutantResult], None] | None = None,
+    on_start: Callable[[], None] | None = None,
     skip_uncovered: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, object], list[MutantResult]]:
@@ -121,7 +122,9 @@ def run(
     without a run, reported as not covered. ``prefilter``: first explore the correct
     suite once, and let a mutant that changes no reachable step survive without a model
     check of its own (``spec_prefilter``); the others run in subprocesses, ``jobs`` at a
-    time, while the next is filtered. ``say``: the plan's lines, as each step starts."""
+    time, while the next is filtered. ``say``: the plan's lines, as each step starts;
+    ``on_start``: called once the one-off work (coverage, the prefilter's exploration) is
+    done and the mutants' own work starts (a progress measures its rate from there)."""
     pool = mutants(root)
     if only:
         known = {m.id: m for m in pool}
@@ -148,6 +151,8 @@ def run(
     if prefilter:
         say("prefilter: exploring the correct suite once; a mutant that changes no step survives")
     reach = Reachable(configs) if prefilter else None
+    if on_start is not None:
+        on_start()
     done: dict[str, MutantResult] = {}
 
     def judge(m: Mutant) -> None:
@@ -156,7 +161,8 @@ def run(
         if on_result is not None:
             on_result(res)
 
-    with ThreadPoolExecutor(max_workers=jobs) as workers:
+    workers = ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = []
         for m in picked:
             if m.id in skip:
@@ -174,6 +180,8 @@ def run(
             futures.append(workers.submit(judge, m))
         for f in futures:
             f.result()
+    finally:  # an interrupt: the queued mutants never start
+        workers.shutdown(wait=True, cancel_futures=True)
     results = [done[m.id] for m in picked]
     report = summarise(results, load_equivalents(EQUIVALENTS), cs)
     report["generated"] = len(pool)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from model_checks import children
 from refimpl.cluster.worker import WorkerArgs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ class Procs:
         if old is not None:  # a restart: the dead incarnation's process stays reaped by pid
             self.retired.append(old)
         try:
-            self.procs[a.name] = subprocess.Popen(
+            self.procs[a.name] = children.popen(  # its own group, ended with kvown
                 [sys.executable, "-m", "refimpl.cluster.worker", a.to_json()],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -90,3 +91,4 @@ class Procs:
                 time.sleep(0.3)
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)
+            children.release(p)

@@ -142,6 +142,11 @@ class Result:
     problems: list[str]
     lines: list[str]
 
+    def skipped(self) -> bool:
+        """It did not run here: its damage and prevention both say ``n/a ...`` (e.g. a
+        CUDA-stream failure on CPU): neither an ok nor a failure."""
+        return self.ok and self.damage == self.prevented and self.damage.startswith("n/a")
+
     def record(self) -> dict[str, object]:
         return {
             "name": self.name,

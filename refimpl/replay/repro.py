@@ -72,7 +72,11 @@ class Repro:
         ok = not self.problems
         self.say(f"damage:    {self.damage or '(none shown)'}")
         self.say(f"prevented: {self.prevented or '(not shown)'}")
-        self.say("verdict:   " + ("behaves as documented" if ok else "NOT as documented"))
+        na = self.damage == self.prevented and self.damage.startswith("n/a")  # Result.skipped()
+        verdict = "behaves as documented" if ok else "NOT as documented"
+        if ok and na:
+            verdict = f"skipped, not run here ({self.damage})"
+        self.say("verdict:   " + verdict)
         if not self.damage or not self.prevented:
             ok = False
             self.problems.append("damage or prevention not recorded")

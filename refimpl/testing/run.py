@@ -9,9 +9,15 @@ names another):
 
 ``run_machine`` runs one machine class (an adapter, a config, bug switches) to the end of
 its budget or its first failure. ``hunt`` repeats runs (new seeds) until a time budget
-is spent. ``kill`` judges one switch by the graph tour first (``tour``), then hunts with
-it on, and shrinks the failing program by delta debugging (``shrink_program``): a
-replay costs a fraction of a Hypothesis shrink step.
+is spent. ``kill`` judges one switch by the graph tour first (``tour``: the switches of
+``tour.KILL_WORLDS``, each on its small world), then hunts with it on, and shrinks the
+failing program by delta debugging (``shrink_program``): a replay costs a fraction of a
+Hypothesis shrink step.
+
+A time budget is a hard bound: a ``Deadline`` that the machine checks at every step (a
+Hypothesis run in progress is stopped, not waited for), the tour before every sequence
+and the shrink before every replay. What was done when it ran out is reported
+(``RunResult.out_of_time``, ``Kill.out_of_time``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,45 @@ KILL_EXAMPLES = {"ci": 500, "dev": 500, "nightly": 4000}  # per switch, to the f
 # fewer seeded bugs than fresh generation did).
 PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 FIND = (Phase.generate,)  # hunts: find, then shrink_program
+
+
+class BudgetSpent(BaseException):
+    """The deadline passed (a BaseException: Hypothesis must not take it for a failure)."""
+
+
+class Deadline:
+    """``seconds`` of wall time from now (None: no bound)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+    def check(self) -> None:
+        if self.passed():
+            raise BudgetSpent
+
+
+NO_DEADLINE = Deadline(None)
+
+
+class _Budgeted(Tally):
+    """A tally whose step count checks the deadline: the machine stops at the next step."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        super().__init__()
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @steps.setter
+    def steps(self, n: int) -> None:
+        self._steps = n
+        if n:
+            self.deadline.check()
 
 
 def register_profiles() -> None:
@@ -80,6 +125,7 @@ class RunResult:
     failure: BaseException | None = None  # what the run raised (a Divergence: the machine's)
     seconds: float = 0.0
     runs: int = 0  # Hypothesis runs (``hunt`` repeats them with new seeds)
+    out_of_time: bool = False  # the time budget ended the run
 
     @property
     def failed(self) -> bool:
@@ -98,6 +144,7 @@ class RunResult:
         self.failure = self.failure or other.failure
         self.seconds += other.seconds
         self.runs += other.runs
+        self.out_of_time = self.out_of_time or other.out_of_time
 
 
 def run_machine(
@@ -108,12 +155,14 @@ def run_machine(
     use: settings | None = None,
     coverage: Coverage | None = None,
     rng_seed: int | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> RunResult:
     """One Hypothesis run of the machine (``use``: its settings, default
     ``machine_settings()``); ``rng_seed`` fixes Hypothesis's choices when the settings
-    are not derandomised. A failure is returned, not raised."""
+    are not derandomised; ``deadline`` stops it at the next step once passed
+    (``out_of_time``). A failure is returned, not raised."""
     c = get_world(config) if isinstance(config, str) else config
-    tally = Tally()
+    tally = _Budgeted(deadline) if deadline.at is not None else Tally()
     cls = make_machine(adapter, c, mutants, coverage=coverage, tally=tally)
     use = use if use is not None else machine_settings()
     test = get_state_machine_test(cls, settings=use)  # type: ignore[no-untyped-call,unused-ignore]
@@ -121,8 +170,11 @@ def run_machine(
         test = seed(rng_seed)(test)
     t0 = time.perf_counter()
     failure: BaseException | None = None
+    spent = False
     try:
         test()
+    except BudgetSpent:
+        spent = True
     except Exception as exc:  # the failure (or Hypothesis's own complaint)
         failure = exc
     return RunResult(
@@ -134,6 +186,7 @@ def run_machine(
         failure,
         time.perf_counter() - t0,
         1,
+        spent,
     )
 
 
@@ -146,35 +199,51 @@ def hunt(
     examples: int | None = None,
     seconds: float | None = None,
     coverage: Coverage | None = None,
+    deadline: Deadline | None = None,
 ) -> RunResult:
     """Run the machine until it fails or the budget is spent. Without ``seconds``: one
     run of ``examples`` (default the profile's). With it: runs of at most 25 examples
-    (seeds 1, 2, ... after a derandomised first) until the time is spent, or until
-    ``examples`` when that is given too. Quiet, no Hypothesis shrinking (see ``kill``)."""
+    (seeds 1, 2, ... after a derandomised first) until the time is spent (the run in
+    progress stopped at its next step), or until ``examples`` when that is given too.
+    ``deadline`` (instead of ``seconds``): a bound shared with the caller's other work.
+    Quiet, no Hypothesis shrinking (see ``kill``)."""
     c = get_world(config) if isinstance(config, str) else config
     n = examples if examples is not None else int(PROFILES[profile]["max_examples"])
-    batch = n if seconds is None else min(n, 25)
+    if deadline is None:
+        deadline = Deadline(seconds)
+    timed = deadline.at is not None
+    batch = min(n, 25) if timed else n
     use = profile_settings(profile, max_examples=batch, phases=FIND, verbosity=Verbosity.quiet)
     total = RunResult(c.name, tuple(sorted(mutants)))
-    t0 = time.perf_counter()
     k = 0
     while True:
         rng = None if k == 0 and use.derandomize else k
-        res = run_machine(adapter, c, mutants, use=use, coverage=coverage, rng_seed=rng)
+        res = run_machine(
+            adapter, c, mutants, use=use, coverage=coverage, rng_seed=rng, deadline=deadline
+        )
         total.add(res)
         k += 1
-        if res.failed or seconds is None or time.perf_counter() - t0 >= seconds:
+        if res.failed or res.out_of_time or not timed:
             return total
-        if examples is not None and total.examples >= examples:
+        if deadline.passed():
+            total.out_of_time = True
+            return total
+        if total.examples >= n and (examples is not None or seconds is None):
             return total
 
 
 def shrink_program(
-    adapter: Adapter, config: Config, mutants: Sequence[str], seed_: int, program: list[Step]
+    adapter: Adapter,
+    config: Config,
+    mutants: Sequence[str],
+    seed_: int,
+    program: list[Step],
+    deadline: Deadline = NO_DEADLINE,
 ) -> tuple[list[Step], Divergence]:
     """Delta debugging on a failing program: drop runs of steps (halves, quarters, ...
     single steps) while a replay still diverges; every replay is cut at its failing step.
-    Returns the 1-minimal program and its divergence."""
+    Returns the 1-minimal program and its divergence (once ``deadline`` passed: the
+    smallest failing one found so far)."""
 
     def fails(p: list[Step]) -> Divergence | None:
         try:
@@ -191,6 +260,8 @@ def shrink_program(
     while True:
         k, changed = 0, False
         while k < len(best):
+            if deadline.passed():
+                return best, err
             trial = best[:k] + best[k + size :]
             e = fails(trial) if trial else None
             if e is not None:
@@ -202,13 +273,14 @@ def shrink_program(
         size = max(size // 2, 1)
 
 
-def shrunk(adapter: Adapter, res: RunResult) -> Divergence | None:
+def shrunk(adapter: Adapter, res: RunResult, deadline: Deadline = NO_DEADLINE) -> Divergence | None:
     """The failure of ``res`` with its program shrunk (None when it has none to shrink)."""
     if not isinstance(res.failure, Divergence):
         return None
     where = res.failure.where
     c = get_world(where["config"])
-    return shrink_program(adapter, c, where["mutants"], where["seed"], res.failure.program)[1]
+    prog = res.failure.program
+    return shrink_program(adapter, c, where["mutants"], where["seed"], prog, deadline)[1]
 
 
 @dataclass
@@ -225,6 +297,7 @@ class Kill:
     seed: int = 0  # the implementation's seed it replays with
     caught: str = ""  # which check caught it, at which action
     by: str = "fuzz"  # the judge: "tour" (the graph tour, ``tour``) or "fuzz" (the machine)
+    out_of_time: bool = False  # the budget ran out (a survivor: not caught in the time)
 
     def to_json(self) -> dict[str, Any]:
         killed: bool | str = "n/a" if self.killed is None else self.killed
@@ -234,6 +307,7 @@ class Kill:
             "steps": self.steps,
             "examples": self.examples,
             "by": self.by,
+            "out_of_time": self.out_of_time,
         }
 
 
@@ -253,26 +327,32 @@ def kill(
     seconds: float | None = None,
     tour: bool = True,
 ) -> Kill:
-    """Judge switch ``name``: by the graph tour first (``tour.tour_kill``: deterministic),
-    then, when it survives the tour (or ``tour`` is False), by a hunt of the machine
-    (``KILL_EXAMPLES`` of the profile by default); killed when either fails. The failing
-    program is shrunk by ``shrink_program``."""
+    """Judge switch ``name``: by the graph tour first (``tour.tour_kill``: deterministic;
+    the switches of ``tour.KILL_WORLDS``), then, when it survives the tour (or ``tour`` is
+    False), by a hunt of the machine (``KILL_EXAMPLES`` of the profile by default); killed
+    when either fails. The failing program is shrunk by ``shrink_program``. ``seconds``:
+    the whole judgement's bound (tour, hunt and shrink); a switch not caught in it
+    survives with ``out_of_time``."""
     cname = mutant_config(name)
     if not adapter.switches().get(name, False):
         return Kill(name, cname, False, None, message="not applicable here")
-    if tour:
-        from refimpl.testing.tour import tour_kill
-
-        judged: Kill = tour_kill(adapter, name)
-        if judged.killed:
-            return judged
-    n = examples if examples is not None else KILL_EXAMPLES[profile]
-    res = hunt(adapter, cname, (name,), profile=profile, examples=n, seconds=seconds)
-    if res.failure is None:
-        return Kill(name, cname, True, False, seconds=res.seconds)
+    deadline = Deadline(seconds)
     t0 = time.perf_counter()
-    err = shrunk(adapter, res)
-    took = res.seconds + time.perf_counter() - t0
+    if tour:
+        from refimpl.testing.tour import KILL_WORLDS, tour_kill
+
+        if name in KILL_WORLDS:  # a small world, measured: the tour is seconds
+            judged: Kill = tour_kill(adapter, name, deadline=deadline)
+            if judged.killed or deadline.passed():
+                judged.out_of_time = not judged.killed
+                return judged
+    n = examples if examples is not None else KILL_EXAMPLES[profile]
+    res = hunt(adapter, cname, (name,), profile=profile, examples=n, deadline=deadline)
+    took = time.perf_counter() - t0
+    if res.failure is None:
+        return Kill(name, cname, True, False, seconds=took, out_of_time=res.out_of_time)
+    err = shrunk(adapter, res, deadline)
+    took = time.perf_counter() - t0
     if err is None:
         first = f"{type(res.failure).__name__}: {res.failure}".splitlines()[0]
         return Kill(name, cname, True, True, None, res.first_failure, took, first)

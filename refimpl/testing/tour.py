@@ -251,9 +251,11 @@ def run_tour(
     *,
     seed: int = 0,
     limit: int | None = None,
+    deadline: Any = None,
 ) -> TourResult:
     """Replay the first ``limit`` (None: every) sequences of ``plan`` with every check
-    (see the module doc); stops at the first divergence, kept in ``failure``."""
+    (see the module doc); stops at the first divergence, kept in ``failure``, or before
+    a sequence once ``deadline`` (a ``run.Deadline``) passed."""
     res = TourResult(plan.config.name, plan.goal)
     t0 = time.process_time()
     probed: set[World] = set()
@@ -266,6 +268,8 @@ def run_tour(
             h.probe_all(got)
 
     for seq in plan.sequences[:limit]:
+        if deadline is not None and deadline.passed():
+            break
         res.sequences += 1
         try:
             h = Harness(adapter, plan.config, frozenset(mutants), seed, res.coverage)
@@ -354,9 +358,11 @@ KILL_WORLDS: dict[str, str] = {
 }
 
 
-def tour_kill(adapter: Adapter, name: str, world: str | None = None) -> Any:
+def tour_kill(adapter: Adapter, name: str, world: str | None = None, deadline: Any = None) -> Any:
     """Judge switch ``name`` by the edge tour of ``world`` (default ``KILL_WORLDS``): a
-    ``run.Kill`` (killed or not; its program is the failing sequence, shrunk)."""
+    ``run.Kill`` (killed or not; its program is the failing sequence, shrunk); the tour
+    and the shrink stop once ``deadline`` (a ``run.Deadline``) passed."""
+    from refimpl.testing.run import NO_DEADLINE as NO
     from refimpl.testing.run import Kill, mutant_config, shrink_program
     from refimpl.testing.worlds import get_world
 
@@ -365,11 +371,11 @@ def tour_kill(adapter: Adapter, name: str, world: str | None = None) -> Any:
         return Kill(name, cname, False, None, message="not applicable here", by="tour")
     c = get_world(cname)
     t0 = time.process_time()
-    res = run_tour(adapter, plan_tour(c, "edges"), (name,))
+    res = run_tour(adapter, plan_tour(c, "edges"), (name,), deadline=deadline)
     if res.failure is None:
         took = time.process_time() - t0
         return Kill(name, cname, True, False, seconds=took, by="tour")
-    prog, err = shrink_program(adapter, c, (name,), 0, res.failure.program)
+    prog, err = shrink_program(adapter, c, (name,), 0, res.failure.program, deadline or NO)
     first = str(err).splitlines()[0]
     caught = f"{err.kind}: {prog[-1]['action']}" if prog else err.kind
     took = time.process_time() - t0
