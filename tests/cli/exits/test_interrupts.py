@@ -24,7 +24,7 @@ from typing import IO
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KVOWN = [sys.executable, "-m", "kvown_cli.main"]
 END_S = 10.0  # the bound from the signal to nothing left
 

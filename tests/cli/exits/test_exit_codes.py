@@ -15,7 +15,7 @@ from spec.config import get_config
 from spec.invariants import for_config
 from spec.properties import PROPERTIES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TRACES = ROOT / "repro" / "traces"
 
 

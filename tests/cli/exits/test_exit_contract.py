@@ -16,7 +16,7 @@ import pytest
 
 from kvown_cli.main import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BUG = str(ROOT / "repro" / "traces" / "bug_stall_silent.jsonl")
 OK = str(ROOT / "repro" / "traces" / "ok_handoff.jsonl")
 
