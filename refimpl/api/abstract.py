@@ -17,9 +17,10 @@ end.
     dep     the newest attempt's epoch the receiver has taken
     landed  chunk (rank, block) whose every layer is installed: bit rank * m + block
     rmask   ranks whose seal the receiver holds
-    dfl     the ended attempt's error: a checksum DF_CORRUPT | DF_FENCED, a manifest
-            DF_MISMATCH | DF_FENCED, the receiver's own timeout DF_FENCED (a manifest
-            refused at intake leaves no attempt: the spec's DecodeReject, dfl 0)
+    dfl     the ended attempt's error: a checksum DF_CORRUPT (| DF_FENCED while other
+            chunks were still to land), a manifest DF_MISMATCH | DF_FENCED, the
+            receiver's own timeout DF_FENCED (a manifest refused at intake leaves no
+            attempt: the spec's DecodeReject, dfl 0)
 """
 
 from __future__ import annotations
@@ -115,8 +116,19 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
         out["rmask"] = (1 << len(a.ranks)) - 1
     elif a.state is State.ABORTED:
         e = a.error
-        if isinstance(e, ChecksumError):
-            out["dfl"] = DF_CORRUPT | DF_FENCED
+        if isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
+            s = a.stream
+            whole = (
+                0
+                if s is None
+                else sum(
+                    all((r, j, k) in s.landed for k in range(s.num_layers))
+                    for r in s.ranks
+                    for j in range(s.num_blocks)
+                )
+            )
+            total = len(a.ranks) * len(a.m.sent_blocks)
+            out["dfl"] = DF_CORRUPT | (DF_FENCED if whole + 1 < total else 0)
         elif isinstance(e, ManifestError):
             out["dfl"] = DF_MISMATCH | DF_FENCED
         elif e is not None and str(e).endswith(f"aborted by the receiver: {TIMEOUT_REASON}"):

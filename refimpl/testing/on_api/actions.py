@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from refimpl.api import KVGeometry, Receiver, Sender
 from refimpl.api.abstract import TIMEOUT_REASON, sender_part
 from refimpl.api.wire import State
@@ -97,6 +99,9 @@ class ApiActions:
 
     def abstract(self) -> World:
         raise NotImplementedError  # ``ApiSubject.abstract``
+
+    def from_source(self, kv: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # ``ApiSubject.from_source``
 
     def _message(self, i: int, code: int) -> Logical:
         lm = self.net.find(self.rid(i), code, self.c.blocks, self.bad_manifest)
@@ -217,9 +222,8 @@ class ApiActions:
     def _DecodeStep(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.d_up and self.st[i] == RUNNING and self._committed(i), "not decoding")
-        self.dp.write_full(
-            rid, self.rx.result(rid).blocks, self.model.content(i, self.tokens[i] + 1)
-        )
+        kv = self.from_source(self.model.content(i, self.tokens[i] + 1))
+        self.dp.write_full(rid, self.rx.result(rid).blocks, kv)
         self.tokens[i] += 1
 
     def _committed(self, i: int) -> bool:

@@ -8,6 +8,7 @@ silently skipped (``kvown fuzz --tour --impl api`` lists them).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from refimpl.errors import OwnershipError
 from refimpl.testing.on_api.actions import ApiRefusal
@@ -57,21 +58,32 @@ def unexpressed(c: Config) -> list[str]:
     return [k for k, v in on.items() if v]
 
 
+@dataclass
 class ApiAdapter:
-    """``refimpl.api`` under the harness; ``stage``: every Receiver lands in staging."""
+    """``refimpl.api`` under the harness; ``dst_block``: decode's block size (another
+    than prefill's 2: the Receiver stages and reshards); ``stage``: it stages anyway."""
 
     name: str = "refimpl.api"
     refusals: tuple[type[BaseException], ...] = (ApiRefusal, OwnershipError)
     randoms: tuple[random.Random, ...] = ()
     stage: bool = False
+    dst_block: int = 2
 
     def build(self, config: Config, mutants: frozenset[str], seed: int) -> ApiSubject:
         if bad := unexpressed(config):
             why = "; ".join(f"{b}: {UNEXPRESSED[b]}" for b in bad)
             raise ValueError(f"{config.name}: the API cannot run it ({why})")
-        if mutants:
-            raise ValueError(f"the API adapter has no switches {sorted(mutants)} yet")
-        return ApiSubject(config, seed, stage=self.stage)
+        known = self.switches()
+        if unknown := set(mutants) - set(known):
+            raise ValueError(f"unknown API switches {sorted(unknown)}; known: {sorted(known)}")
+        return ApiSubject(
+            config, seed, stage=self.stage, dst_block=self.dst_block, mutants=frozenset(mutants)
+        )
 
     def switches(self) -> dict[str, bool]:
-        return {}
+        """The API's bug switches (``refimpl.api.switches``, where the API has them)."""
+        try:
+            from refimpl.api import switches as sw
+        except ImportError:  # an API without switches
+            return {}
+        return dict.fromkeys(sorted(sw.API_SWITCHES), True)

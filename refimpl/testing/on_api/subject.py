@@ -51,16 +51,30 @@ HEAD_DIM = 4
 class ApiSubject(ApiActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
-    def __init__(self, c: Config, seed: int, *, stage: bool = False) -> None:
+    def __init__(
+        self,
+        c: Config,
+        seed: int,
+        *,
+        stage: bool = False,
+        dst_block: int = BLOCK,
+        mutants: frozenset[str] = frozenset(),
+    ) -> None:
+        """``dst_block``: decode's block size (another than prefill's: the Receiver lands
+        in staging and reshards); ``stage``: it stages even at one block size."""
         self.c, self.seed, self.n = c, seed, c.n_reqs
         heads = max(2, c.src_tp, c.dst_tp)
         self.gp = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.src_tp)
-        self.gd = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.dst_tp)
+        self.gd = KVGeometry(LAYERS, heads, HEAD_DIM, dst_block, "float32", tp=c.dst_tp)
         self.net = SpecTransport(_rid_of)
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
-        self.tx = [Sender(p, self.gp, self.net, MODEL, rank=r) for r, p in enumerate(self.pp)]
-        self.dp = self.gd.make_pools(c.cap_d)
-        self.rx = Receiver(self.dp, self.gd, self.net, MODEL, stage=stage)
+        tx_kw, rx_kw = _switches(mutants)
+        self.tx = [
+            Sender(p, self.gp, self.net, MODEL, rank=r, **tx_kw) for r, p in enumerate(self.pp)
+        ]
+        per_req = self.gd.blocks_for(c.blocks * BLOCK)  # the requests that fit: the spec's
+        self.dp = self.gd.make_pools(max(1, c.cap_d // c.blocks) * per_req)
+        self.rx = Receiver(self.dp, self.gd, self.net, MODEL, stage=stage, **rx_kw)
         self.model = self.ghost()  # the model's forward pass: the KV a request computes
         self.st, self.ep, self.g = [QUEUED] * self.n, [0] * self.n, [0] * self.n
         self.tokens = [0] * self.n
@@ -145,8 +159,28 @@ class ApiSubject(ApiActions):
                 return None
             return torch.cat([p.gather(p.alloc.blocks_of(rid)) for p in self.pp], dim=3)
         if where == "d" and self._committed(i):
-            return self.dp.gather(self.rx.result(rid).blocks)
+            return self.to_source(self.dp.gather(self.rx.result(rid).blocks))
         return None
+
+    def to_source(self, kv: torch.Tensor) -> torch.Tensor:
+        """Decode blocks [nd, L, F, H, bs_d, D] as the prompt's prefill-sized blocks."""
+        n, bs = self.c.blocks, self.gd.block_size
+        if bs == BLOCK:
+            return kv
+        L, F, H, D = kv.shape[1], kv.shape[2], kv.shape[3], kv.shape[5]
+        tok = kv.permute(1, 2, 3, 0, 4, 5).reshape(L, F, H, -1, D)[:, :, :, : n * BLOCK]
+        return tok.reshape(L, F, H, n, BLOCK, D).permute(3, 0, 1, 2, 4, 5).contiguous()
+
+    def from_source(self, kv: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``to_source`` (decode room after the prompt: zeros)."""
+        bs = self.gd.block_size
+        if bs == BLOCK:
+            return kv
+        n, L, F, H, _, D = kv.shape
+        nd = self.gd.blocks_for(n * BLOCK)
+        tok = torch.zeros(L, F, H, nd * bs, D, dtype=kv.dtype)
+        tok[:, :, :, : n * BLOCK] = kv.permute(1, 2, 3, 0, 4, 5).reshape(L, F, H, -1, D)
+        return tok.reshape(L, F, H, nd, bs, D).permute(3, 0, 1, 2, 4, 5).contiguous()
 
     def data_problems(self) -> list[str]:
         """NoPartialUse on the decode side: a layer the Receiver reports ready holds, in
@@ -159,7 +193,7 @@ class ApiSubject(ApiActions):
             if a is None:
                 continue
             want = self.model.content(i, self.frozen[i].get(a.m.epoch, self.tokens[i]))
-            got = self.dp.gather(list(blocks))
+            got = self.to_source(self.dp.gather(list(blocks)))
             for layer in range(LAYERS):
                 if self.rx.layer_ready(rid, layer) and not torch.equal(
                     got[:, layer], want[:, layer]
@@ -197,6 +231,16 @@ class ApiSubject(ApiActions):
             "P": sum(p.alloc.capacity - p.alloc.num_free for p in self.pp),
             "D": self.dp.alloc.capacity - self.dp.alloc.num_free,
         }
+
+
+def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Senders' and the Receiver's keyword for the switches on (none: no keyword)."""
+    if not mutants:
+        return {}, {}
+    from refimpl.api.switches import RECEIVER_SWITCHES, SENDER_SWITCHES
+
+    tx, rx = mutants & SENDER_SWITCHES, mutants & RECEIVER_SWITCHES
+    return ({"mutants": tx} if tx else {}), ({"mutants": rx} if rx else {})
 
 
 def _rid_of(channel: str) -> tuple[str, bool]:

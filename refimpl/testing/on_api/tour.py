@@ -190,7 +190,12 @@ class ApiTourResult:
 
 
 def run_api_tour(
-    adapter: Adapter, plan: ApiPlan, *, seed: int = 0, limit: int | None = None
+    adapter: Adapter,
+    plan: ApiPlan,
+    mutants: frozenset[str] = NO_MUTANTS,
+    *,
+    seed: int = 0,
+    limit: int | None = None,
 ) -> ApiTourResult:
     """Replay every walk of ``plan`` (see the module doc); a divergence ends its walk."""
     res = ApiTourResult(plan.config.name)
@@ -208,7 +213,7 @@ def run_api_tour(
     for k, seq in enumerate(plan.sequences[:limit]):
         res.sequences += 1
         try:
-            h = ApiHarness(adapter, plan.config, NO_MUTANTS, seed, res.coverage)
+            h = ApiHarness(adapter, plan.config, mutants, seed, res.coverage)
             h.check_state()
             probe(h)
             for st in seq:
@@ -223,12 +228,24 @@ def run_api_tour(
     return res
 
 
+def gap_of(err: Divergence) -> str:
+    """A divergence's class: which check, at which action, on which fields (a "state
+    differs" names the fields of ``diff``; any other check its kind alone)."""
+    at = err.program[-1]["action"] if err.program else "init"
+    first = str(err).splitlines()[0]
+    fields: set[str] = set()
+    if err.kind == "state differs" and "spec -> impl" in first:
+        for part in first.split("spec -> impl", 1)[1].split(";"):
+            name = part.strip().split(":")[0].split(" ")[0]
+            fields.add(name.split(".", 1)[-1])
+    return f"{err.kind} at {at}" + (f" ({', '.join(sorted(fields))})" if fields else "")
+
+
 def api_report(plan: ApiPlan, res: ApiTourResult) -> dict[str, Any]:
     """Coverage of one world's tour on the API, and where it left the spec."""
     kinds: dict[str, int] = {}
     for _, err in res.failures:
-        first = str(err).splitlines()[0].split(": ", 1)[-1][:160]
-        key = f"{err.kind} at {err.program[-1]['action'] if err.program else 'init'}: {first}"
+        key = gap_of(err)
         kinds[key] = kinds.get(key, 0) + 1
     covered = len(plan.edge_keys & (res.coverage.edges or set()))
     return {
