@@ -102,3 +102,21 @@ def test_a_world_the_api_cannot_run_is_refused_naming_why() -> None:
     with pytest.raises(ValueError, match="offload"):
         ApiAdapter().build(c, frozenset(), 0)
     assert all(UNEXPRESSED[k] for k in unexpressed(get_world("restart_handoff")))
+
+
+def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from kvown_cli.main import main
+
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "mismatch_one", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    [row] = got["configs"]
+    assert got["impl"] == "api" and not got["complete"]
+    assert (row["edges"], row["edges_covered"]) == PINNED["mismatch_one"]
+    assert set(row["divergences"]) == FOUND["mismatch_one"]
+    assert main(["fuzz", "--impl", "api"]) == 2  # the tour only
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "offload_crash"]) == 2
+    assert main(["fuzz", "--tour", "--impl", "nope"]) == 2

@@ -13,11 +13,11 @@ import torch
 
 from refimpl.api import KVGeometry, Receiver, Sender
 from refimpl.api.abstract import TIMEOUT_REASON, sender_part
-from refimpl.api.wire import State
+from refimpl.api.wire import CHUNK, State
 from refimpl.engine.data import RankPools
 from refimpl.errors import OwnershipError
 from refimpl.testing.ghost import Ghost
-from refimpl.testing.on_api.wire import CHUNK, Logical, SpecTransport
+from refimpl.testing.on_api.wire import Logical, SpecTransport
 from spec.actions_env import _lost_with_decode, _lost_with_prefill
 from spec.config import Config
 from spec.manifest import check_compatible

@@ -83,7 +83,7 @@ class ApiAdapter:
     def switches(self) -> dict[str, bool]:
         """The API's bug switches (``refimpl.api.switches``, where the API has them)."""
         try:
-            from refimpl.api import switches as sw
+            from refimpl.api import switches as sw  # type: ignore[attr-defined,unused-ignore]
         except ImportError:  # an API without switches
             return {}
         return dict.fromkeys(sorted(sw.API_SWITCHES), True)

@@ -190,7 +190,7 @@ class ApiSubject(ApiActions):
             rid = self.rid(i)
             blocks = self.rx.held().get(rid) if self.d_up else None
             a = self.rx._att.get(rid) if blocks else None  # noqa: SLF001
-            if a is None:
+            if a is None or blocks is None:
                 continue
             want = self.model.content(i, self.frozen[i].get(a.m.epoch, self.tokens[i]))
             got = self.to_source(self.dp.gather(list(blocks)))
@@ -237,7 +237,10 @@ def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Senders' and the Receiver's keyword for the switches on (none: no keyword)."""
     if not mutants:
         return {}, {}
-    from refimpl.api.switches import RECEIVER_SWITCHES, SENDER_SWITCHES
+    from refimpl.api.switches import (  # type: ignore[import-not-found,unused-ignore]
+        RECEIVER_SWITCHES,
+        SENDER_SWITCHES,
+    )
 
     tx, rx = mutants & SENDER_SWITCHES, mutants & RECEIVER_SWITCHES
     return ({"mutants": tx} if tx else {}), ({"mutants": rx} if rx else {})
