@@ -120,3 +120,27 @@ def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
     assert main(["fuzz", "--impl", "api"]) == 2  # the tour only
     assert main(["fuzz", "--tour", "--impl", "api", "--config", "offload_crash"]) == 2
     assert main(["fuzz", "--tour", "--impl", "nope"]) == 2
+
+
+def test_the_hypothesis_machine_walks_the_api_with_faults() -> None:
+    """Random walks with faults on real Senders/Receiver (``on_api.machine``): nothing
+    but the named gaps (each ends its example); the walks take steps."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
+
+    tally = ApiTally()
+    machine = make_api_machine(ApiAdapter(), get_world("mismatch_one"), tally=tally)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=10,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
+    assert set(tally.gaps) <= set(GAPS)
