@@ -11,7 +11,6 @@
                                        offload_crash, every reachable (action, outcome)
                                        pair of every default config, replayed with every
                                        check; the coverage report (--json too)
-    kvown fuzz --tour --impl api       the same tour on the public API (``kvown_cli.fuzz_api``)
 
 Exit codes: 0 nothing found (fuzzing; the tour: and every edge or pair covered) or every
 applicable switch killed (matrix); 1 a divergence (its shrunk program is printed), a
@@ -58,12 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mutant", metavar="NAME", action="append", help="hunt one switch")
     g.add_argument("--tour", action="store_true", help="the graph tour and its coverage report")
     p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
-    p.add_argument(
-        "--impl",
-        choices=("engine", "api"),
-        default="engine",
-        help="what the tour drives: refimpl.engine (default) or the public API (--tour only)",
-    )
+    p.add_argument("--impl", choices=("engine", "api"), default="engine", help="--tour on it")
     p.add_argument(
         "--examples",
         type=int_in(1, MAX_EXAMPLES),
@@ -117,12 +111,10 @@ def run(args: argparse.Namespace) -> int:
         return _err(f"--examples must be in [1, {MAX_EXAMPLES}]")
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
-    if args.impl == "api":
-        if not args.tour:
-            return _err("--impl api is for --tour (the machine and the matrix drive the engine)")
-        from kvown_cli.fuzz_api import tour_api
+    if args.impl == "api":  # the tour on the public API (``refimpl.testing.on_api.report``)
+        from refimpl.testing.on_api.report import tour_api
 
-        return tour_api(args)
+        return tour_api(args, _err)
     if args.tour:
         return _tour(args, adapter)
     return _fuzz(args, adapter)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from hypothesis import note
@@ -49,7 +49,7 @@ def _judged(name: str, args: dict[str, Any], net: Callable[[int], tuple[int, ...
 class ApiMachine(SpecMachine):
     """``SpecMachine`` on the API (see the module doc)."""
 
-    tally: Any
+    tally: ClassVar[Any]
 
     def __init__(self) -> None:
         super().__init__()
