@@ -67,6 +67,7 @@ class ApiSubject(ApiActions):
         self.gp = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.src_tp)
         self.gd = KVGeometry(LAYERS, heads, HEAD_DIM, dst_block, "float32", tp=c.dst_tp)
         self.net = SpecTransport(_rid_of)
+        self.net.alive = lambda to_d: self.d_up if to_d else self.p_up
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
         tx_kw, rx_kw = _switches(mutants)
         self.tx = [

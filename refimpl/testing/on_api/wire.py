@@ -72,11 +72,14 @@ class SpecTransport:
         self.flight: list[Logical] = []
         self._delivered: dict[str, list[tuple[str, Payload]]] = {}
         self.tick = 0  # the environment's step (the adapter's): what one step sends
+        self.alive: Callable[[bool], bool] = lambda to_d: True  # is that side's worker up?
 
     # ------------------------------------------------------------ Transport
     def send(self, channel: str, header: Mapping[str, Any], payload: Payload = b"") -> None:
         text = json.dumps(header, allow_nan=False, separators=(",", ":"))
         rid, to_d = self.rid_of(channel)
+        if not self.alive(to_d):
+            return  # a message to a dead worker vanishes (its connection is gone)
         kind = header.get("type")
         if kind == CHUNK:
             group: tuple[Any, ...] = (
