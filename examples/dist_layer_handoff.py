@@ -71,7 +71,7 @@ def prefill_rank(rank: int, t: Any, deadline: float) -> dict[str, Any]:
     tx = Sender(pools, SRC, t, IDENTITY, rank=rank)
     ids = prompt()
     blocks = pools.alloc.allocate(RID, SRC.blocks_for(PROMPT))
-    tx.offer(RID, ids.tolist(), blocks=blocks, layers=CFG.layers, free_source=True)
+    tx.offer(RID, ids.tolist(), blocks=blocks, layers=CFG.layers, free_source=True, epoch=1)
     logits = TinyDecoder(CFG, SEED).prefill(ids, _Streaming(tx, blocks))
     if rank == 0:  # the first token goes with the KV, as a P/D router's response does
         t.send(f"tok:{RID}>rx", {"first": int(logits[-1].argmax())})

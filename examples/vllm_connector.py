@@ -99,7 +99,9 @@ class ProducerWorker:
     def start_request(self, req: Request) -> None:  # the request's prefill step begins
         rid = req.request_id
         self.blocks[rid] = self.pools.alloc.allocate(rid, PREFILL.blocks_for(len(req.prompt)))
-        self.tx.offer(rid, req.prompt, blocks=self.blocks[rid], layers=LAYERS, free_source=True)
+        self.tx.offer(  # every rank offers the scheduler's attempt number as its epoch
+            rid, req.prompt, blocks=self.blocks[rid], layers=LAYERS, free_source=True, epoch=1
+        )
 
     def save_kv_layer(self, layer: int, kv_layer: torch.Tensor, meta: list[Request]) -> None:
         for req in meta:

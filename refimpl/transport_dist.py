@@ -12,8 +12,22 @@ message is up to three P2P frames to that process, in order on one tag:
 its frames in order with blocking ``dist.send``, and one thread per peer receives with
 blocking ``dist.recv`` (gloo's ``irecv`` cannot be polled: its ``is_completed`` turns true
 only in ``wait``) and files each message under its channel; ``poll`` takes what arrived
-and never blocks. ``abort(channel)`` drops what arrived and was not polled; a late
-message of an ended attempt is fenced by its epoch, as on any transport. ``close()``
+and never blocks. ``abort(channel)`` drops what arrived and was not polled;
+``fence(channel, epoch)`` also drops every later message of that attempt or an older one
+on arrival (a cancelled request's late chunks are not kept). What is not polled yet is
+bounded (``refimpl.transport.Inbox``: channels, messages, bytes; past a cap a message is
+dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not JSON,
+not ``{"ch": str, "h": object}``, or on a channel that does not route here is dropped and
+counted (``route`` must be the same function in every process; ``stats["malformed"]``,
+``stats["misrouted"]``, the last reasons in
+``dropped``), and the link goes on serving; only a size frame out of bounds ends it (the
+frames after it cannot be told apart), as a crash does.
+
+A link that fails (the peer's process died: gloo's ``recv`` raises at once) is the
+transport's failure detection: ``failed(channel)`` names it (``peer P failed: ...``) for
+every channel that routes to that peer, and ``Sender``/``Receiver`` end a live attempt
+whose peer failed with that reason at their next ``poll``, not at a timer.
+``close()``
 tells every peer it is done and waits (bounded) for theirs, so no frame is left
 unmatched when the process group is destroyed.
 """
@@ -24,7 +38,7 @@ import json
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,10 +46,12 @@ import torch
 import torch.distributed as dist
 
 from refimpl.checksum import byte_view, tensor_from_bytes
-from refimpl.transport import Message, Payload
+from refimpl.transport import Inbox, Message, Payload, epoch_of
 
 TAG = 7301  # the one tag of the transport's frames (gloo keeps a pair's frames in order)
 _CLOSE = -1  # a size frame (-1, 0): the peer sends nothing more
+MAX_HEADER = 1 << 22  # bytes of one JSON header frame, at most (a manifest of 100k tokens)
+MAX_PAYLOAD = 1 << 34  # bytes of one payload frame, at most
 
 
 class DistTransport:
@@ -48,18 +64,22 @@ class DistTransport:
         peers: Sequence[int] | None = None,
         device: str | torch.device = "cpu",
         group: Any = None,
+        **caps: int,
     ) -> None:
         """``route``: channel -> the group rank it goes to. ``peers``: the ranks that may
-        send here or be sent to (default every other rank of the group)."""
+        send here or be sent to (default every other rank of the group). ``caps``: the
+        inbox's bounds (``Inbox``: max_channels, max_messages, max_bytes, max_fences)."""
         self.route, self.group, self.device = route, group, torch.device(device)
         self.me = dist.get_rank(group)
         world = dist.get_world_size(group)
         self.peers = [p for p in (peers if peers is not None else range(world)) if p != self.me]
         self._lock = threading.Lock()
-        self._inbox: dict[str, deque[Message]] = {}
+        self.stats: Counter[str] = Counter(sent=0, delivered=0, aborted=0, bytes_sent=0)
+        self._inbox: Inbox[Message] = Inbox(self.stats, **caps)
         self._closed: set[int] = set()
         self.errors: list[str] = []  # a peer's link failed (a crash): its messages stop
-        self.stats = {"sent": 0, "delivered": 0, "aborted": 0, "bytes_sent": 0}
+        self.dropped: deque[str] = deque(maxlen=16)  # why the last dropped frames were
+        self._failed: dict[int, str] = {}  # peer -> why its link failed
         self._outq: dict[int, queue.SimpleQueue[list[torch.Tensor] | None]] = {
             p: queue.SimpleQueue() for p in self.peers
         }
@@ -88,15 +108,25 @@ class DistTransport:
 
     def poll(self, channel: str) -> list[Message]:
         with self._lock:
-            q = self._inbox.pop(channel, deque())
-        self.stats["delivered"] += len(q)
-        return list(q)
+            q = self._inbox.take(channel)
+            self.stats["delivered"] += len(q)
+        return q
 
     def abort(self, channel: str) -> int:
         with self._lock:
-            dropped = len(self._inbox.pop(channel, ()))
-        self.stats["aborted"] += dropped
+            dropped = self._inbox.drop(channel)
+            self.stats["aborted"] += dropped
         return dropped
+
+    def fence(self, channel: str, epoch: int) -> int:
+        """Drop ``channel``'s messages of epoch <= ``epoch``: arrived, and arriving later."""
+        with self._lock:
+            return self._inbox.fence(channel, epoch)
+
+    def sizes(self) -> dict[str, int]:
+        """What the inbox keeps (channels, messages, bytes, fences): all bounded."""
+        with self._lock:
+            return self._inbox.sizes()
 
     # ------------------------------------------------------------ the frames
     def _send_loop(self, peer: int) -> None:
@@ -117,15 +147,47 @@ class DistTransport:
                 hlen, plen = (int(x) for x in size.tolist())
                 if hlen == _CLOSE:
                     break
+                if not (0 <= hlen <= MAX_HEADER and 0 <= plen <= MAX_PAYLOAD):
+                    raise ValueError(f"size frame ({hlen}, {plen}) out of bounds")
                 head = self._recv(peer, hlen, torch.uint8)
                 payload = byte_view(self._recv(peer, plen, torch.uint8)) if plen else b""
-                msg = json.loads(bytes(byte_view(head)))
-                with self._lock:
-                    self._inbox.setdefault(msg["ch"], deque()).append((msg["h"], payload))
+                self._file(peer, bytes(byte_view(head)), payload)
         except Exception as e:
             self.errors.append(f"recv from {peer}: {type(e).__name__}: {e}")
+            self._failed[peer] = f"peer {peer} failed: {type(e).__name__}: {e!s:.200}"
         with self._lock:
             self._closed.add(peer)
+
+    def failed(self, channel: str) -> str:
+        """Why the process ``channel`` routes to is gone ("" while its link is up)."""
+        try:
+            return self._failed.get(self.route(channel), "")
+        except Exception:
+            return ""
+
+    def _file(self, peer: int, head: bytes, payload: Payload) -> None:
+        """File one message under its channel, or drop it (counted) if it is malformed,
+        routed elsewhere, fenced or past the inbox's caps."""
+        try:
+            msg = json.loads(head)
+            ch, h = (msg.get("ch"), msg.get("h")) if isinstance(msg, dict) else (None, None)
+            if not isinstance(ch, str) or not isinstance(h, dict):
+                raise ValueError("not {'ch': str, 'h': object}")
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            self.stats["malformed"] += 1
+            self.dropped.append(f"from {peer}: malformed header: {e!s:.100}")
+            return
+        try:
+            mine = self.route(ch) == self.me
+        except Exception:
+            mine = False
+        if not mine:
+            self.stats["misrouted"] += 1
+            self.dropped.append(f"from {peer}: channel {ch!r:.80} does not route here")
+            return
+        n = memoryview(payload).nbytes
+        with self._lock:
+            self._inbox.put(ch, (h, payload), epoch_of(h), n)
 
     def _recv(self, peer: int, n: int, dtype: torch.dtype) -> torch.Tensor:
         buf = torch.empty(n, dtype=dtype, device=self.device)

@@ -8,7 +8,10 @@ of a request, for fault injection), ``State``, and ``write_kv``/``read_kv`` (con
 per-token KV <-> a request's blocks, batched, asking the allocator; ``write_kv_layer``
 one layer as prefill computes it). ``Sender.offer(..., layers=L)`` + ``send_layer`` and
 ``Receiver.layer_ready`` hand a request off layer by layer; ``Sender(..., rank=r)`` is one
-TP rank's Sender in its own process. ``DiskTier`` (a directory of crash-safe safetensors
+TP rank's Sender in its own process (every rank offers the same ``epoch=``). ``forget``
+on both ends drops an ended request's records. ``mutants=`` on ``Sender``/``Receiver``
+re-enables one fixed silent-corruption bug by name (``refimpl.api.switches``), for tours
+and tests only. ``DiskTier`` (a directory of crash-safe safetensors
 files) is a tier ``offload``/``reload`` take in place of host pools (``Stored``: a
 published file; a torn or mismatched file is a miss, ``MissError``).
 """

@@ -60,6 +60,8 @@ class Attempt:
     stale: int = 0
     duplicates: int = 0
     checks: int = 0  # checksum comparisons that passed (per chunk, per block end to end)
+    staged: int = 0  # bytes of the staging copy (0 without one)
+    unstaged: set[int] = field(default_factory=set)  # layers copied from staging to targets
 
 
 def newer(header: Mapping[str, Any], a: Attempt | None) -> bool:
@@ -76,6 +78,22 @@ def reply_channels(rid: str, header: Mapping[str, Any]) -> list[str]:
     if header.get("ranked") is True and type(tp) is int and 1 <= tp <= MAX_PARALLEL:
         return [wire.channels(rid).to_rank(r) for r in range(tp)]
     return [wire.channels(rid).to_sender]
+
+
+def tos(a: Attempt) -> list[str]:
+    """The channels of an attempt's sender: every rank's when ranked."""
+    ch = wire.channels(a.m.request_id)
+    return [ch.to_rank(r) for r in range(a.m.src_tp)] if a.ranked else [ch.to_sender]
+
+
+def send_quietly(transport: Any, channel: str, header: Mapping[str, Any]) -> str:
+    """Send one message; returns why it failed ("" if sent). A peer's message must never
+    make the receiver raise (a ranked manifest on a one-rank route, a closed link)."""
+    try:
+        transport.send(channel, header)
+    except Exception as e:
+        return f"reply on {channel!r} not sent: {type(e).__name__}: {e!s:.200}"
+    return ""
 
 
 def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Attempt:
@@ -119,8 +137,12 @@ def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Att
     staging = None
     try:
         own = alloc.reserve(rid, max(0, need), epoch=m.epoch)
-        if stage and staged > rx.pool_bytes:  # checked before anything is allocated
-            raise CapacityError(f"staging {staged} bytes > the pool's {rx.pool_bytes}")
+        in_use = rx.staged_bytes()  # every live attempt's staging, in total
+        if stage and staged + in_use > rx.pool_bytes:  # checked before anything is allocated
+            raise CapacityError(
+                f"staging {staged} bytes (+ {in_use} staged by other attempts) > the pool's "
+                f"{rx.pool_bytes}"
+            )
         if stage:  # checked and reserved: only now allocated
             staging = src.make_pools(max(1, len(m.sent_blocks)))
             staging.alloc.reserve(rid, len(m.sent_blocks), epoch=m.epoch)
@@ -133,6 +155,6 @@ def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Att
     pieces = {r: [p for p in plan if p.src_rank == r] for r in ranks}
     stream = LayerStream(m.num_layers, ranks, len(m.sent_blocks)) if layers is not None else None
     ranked = header.get("ranked") is True
-    return Attempt(
-        m, [*ex.prefix, *own], len(ex.prefix), src, ranks, pieces, staging, stream, ranked
-    )
+    a = Attempt(m, [*ex.prefix, *own], len(ex.prefix), src, ranks, pieces, staging, stream, ranked)
+    a.staged = staged if staging is not None else 0
+    return a

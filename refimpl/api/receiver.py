@@ -8,36 +8,38 @@
 On the manifest: parse (hostile input), ``check_compatible`` against this side's
 ``LocalConfig``, the prefix held here against the manifest's first token ids, reserve
 the target blocks, the staging copy (another block size) no larger than this side's
-pool (``CapacityError``), and only then allocate it. Any refusal or failure answers
-``nack`` with the reasons and keeps nothing; ``poll`` never raises on a peer's message.
+pool (``CapacityError``; in total over every live attempt's staging, not per attempt),
+and only then allocate it. Any refusal or failure answers ``nack`` with the reasons and
+keeps nothing; ``poll`` and ``abort`` never raise on a peer's message (a reply the
+transport cannot route ends the attempt by name, ``RankAgreement``).
 
-Per chunk: request + epoch (an int, else fenced and counted), rank and index, the payload
-size, xxh3(payload) == the header's (else ``ChecksumError`` naming block and rank), then
-the install; only once it returned is the chunk counted. Same block size on both sides:
-it lands straight in its target block (TP heads and axis order by ``land_shard``); else
-in a private staging copy of the sender's geometry, resharded into the targets at the end.
-A streamed offer (``layers=L``): a chunk per layer, a seal per rank (``refimpl.api.layers``).
-
+Per chunk: request + epoch (an int, else fenced and counted), then ``refimpl.api.install``
+(checked, installed, only then counted): straight into its target block with the same
+block size, else into a staging copy of the sender's geometry that goes into the targets
+layer by layer (streamed: as each layer completes) or at the end. A sender's process that
+the transport reports gone (``DistTransport.failed``) ends the attempt with its reason.
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
 checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any
-failure after the reservation aborts: the reserved blocks go back to the pool (quarantine,
-then free: installs are synchronous), chunks in flight are dropped, and the sender gets a
-``nack`` naming the error.
+failure after the reservation aborts: the reserved blocks go back to the pool, chunks in
+flight are dropped (and fenced), and the sender gets a ``nack`` naming the error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.intake import Attempt, Expect, accept, newer, reply_channels
-from refimpl.api.layers import SEAL, land_layer, write_bytes
+from refimpl.api.install import install_block, install_layer
+from refimpl.api.intake import Attempt, Expect, accept, newer, reply_channels, send_quietly, tos
+from refimpl.api.layers import SEAL
+from refimpl.api.switches import LAYER_READY_ON_STAGING, RECEIVER_SWITCHES, check_switches
+from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, READY, State, channels
-from refimpl.checksum import block_checksum, bytes_checksum
-from refimpl.engine.data import RankPools, land_shard
+from refimpl.checksum import block_checksum
+from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
     CapacityError,
@@ -45,10 +47,9 @@ from refimpl.errors import (
     ChunkError,
     InUseError,
     OwnershipError,
+    StaleError,
 )
-from refimpl.reshard import ShardedKV, reshard
 from refimpl.transport import Payload, Transport
-from spec import shardmap as sm
 from spec.manifest import Manifest
 from spec.manifest import ManifestError as SpecManifestError
 
@@ -75,11 +76,17 @@ class Receiver:
         *,
         stage: bool = False,
         disabled_guards: Iterable[str] = (),
+        mutants: Iterable[str] = (),
+        max_records: int = 4096,
     ) -> None:
         """``stage``: land every chunk in staging, so that the target blocks are written
         only after every block verified (else only a block-size change stages).
         ``disabled_guards=("ManifestGate",)`` installs despite an incompatible manifest:
-        the ``mismatch_installed`` bug, for demonstrations only."""
+        the ``mismatch_installed`` bug, for demonstrations only; ``mutants``: bug
+        switches (``refimpl.api.switches``), for demonstrations only. ``max_records``:
+        ended attempts and refusals kept for ``state``/``result`` until ``forget`` (past
+        it the oldest ended ones are forgotten: a peer cannot fill memory with them)."""
+        self.mutants = check_switches(mutants, RECEIVER_SWITCHES, "Receiver")
         geometry.check_pools(pools, "receiver pools")
         if geometry.cp != 1:
             raise ValueError(f"Receiver: cp={geometry.cp}; a receiver worker holds cp=1")
@@ -92,6 +99,9 @@ class Receiver:
         self._expect: dict[str, Expect] = {}
         self._att: dict[str, Attempt] = {}
         self._errors: dict[str, OwnershipError] = {}  # refusals before any attempt began
+        self._ended: dict[str, None] = {}  # rids with an ended record, oldest first
+        self._aborted: dict[str, tuple[int, list[str]]] = {}  # aborts before the manifest
+        self.max_records = max_records
 
     # ------------------------------------------------------------ queries
     def state(self, request_id: str) -> State:
@@ -109,6 +119,11 @@ class Receiver:
         """The committed handoff; raises the refusal or failure otherwise."""
         a = self._att.get(request_id)
         if a is not None and a.state is State.DONE:
+            if not set(a.target) <= set(self.pools.alloc.blocks_of(request_id)):
+                raise StaleError(
+                    f"{request_id!r}: attempt {a.m.epoch} committed, but its blocks were "
+                    "freed here since; no block ids to answer (forget it, or receive it again)"
+                )
             return Received(request_id, tuple(a.target), a.m.num_tokens, a.m)
         err = self.error(request_id)
         if err is not None:
@@ -121,21 +136,34 @@ class Receiver:
         return a.checks if a is not None else 0
 
     def layer_ready(self, request_id: str, layer: int) -> bool:
-        """Every sent block of a streamed attempt has ``layer`` installed (landed, not
-        owned: the blocks are the request's only at commit; see ``refimpl.api.layers``).
-        True for every layer once committed; False before a manifest or after a failure.
-        With a block-size change (or ``stage=True``) a ready layer is in staging; it
-        reaches the target blocks at commit."""
+        """Every sent block of a streamed attempt has ``layer`` in the blocks ``held()``
+        names (landed, not owned: the blocks are the request's only at commit; see
+        ``refimpl.api.layers``). True for every layer once committed; False before a
+        manifest or after a failure. With a block-size change a layer goes from staging
+        into the target blocks once every block of it landed; with ``stage=True`` the
+        targets are written only at the commit, so no layer is ready before it."""
         a = self._att.get(request_id)
         if a is None or a.state in (State.ABORTED, State.REFUSED):
             return False
         if a.state is State.DONE or a.stream is None:
             return a.state is State.DONE
+        if a.staging is not None and LAYER_READY_ON_STAGING not in self.mutants:
+            return layer in a.unstaged  # in the targets, not only in staging
         return a.stream.layer_ready(layer)
 
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks reserved by attempts that have not ended."""
         return {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
+
+    def records(self) -> dict[str, int]:
+        """Per-request entries kept (a memory test reads these; ``forget`` empties them)."""
+        kept: dict[str, Sized] = {"attempts": self._att, "refusals": self._errors}
+        kept.update(expected=self._expect, early_aborts=self._aborted)
+        return {**{k: len(v) for k, v in kept.items()}, "staged_bytes": self.staged_bytes()}
+
+    def staged_bytes(self) -> int:
+        """Staging copies held by live attempts (bounded in total by the pool's bytes)."""
+        return sum(a.staged for a in self._att.values() if a.staging is not None)
 
     # ------------------------------------------------------------ commands
     def expect(
@@ -169,6 +197,8 @@ class Receiver:
             live = a is not None and not a.state.final
             if kind == MANIFEST and not live and newer(header, a):
                 self._on_manifest(request_id, header)
+            elif kind == ABORT and not live:
+                self._early_abort(request_id, header, a)
             elif a is None or a.state.final:
                 continue  # nothing to do with it: before a manifest, or after the end
             elif kind == CHUNK:
@@ -179,13 +209,21 @@ class Receiver:
                 except OwnershipError as e:
                     self._fail(a, e)
             elif kind == ABORT and wire.epoch_of(header) == a.m.epoch:
-                reasons = wire.reasons_of(header)
-                self._fail(a, CancelledError(f"sender aborted: {reasons}"), answer=False)
+                reasons = wire.reasons_of(header)  # every other rank hears it, with why
+                self._fail(a, CancelledError(f"sender aborted: {reasons}"), answer=a.ranked)
+            elif kind == ABORT:
+                self._ours(a, header)  # another attempt's: fenced (or the ranks disagree)
             else:
                 a.stale += 1
         a = self._att.get(request_id)
         if a is not None and a.state is State.RECEIVING and self._complete(a):
             self._finish(a)
+        elif (
+            a is not None
+            and not a.state.final
+            and (why := wire.peer_failed(self.transport, tos(a)))
+        ):
+            self._fail(a, CancelledError(f"a sender's process is gone: {why}"))
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
@@ -199,126 +237,98 @@ class Receiver:
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             raise InUseError(f"{request_id!r} is still {a.state.value}; abort it first")
-        self._att.pop(request_id, None)
-        self._errors.pop(request_id, None)
-        self._expect.pop(request_id, None)
+        for d in (self._att, self._errors, self._expect, self._ended, self._aborted):
+            d.pop(request_id, None)
 
     def crash(self) -> None:
         """Lose everything (a process crash): attempts forgotten, pools reset."""
-        self._att.clear()
-        self._errors.clear()
+        for d in (self._att, self._errors, self._ended, self._aborted):
+            d.clear()
         self.pools.reset()
 
     # ------------------------------------------------------------ the manifest
     def _on_manifest(self, rid: str, header: Mapping[str, Any]) -> None:
         if not self.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
-            self._att.pop(rid, None)  # this one replaces its record (else it is refused)
+            self._att.pop(rid, None)  # this one replaces its record (else it is refused,
+            # and the committed attempt the engine still holds stays what state() answers)
+        mf = header.get("manifest")
+        epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
         try:
+            early = self._aborted.get(rid)
+            if early is not None and epoch is not None and epoch <= early[0]:
+                raise CancelledError(f"sender aborted before its manifest was read: {early[1]}")
             a = accept(self, rid, header, self._expect.get(rid, Expect()))
         except Exception as e:  # a peer's message: every failure is a nack, never raised
             if not isinstance(e, OwnershipError):
                 e = CapacityError(f"{rid!r}: manifest not taken: {type(e).__name__}: {e}")
             self._errors[rid] = e
+            self._ended_now(rid)
             reasons = e.reasons if isinstance(e, SpecManifestError) else [str(e)]
-            mf = header.get("manifest")
-            epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
             for to in reply_channels(rid, header):
-                self.transport.send(to, {"type": NACK, "epoch": epoch, "reasons": reasons})
+                send_quietly(self.transport, to, {"type": NACK, "epoch": epoch, "reasons": reasons})
             return
         self._att[rid] = a
         self._errors.pop(rid, None)
-        self._send(rid, {"type": READY, "epoch": a.m.epoch})
+        self._aborted.pop(rid, None)
+        if failed := self._send(rid, {"type": READY, "epoch": a.m.epoch}):
+            self._fail(a, ChunkError(f"{rid!r}: {failed}", prop="RankAgreement"))
+
+    def _early_abort(self, rid: str, header: Mapping[str, Any], a: Attempt | None) -> None:
+        """A sender's abort with no live attempt here: if it is newer than any attempt
+        seen, keep it (bounded), so its manifest, if it comes later, is refused."""
+        e = wire.epoch_of(header)
+        if e is None or (a is not None and e <= a.m.epoch):
+            return
+        self._aborted[rid] = (e, wire.reasons_of(header))
+        self._ended_now(rid)
+
+    def _ended_now(self, rid: str) -> None:
+        """``rid``'s record ended: the oldest ended ones past ``max_records`` are dropped."""
+        self._ended.pop(rid, None)
+        self._ended[rid] = None
+        while len(self._ended) > self.max_records:
+            old = next(iter(self._ended))
+            del self._ended[old]
+            if (a := self._att.get(old)) is None or a.state.final:
+                for d in (self._att, self._errors, self._aborted):
+                    d.pop(old, None)
 
     # ------------------------------------------------------------ chunks
     def _on_chunk(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
-        m = a.m
         if not self._ours(a, header):
             return
-        if a.stream is not None:
-            self._on_layer(a, header, payload)
-            return
         try:
-            rank, idx = _where(a, header)
-            if (rank, idx) in a.landed:
-                a.duplicates += 1
-                return
-            want = a.src.rank_pool_geometry().block_bytes
-            if len(payload) != want:
-                raise ChunkError(f"block {idx} rank {rank}: {len(payload)} bytes, expected {want}")
-            actual = bytes_checksum(payload)
-            if actual != header.get("checksum"):
-                raise ChecksumError(
-                    f"block {idx} (rank {rank}): bytes do not hash to the header's checksum "
-                    f"({actual} != {header.get('checksum')!r})"
-                )
-            canonical = m.src_tp == 1 and m.layout == sm.LAYOUTS[0]
-            expected = m.block_checksums[idx - m.prefix_blocks]
-            if canonical and actual != expected:
-                raise ChecksumError(
-                    f"block {idx}: bytes hash to {actual}, not the manifest's checksum {expected}"
-                )
-            self._install(a, rank, idx, payload)
-        except OwnershipError as e:
-            self._fail(a, e)
-            return
-        a.landed.add((rank, idx))  # counted only once the install returned
-        a.checks += 1
-        if canonical and a.staging is None and len(a.pieces[rank]) == 1:
-            a.verified.add(idx)  # verified bytes, copied whole: no need to hash again
-
-    def _install(self, a: Attempt, rank: int, idx: int, payload: Payload) -> None:
-        j = idx - a.m.prefix_blocks  # index among the sent blocks
-        rid = a.m.request_id
-        if a.staging is not None:
-            a.staging.pools[rank].write_block_bytes(rid, a.staging.alloc.blocks_of(rid)[j], payload)
-            return
-        b = a.target[a.prefix + j]
-        self.pools.alloc.check_write(rid, [b])
-        land_shard(self.pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b)
+            if a.stream is None:
+                install_block(self.pools, a, header, payload)
+            elif (layer := install_layer(self.pools, a, header, payload)) is not None:
+                staged = a.staging is not None and not self.stage
+                if staged and a.stream.layer_ready(layer):  # the whole layer is in staging:
+                    if LAYER_READY_ON_STAGING not in self.mutants:  # (the bug leaves it there)
+                        self._unstage(a, [layer])  # into the target blocks, now
+        except OwnershipError as err:
+            self._fail(a, err)
 
     def _ours(self, a: Attempt, header: Mapping[str, Any]) -> bool:
-        """This attempt's message, else counted as stale (fenced, changes nothing)."""
-        if header.get("request_id") == a.m.request_id and wire.epoch_of(header) == a.m.epoch:
+        """This attempt's message, else counted as stale (fenced, changes nothing). A
+        source rank speaking of a newer epoch than the attempt's means the ranks
+        disagree on the attempt: refused by name (``RankAgreement``), never a stall."""
+        e = wire.epoch_of(header)
+        if header.get("request_id") == a.m.request_id and e == a.m.epoch:
             return True
         a.stale += 1
+        rank = header.get("rank")
+        if a.ranked and e is not None and e > a.m.epoch and type(rank) is int and rank in a.ranks:
+            why = (
+                f"rank {rank} sends epoch {e} of {a.m.request_id!r}, but the attempt "
+                f"(rank 0's manifest) is epoch {a.m.epoch}: the ranks disagree"
+            )
+            send_quietly(
+                self.transport,
+                channels(a.m.request_id).to_rank(rank),
+                {"type": NACK, "epoch": e, "reasons": [f"[RankAgreement] {why}"]},
+            )
+            self._fail(a, ChunkError(why, prop="RankAgreement"))
         return False
-
-    def _on_layer(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
-        """One (rank, block, layer) of a streamed offer: checked, installed, then counted."""
-        m, s = a.m, a.stream
-        assert s is not None
-        try:
-            rank, idx = _where(a, header)
-            j, layer = idx - m.prefix_blocks, s.check_layer(header.get("layer"))
-            if (rank, j, layer) in s.landed:
-                a.duplicates += 1
-                return
-            want = a.src.rank_pool_geometry().block_bytes // m.num_layers
-            if len(payload) != want:
-                raise ChunkError(
-                    f"block {idx} rank {rank} layer {layer}: {len(payload)} bytes, expected {want}"
-                )
-            actual = bytes_checksum(payload)
-            if actual != header.get("checksum"):
-                raise ChecksumError(
-                    f"block {idx} (rank {rank}, layer {layer}): bytes do not hash to the "
-                    f"header's checksum ({actual} != {header.get('checksum')!r})"
-                )
-            rid = m.request_id
-            if a.staging is not None:
-                blk = a.staging.alloc.blocks_of(rid)[j]
-                a.staging.alloc.check_write(rid, [blk])
-                write_bytes(a.staging.pools[rank].kv[blk][layer], payload)
-            else:
-                b = a.target[a.prefix + j]
-                self.pools.alloc.check_write(rid, [b])
-                src_g = a.src.rank_pool_geometry()
-                land_layer(self.pools, a.pieces[rank], src_g, payload, b, layer)
-        except OwnershipError as e:
-            self._fail(a, e)
-            return
-        s.landed_one(rank, j, layer, payload)  # counted (and hashed) once installed
-        a.checks += 1
 
     def _complete(self, a: Attempt) -> bool:
         if a.stream is not None:
@@ -346,27 +356,27 @@ class Receiver:
                     )
                 a.checks += 1
             if a.staging is not None and m.sent_blocks:
-                self._reshard(a)
+                self._unstage(a, [x for x in range(m.num_layers) if x not in a.unstaged])
             alloc.commit(rid, m.epoch)
         except OwnershipError as e:
             self._fail(a, e)
             return
         a.state, a.staging = State.DONE, None
+        self._ended_now(rid)
+        wire.fence(self.transport, channels(rid).to_receiver, m.epoch)  # late duplicates
         self._send(rid, {"type": ACK, "epoch": m.epoch})
 
-    def _reshard(self, a: Attempt) -> None:
-        m, rid = a.m, a.m.request_id
+    def _unstage(self, a: Attempt, layers: Sequence[int]) -> None:
+        """Layers of the staging copy into the target blocks (resharded: this side's
+        block size, TP ranks and layout), the prefix blocks untouched."""
         assert a.staging is not None
-        ids = list(a.staging.alloc.blocks_of(rid))
-        src = ShardedKV(
-            a.src.kv_layout(),
-            [[p.kv] for p in a.staging.pools],
-            [ids[:1] * m.prefix_blocks + ids],  # the prefix entries are never read
-            m.num_tokens,
-        )
-        self.pools.alloc.check_write(rid, a.target[a.prefix :])
-        dst = ShardedKV(self.geometry.kv_layout(), [[p.kv] for p in self.pools.pools], [a.target])
-        reshard(src, dst, start=m.prefix_blocks * m.block_size)
+        m, rid = a.m, a.m.request_id
+        ids = a.staging.alloc.blocks_of(rid)
+        sent_tokens = m.num_tokens - m.prefix_blocks * m.block_size
+        for layer in layers:
+            fields = read_kv(a.staging, ids, sent_tokens, layer=layer)
+            write_kv_layer(self.pools, rid, a.target[a.prefix :], layer, list(fields))
+            a.unstaged.add(layer)
 
     def _fail(self, a: Attempt, err: OwnershipError, *, answer: bool = True) -> None:
         """Give back every block of the attempt, drop what is in flight, tell the sender."""
@@ -374,24 +384,17 @@ class Receiver:
         alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
         alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
         a.state, a.error, a.staging = State.ABORTED, err, None
+        self._ended_now(rid)
         self.transport.abort(channels(rid).to_receiver)
+        wire.fence(self.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks too
         if answer:
             self._send(rid, {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]})
 
-    def _send(self, rid: str, header: dict[str, Any]) -> None:
+    def _send(self, rid: str, header: dict[str, Any]) -> str:
+        """Send to the request's sender (every rank's, when ranked); returns why a send
+        failed ("" if none did): a route the transport cannot reach is the peer's fault,
+        never raised here."""
         a = self._att.get(rid)
-        tos = [channels(rid).to_sender]
-        if a is not None and a.ranked and a.m.epoch == header.get("epoch"):
-            tos = [channels(rid).to_rank(r) for r in range(a.m.src_tp)]  # every rank's Sender
-        for to in tos:
-            self.transport.send(to, header)
-
-
-def _where(a: Attempt, header: Mapping[str, Any]) -> tuple[int, int]:
-    """A chunk's (source rank, block index), or ChunkError naming what is wrong."""
-    rank, idx = header.get("rank"), header.get("block_index")
-    if type(rank) is not int or rank not in a.ranks:
-        raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
-    if type(idx) is not int or idx not in a.m.sent_blocks:
-        raise ChunkError(f"block_index {idx!r} not in sent blocks {a.m.sent_blocks}")
-    return rank, idx
+        to = tos(a) if a is not None and a.m.epoch == header.get("epoch") else None
+        to = to or [channels(rid).to_sender]
+        return "; ".join(filter(None, (send_quietly(self.transport, x, header) for x in to)))

@@ -18,53 +18,49 @@ Layer by layer, as prefill computes each layer (a KV connector's ``save_kv_layer
     tx.offer("req-1", token_ids, blocks=..., layers=L)   # the manifest, before the KV
     for layer in range(L): ...compute it...; tx.send_layer("req-1", layer)
 
-A streamed offer pins nothing (prefill still writes the blocks); each layer's bytes leave
-as a copy, so the request may go on writing or free its blocks. ``Sender(..., rank=r)``
-is one TP rank's Sender in its own process, with that rank's pools only
-(``KVGeometry.make_rank_pools``); every rank offers the same request layer by layer.
+A streamed offer pins nothing (prefill still writes the blocks); ``send_layer`` copies
+the layer's bytes of every sent block (and hashes them into the seal) at once, so once it
+returned the request may go on writing or free its blocks: what leaves is what was there
+at ``send_layer``. Copies of layers computed before the receiver's ready wait here.
+
+``Sender(..., rank=r)`` is one TP rank's Sender in its own process, with that rank's
+pools only (``KVGeometry.make_rank_pools``); every rank offers the same request layer by
+layer, with the same ``epoch`` (required: the router's attempt number, so a restarted
+rank agrees with the others). A rank that hears the receiver answer a newer epoch than
+its own ends its attempt and tells the others (``RankAgreement``, naming rank and
+epochs); one rank's ``abort`` reaches every sibling rank and the receiver with its reason.
+``forget(rid)`` drops an ended offer's record (memory stays bounded by the live ones).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import xxhash
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.intake import send_quietly
+from refimpl.api.stream import Stream
+from refimpl.api.switches import SENDER_SWITCHES, STREAM_READS_AT_READY, check_switches
 from refimpl.api.wire import (
     ABORT,
     ACK,
-    CHUNK,
     MANIFEST,
     NACK,
     READY,
-    SEAL,
     State,
     channels,
     epoch_of,
+    fence,
+    peer_failed,
     reasons_of,
 )
-from refimpl.checksum import block_checksum, byte_view, bytes_checksum
+from refimpl.checksum import block_checksum
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.engine.data import RankPools
-from refimpl.errors import ChunkError
+from refimpl.errors import ChunkError, InUseError
 from refimpl.transport import Transport
 from spec import shardmap as sm
 from spec.manifest import Manifest
-
-
-@dataclass
-class _Stream:
-    """A streamed offer's progress: layers computed, layers sent, each block's digest."""
-
-    layers: int
-    blocks: tuple[int, ...]  # the sent blocks' ids here
-    computed: int = 0  # layers [0, computed) are written and may be sent
-    sent: int = 0  # layers [0, sent) are on the wire
-    digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
-    sealed: bool = False
 
 
 @dataclass
@@ -78,7 +74,7 @@ class _Offer:
     reasons: list[str] = field(default_factory=list)  # why it was refused or aborted
     chunks: int = 0
     bytes_sent: int = 0
-    stream: _Stream | None = None
+    stream: Stream | None = None
 
 
 class Sender:
@@ -92,9 +88,12 @@ class Sender:
         model: ModelIdentity,
         *,
         rank: int | None = None,
+        mutants: Iterable[str] = (),
     ) -> None:
         """``rank``: this Sender is TP rank ``rank`` of ``geometry`` alone (its own
-        process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``)."""
+        process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``).
+        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations only."""
+        self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
         if rank is None:
             geometry.check_pools(pools, "sender pools")
             self.ranks = list(pools.primaries)  # (source rank, index of its pool here)
@@ -120,12 +119,22 @@ class Sender:
 
     def stats(self, request_id: str) -> tuple[int, int]:
         """(chunks sent, payload bytes sent) of the request's attempt."""
-        o = self._offers[request_id]
-        return o.chunks, o.bytes_sent
+        return self._offers[request_id].chunks, self._offers[request_id].bytes_sent
 
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks pinned by attempts that have not ended (empty once all ended)."""
         return {rid: o.snaps[0].block_ids for rid, o in self._offers.items() if o.snaps}
+
+    def records(self) -> int:
+        """Requests this Sender keeps a record of (live or ended, not forgotten)."""
+        return len(self._offers)
+
+    def forget(self, request_id: str) -> None:
+        """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
+        o = self._offers.get(request_id)
+        if o is not None and not o.state.final:
+            raise InUseError(f"{request_id!r} is still {o.state.value}; abort it first")
+        self._offers.pop(request_id, None)
 
     # ------------------------------------------------------------ commands
     def offer(
@@ -149,6 +158,11 @@ class Sender:
         the next one (1 for a request this sender has not offered). ``layers``: a streamed
         offer of all ``layers`` layers, sent by ``send_layer`` as each is computed.
         """
+        if self.rank is not None and epoch is None:
+            raise ValueError(
+                f"{request_id!r}: a Sender of one rank (rank={self.rank}) needs epoch=: every "
+                "rank of an attempt offers the same one (the router's attempt number)"
+            )
         old = self._offers.get(request_id)
         if old is not None and not old.state.final:
             raise ValueError(f"{request_id!r} already has an attempt in state {old.state.value}")
@@ -205,10 +219,12 @@ class Sender:
                 release(self.pools.pools[r], s)
             raise
         self._offers[request_id] = _Offer(request_id, epoch, m, snaps, free_source)
-        self.transport.send(
-            channels(request_id).to_receiver,
-            {"type": MANIFEST, "manifest": m.to_json_dict()},
-        )
+        header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
+        try:
+            self.transport.send(channels(request_id).to_receiver, header)
+        except Exception:
+            self._end(self._offers.pop(request_id), State.ABORTED, [])
+            raise
         return m
 
     def _offer_stream(
@@ -234,13 +250,18 @@ class Sender:
         zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
         snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
         m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
-        o = _Offer(rid, epoch, m, [], free_source, stream=_Stream(layers, tuple(sent)))
+        o = _Offer(rid, epoch, m, [], free_source, stream=Stream(layers, tuple(sent)))
         self._offers[rid] = o
         if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
-            header = {"type": MANIFEST, "manifest": m.to_json_dict(), "layers": layers}
+            header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
+            header["layers"] = layers
             if self.rank is not None:
                 header["ranked"] = True
-            self.transport.send(channels(rid).to_receiver, header)
+            try:
+                self.transport.send(channels(rid).to_receiver, header)
+            except Exception:
+                del self._offers[rid]
+                raise
         return m
 
     def send_layer(self, request_id: str, layer: int) -> int:
@@ -255,61 +276,57 @@ class Sender:
             raise ValueError(
                 f"{request_id!r}: layer {layer!r} out of order; the next is {o.stream.computed}"
             )
+        if not_held := sorted(set(o.stream.blocks) - set(self.pools.alloc.blocks_of(request_id))):
+            raise ChunkError(
+                f"{request_id!r}: send_layer({layer}): blocks {not_held} are not held by it "
+                "(a layer is copied at send_layer: free the blocks only after it returned)"
+            )
+        if STREAM_READS_AT_READY not in self.mutants:
+            o.stream.copy_layer(self.pools, self._ranks(), layer)
         o.stream.computed += 1
         return self._flush(o) if o.state is State.SENDING else 0
 
+    def _ranks(self) -> list[tuple[int, int]]:
+        return [(r, self._pool_of[r]) for r in self.ranks]
+
     def _flush(self, o: _Offer) -> int:
         """Send every computed layer not sent yet, then the seals once all are out."""
-        st, ch, n = o.stream, channels(o.request_id).to_receiver, 0
+        st = o.stream
         assert st is not None
-        pb = o.manifest.prefix_blocks
-        while st.sent < st.computed:
-            layer = st.sent
-            for r in self.ranks:
-                kv = self.pools.pools[self._pool_of[r]].kv
-                for j, b in enumerate(st.blocks):
-                    t = kv[b][layer]
-                    payload = bytes(byte_view(t if t.device.type == "cpu" else t.cpu()))
-                    st.digests.setdefault((r, j), xxhash.xxh3_64()).update(payload)
-                    header = {
-                        "type": CHUNK,
-                        "request_id": o.request_id,
-                        "epoch": o.epoch,
-                        "block_index": pb + j,
-                        "rank": r,
-                        "layer": layer,
-                        "checksum": bytes_checksum(payload),
-                    }
-                    self.transport.send(ch, header, payload)
-                    n += 1
-                    o.bytes_sent += len(payload)
-            st.sent += 1
-        if st.sent == st.layers and not st.sealed:
-            st.sealed = True
-            for r in self.ranks:
-                digests = [st.digests[(r, j)].hexdigest() for j in range(len(st.blocks))]
-                seal = {"type": SEAL, "request_id": o.request_id, "epoch": o.epoch}
-                self.transport.send(ch, {**seal, "rank": r, "digests": digests})
-        o.chunks += n
+        read_now = None
+        if STREAM_READS_AT_READY in self.mutants:  # the bug: the bytes there now
+
+            def read_now(layer: int) -> None:
+                st.copy_layer(self.pools, self._ranks(), layer)
+
+        head = {"request_id": o.request_id, "epoch": o.epoch}
+        ch, first = channels(o.request_id).to_receiver, o.manifest.prefix_blocks
+        n, nbytes = st.flush(self.transport, ch, head, first, self.ranks, read_now)
+        o.chunks, o.bytes_sent = o.chunks + n, o.bytes_sent + nbytes
         return n
 
     def poll(self, request_id: str) -> int:
         """Handle the receiver's replies; returns the number of messages read."""
-        ch = channels(request_id)
-        msgs = self.transport.poll(ch.to_sender if self.rank is None else ch.to_rank(self.rank))
+        msgs = self.transport.poll(self._replies(request_id))
         o = self._offers.get(request_id)
         for header, _ in msgs:
             if not isinstance(header, dict) or o is None or o.state.final:
                 continue  # not a header, or one after the end: ignored
-            if epoch_of(header) != o.epoch:
+            kind, e = header.get("type"), epoch_of(header)
+            if self.rank is not None and e is not None and e > o.epoch:
+                self._disagree(o, e, kind == READY)  # the others are at a newer attempt
+                continue
+            if e != o.epoch:
                 continue  # another attempt's reply (or an epoch that is not an int): fenced
-            kind = header.get("type")
             if kind == READY and o.state is State.OFFERED:
-                if o.stream is not None:
-                    o.state = State.SENDING
-                    self._flush(o)
-                else:
-                    self._send_chunks(o)
+                try:
+                    if o.stream is not None:
+                        o.state = State.SENDING
+                        self._flush(o)
+                    else:
+                        self._send_chunks(o)
+                except Exception as err:  # the transport refused a send: end, say why
+                    self.abort(request_id, f"send failed: {type(err).__name__}: {err}")
             elif kind == ACK and o.state is State.SENDING:
                 self._end(o, State.DONE, [])
                 if o.free_source:
@@ -317,17 +334,49 @@ class Sender:
             elif kind in (NACK, ABORT):
                 final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
                 self._end(o, final, reasons_of(header))
+        rx = channels(request_id).to_receiver
+        if o is not None and not o.state.final and (why := peer_failed(self.transport, [rx])):
+            self._end(o, State.ABORTED, [f"the receiver's process is gone: {why}"])
+            self._tell(o.request_id, o.epoch, o.reasons)  # the sibling ranks hear it too
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt here (cancel, timeout): drop the pins, tell the receiver."""
+        """End the attempt here (cancel, timeout): drop the pins, tell the receiver (and,
+        one rank of several, every sibling rank: they end with this rank's reason)."""
         o = self._offers.get(request_id)
         if o is None or o.state.final:
             return
-        self._end(o, State.ABORTED, [reason])
-        ch = channels(request_id).to_receiver
-        self.transport.abort(ch)  # chunks still in flight are void
-        self.transport.send(ch, {"type": ABORT, "epoch": o.epoch, "reasons": [reason]})
+        why = [reason if self.rank is None else f"rank {self.rank} aborted: {reason}"]
+        self._end(o, State.ABORTED, why)
+        if self.rank is None:  # chunks in flight are void (a rank's channel is shared)
+            self.transport.abort(channels(request_id).to_receiver)
+        self._tell(o.request_id, o.epoch, why)
+
+    def _tell(self, rid: str, epoch: int, reasons: list[str]) -> None:
+        """An abort at ``epoch`` to the receiver and to every sibling rank (best effort:
+        a channel the transport cannot reach is skipped, the others still hear)."""
+        ch, header = channels(rid), {"type": ABORT, "request_id": rid, "epoch": epoch}
+        tos = [ch.to_receiver]
+        if self.rank is not None:
+            tos += [ch.to_rank(s) for s in range(self.geometry.tp) if s != self.rank]
+            header["rank"] = self.rank
+        for to in tos:
+            send_quietly(self.transport, to, {**header, "reasons": reasons})
+
+    def _disagree(self, o: _Offer, epoch: int, live: bool) -> None:
+        """This rank offered ``o.epoch`` but the receiver (or a sibling) speaks of the
+        newer ``epoch``: the ranks disagree on the attempt. End it here with both epochs
+        named; if the receiver's attempt is live, abort it too (every rank hears)."""
+        why = [
+            f"[RankAgreement] rank {self.rank} offered epoch {o.epoch} of "
+            f"{o.request_id!r}, but the attempt the others run is epoch {epoch}"
+        ]
+        self._end(o, State.ABORTED, why)
+        if live:
+            self._tell(o.request_id, epoch, why)
+
+    def _replies(self, rid: str) -> str:
+        return channels(rid).to_sender if self.rank is None else channels(rid).to_rank(self.rank)
 
     def crash(self) -> None:
         """Lose everything (a process crash): attempts forgotten, pools reset."""
@@ -346,3 +395,6 @@ class Sender:
         for r, snap in zip(self.pools.primaries, o.snaps, strict=False):  # none if streamed
             release(self.pools.pools[r], snap)
         o.snaps, o.state, o.reasons = [], state, reasons
+        if o.stream is not None:
+            o.stream.copies.clear()  # the copies of an ended attempt go at once
+        fence(self.transport, self._replies(o.request_id), o.epoch)  # its late replies too

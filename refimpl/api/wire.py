@@ -27,6 +27,13 @@ every reply.
 Every failure ends the attempt on the side that sees it, gives back what it held, and
 answers the peer (``nack`` from the receiver, ``abort`` from the sender), so the peer
 gives back its part too. A side that hears nothing ends it with ``abort(rid, "timeout")``.
+With one Sender per rank, a rank's ``abort`` goes to the receiver and to every sibling
+rank's channel, and the receiver answers every rank's channel, so every rank of both
+sides ends with the aborting rank's reason. The ranks of an attempt share its epoch; a
+rank that hears of a newer one than it offered (or a chunk of a newer one at the
+receiver) ends the attempt everywhere with a ``RankAgreement`` reason naming the rank and
+both epochs. The side that ended an attempt ``fence``s its inbound channel at the
+attempt's epoch: the transport drops its late messages instead of keeping them.
 
 A peer's message is checked before it is used: a header that is not an object is
 ignored; an epoch counts only as an int (``true`` and ``1.0`` are not epoch 1), else the
@@ -79,6 +86,22 @@ class State(Enum):
     @property
     def final(self) -> bool:
         return self in (State.DONE, State.REFUSED, State.ABORTED)
+
+
+def fence(transport: object, channel: str, epoch: int) -> None:
+    """Tell the transport that every message of ``epoch`` or older on ``channel`` is
+    void from now on (an ended attempt's late messages are dropped, not kept); a
+    transport without ``fence`` keeps them until they are polled and fenced here."""
+    f = getattr(transport, "fence", None)
+    if f is not None:
+        f(channel, epoch)
+
+
+def peer_failed(transport: object, tos: list[str]) -> str:
+    """Why the process one of ``tos`` routes to failed, if the transport detects it
+    (``DistTransport.failed``: its link broke); "" otherwise."""
+    f = getattr(transport, "failed", None)
+    return next((why for to in tos if (why := f(to))), "") if f is not None else ""
 
 
 MAX_REASONS, MAX_REASON_CHARS = 64, 1000  # what a peer's reasons may fill, at most

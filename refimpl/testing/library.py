@@ -96,8 +96,8 @@ class LibraryMachine(RuleBasedStateMachine):
         return [r for r in self._prefilled() if r not in self._live()]
 
     def _check_commit(self, rid: str) -> None:
-        if self.rx.state(rid) is not State.DONE:
-            return
+        if self.rx.state(rid) is not State.DONE or not self.dst.alloc.blocks_of(rid):
+            return  # not committed, or committed and freed since (result() names no ids)
         got = self.rx.result(rid)
         if (rid, got.manifest.epoch) not in self.checked:
             kv = self.truth[rid]

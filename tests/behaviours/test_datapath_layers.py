@@ -156,7 +156,7 @@ def test_one_sender_per_rank_in_one_transport() -> None:
     kv, h = _kv(src, 10), src.kv_heads_per_rank
     blocks = [pl.alloc.allocate("r", 3) for pl in pools]
     for tx, b in zip(txs, blocks, strict=True):
-        tx.offer("r", TOKENS, blocks=b, layers=2)
+        tx.offer("r", TOKENS, blocks=b, layers=2, epoch=1)
     for layer in range(2):
         for r, tx in enumerate(txs):
             write_kv_layer(pools[r], "r", blocks[r], layer, list(kv[layer, :, r * h : (r + 1) * h]))
@@ -203,7 +203,7 @@ def test_a_refused_ranked_offer_ends_every_rank() -> None:
     other = ModelIdentity("another-model", MODEL.rope)
     rx = Receiver(dst.make_pools(4), dst, t, other)
     for tx, pl in zip(txs, pools, strict=True):
-        tx.offer("r", TOKENS, blocks=pl.alloc.allocate("r", 3), layers=2)
+        tx.offer("r", TOKENS, blocks=pl.alloc.allocate("r", 3), layers=2, epoch=1)
     rx.poll("r")
     for tx in txs:
         tx.poll("r")

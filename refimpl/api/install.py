@@ -1,0 +1,104 @@
+"""One chunk of a live attempt, checked and installed (the receiver's only install).
+
+A whole-block chunk (``install_block``) or one (rank, block, layer) of a streamed offer
+(``install_layer``): rank and index from the header (else ``ChunkError``, RankAgreement
+for an unknown rank), the payload size, xxh3(payload) == the header's checksum (else
+``ChecksumError`` naming block and rank), a canonical block against the manifest's
+checksum, then the install (into the target block, or the staging copy), and only once
+it returned is the chunk counted. Each raises the refusal and changes nothing; the
+``Receiver`` ends the attempt on it. A duplicate is counted and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from refimpl.api.intake import Attempt
+from refimpl.api.layers import land_layer, write_bytes
+from refimpl.checksum import bytes_checksum
+from refimpl.engine.data import RankPools, land_shard
+from refimpl.errors import ChecksumError, ChunkError
+from refimpl.transport import Payload
+from spec import shardmap as sm
+
+
+def where(a: Attempt, header: Mapping[str, Any]) -> tuple[int, int]:
+    """A chunk's (source rank, block index), or ChunkError naming what is wrong."""
+    rank, idx = header.get("rank"), header.get("block_index")
+    if type(rank) is not int or rank not in a.ranks:
+        raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
+    if type(idx) is not int or idx not in a.m.sent_blocks:
+        raise ChunkError(f"block_index {idx!r} not in sent blocks {a.m.sent_blocks}")
+    return rank, idx
+
+
+def _check(header: Mapping[str, Any], payload: Payload, want: int, what: str) -> str:
+    if not isinstance(payload, bytes | bytearray | memoryview) or len(payload) != want:
+        n = len(payload) if isinstance(payload, bytes | bytearray | memoryview) else payload
+        raise ChunkError(f"{what}: {n!r:.40} bytes, expected {want}")
+    actual = bytes_checksum(payload)
+    if actual != header.get("checksum"):
+        raise ChecksumError(
+            f"{what}: bytes do not hash to the header's checksum "
+            f"({actual} != {header.get('checksum')!r:.40})"
+        )
+    return actual
+
+
+def install_block(
+    pools: RankPools, a: Attempt, header: Mapping[str, Any], payload: Payload
+) -> None:
+    """One whole block of one source rank."""
+    m = a.m
+    rank, idx = where(a, header)
+    if (rank, idx) in a.landed:
+        a.duplicates += 1
+        return
+    actual = _check(
+        header, payload, a.src.rank_pool_geometry().block_bytes, f"block {idx} (rank {rank})"
+    )
+    canonical = m.src_tp == 1 and m.layout == sm.LAYOUTS[0]
+    expected = m.block_checksums[idx - m.prefix_blocks]
+    if canonical and actual != expected:
+        raise ChecksumError(
+            f"block {idx}: bytes hash to {actual}, not the manifest's checksum {expected}"
+        )
+    j, rid = idx - m.prefix_blocks, m.request_id  # j: index among the sent blocks
+    if a.staging is not None:
+        a.staging.pools[rank].write_block_bytes(rid, a.staging.alloc.blocks_of(rid)[j], payload)
+    else:
+        b = a.target[a.prefix + j]
+        pools.alloc.check_write(rid, [b])
+        land_shard(pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b)
+    a.landed.add((rank, idx))  # counted only once the install returned
+    a.checks += 1
+    if canonical and a.staging is None and len(a.pieces[rank]) == 1:
+        a.verified.add(idx)  # verified bytes, copied whole: no need to hash again
+
+
+def install_layer(
+    pools: RankPools, a: Attempt, header: Mapping[str, Any], payload: Payload
+) -> int | None:
+    """One (rank, block, layer) of a streamed offer; returns the layer (None: duplicate)."""
+    m, s = a.m, a.stream
+    assert s is not None
+    rank, idx = where(a, header)
+    j, layer = idx - m.prefix_blocks, s.check_layer(header.get("layer"))
+    if (rank, j, layer) in s.landed:
+        a.duplicates += 1
+        return None
+    want = a.src.rank_pool_geometry().block_bytes // m.num_layers
+    _check(header, payload, want, f"block {idx} (rank {rank}, layer {layer})")
+    rid = m.request_id
+    if a.staging is not None:
+        blk = a.staging.alloc.blocks_of(rid)[j]
+        a.staging.alloc.check_write(rid, [blk])
+        write_bytes(a.staging.pools[rank].kv[blk][layer], payload)
+    else:
+        b = a.target[a.prefix + j]
+        pools.alloc.check_write(rid, [b])
+        land_layer(pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b, layer)
+    s.landed_one(rank, j, layer, payload)  # counted (and hashed) once installed
+    a.checks += 1
+    return layer
