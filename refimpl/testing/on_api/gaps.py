@@ -26,6 +26,17 @@ _COMMIT_AFTER_CANCEL = (
 )
 
 GAPS: dict[str, tuple[str, str]] = {
+    "state differs at PrefillTimeout (net)": (
+        SPEC_QUESTION,
+        "Sender.abort leaves its chunks in flight (the Receiver fences an ended attempt's "
+        "late chunks once it has the abort: Fences/Inbox); the spec's PrefillTimeout "
+        "flushes them (revocable: drop_chunks), so none lands after the sender gave up",
+    ),
+    "state differs at DecodeReclaim (net)": (
+        SPEC_QUESTION,
+        "the Receiver answers a sender's abort with a Nack to every rank (the ranks agree "
+        "on the end); the spec's DecodeReclaim frees and sends nothing",
+    ),
     "state differs at DecodeAbort (d)": _QUARANTINE,
     "state differs at DecodeAbort (d, net)": _QUARANTINE,
     "state differs at DecodeAbort (d, rmask)": _QUARANTINE,
