@@ -65,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mutant", metavar="NAME", action="append", help="hunt one switch")
     g.add_argument("--tour", action="store_true", help="the graph tour and its coverage report")
     p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
+    p.add_argument("--impl", choices=("engine", "api"), default="engine", help="--tour on it")
     p.add_argument(
         "--examples",
         type=int_in(1, MAX_EXAMPLES),
@@ -121,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
         return _err(f"--examples must be in [1, {MAX_EXAMPLES}]")
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
+    if args.impl == "api":  # the tour on the public API (``refimpl.testing.on_api.report``)
+        from refimpl.testing.on_api.report import tour_api
+
+        return tour_api(args, _err)
     if args.tour:
         from kvown_cli.reports.fuzz_tour import tour
 

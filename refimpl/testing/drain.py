@@ -18,6 +18,7 @@ requests first (cancel, timeouts, cleanups), so it takes a few steps, not a BFS.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from refimpl.testing.harness import Harness
@@ -31,9 +32,12 @@ _ORDER = {"client": 0, "timeout": 1, "recv": 2, "local": 3}
 MAX_STATES = 20_000  # spec states the search may visit before it gives up
 
 
-def drain_path(w: World, c: Any) -> list[tuple[str, dict[str, Any]]] | None:
+def drain_path(
+    w: World, c: Any, close: Callable[[World], World] | None = None
+) -> list[tuple[str, dict[str, Any]]] | None:
     """Steps (trace form) from ``w`` to a quiescent terminal state of the correct spec, or
-    None when none is found within ``MAX_STATES``."""
+    None when none is found within ``MAX_STATES``. ``close``: each step is followed by
+    the steps an implementation takes at once (``api_tour.close``)."""
     if quiescent_terminal(w, c):
         return []
     seen = {canonical(w)}
@@ -47,6 +51,7 @@ def drain_path(w: World, c: Any) -> list[tuple[str, dict[str, Any]]] | None:
         ]
         nxt.sort(key=lambda e: (_ORDER[ACTIONS[e[0]].kind], e[0], e[1], e[2]), reverse=True)
         for name, i, arg, s in nxt:  # reversed: the preferred step is popped first
+            s = close(s) if close is not None else s
             key = canonical(s)
             if key in seen:
                 continue
@@ -60,10 +65,10 @@ def drain_path(w: World, c: Any) -> list[tuple[str, dict[str, Any]]] | None:
     return None
 
 
-def drain(h: Harness) -> int:
+def drain(h: Harness, close: Callable[[World], World] | None = None) -> int:
     """Drain ``h`` to quiescence with every check; returns the steps taken. Raises
     ``Divergence`` (kind "drain: ...") on a leak, a broken integrity or no way out."""
-    path = drain_path(h.w, h.c)
+    path = drain_path(h.w, h.c, close)
     if path is None:
         h.fail("drain: no way out", "the spec finds no way to a quiescent state from here")
     for name, args in path:

@@ -1,0 +1,136 @@
+"""The API's part of the spec's state (``spec.state.Req``), read from real ends.
+
+``sender_part(senders, rid, per_rank)`` reads the Senders of one request, one per prefill
+TP rank, and ``receiver_part(rx, rid, per_rank)`` the decode side's Receiver; each returns
+the ``Req`` fields it owns (the router's status, the messages in flight and the globals
+are the caller's: ``refimpl.testing.api_adapter``). Read only: nothing here changes an
+end.
+
+    ep      the attempt's epoch, the same on every rank (else ``RankDisagreement``)
+    ps      no attempt / a final one IDLE; OFFERED AWAIT_READY; SENDING with every layer
+            and seal out AWAIT_ACK (SENDING before that: some layer not computed yet)
+    sent    items sent in the phase (chunks and seals, rank-major): all of them once sealed
+    p       (with ``held``) no blocks NONE; an attempt in progress COMPLETE (the source
+            is the attempt's, read-only); else WRITABLE
+    d       decode: no attempt NONE; RECEIVING with nothing landed RESERVED, else FILLING;
+            DONE with the request's blocks still held WRITABLE (the engine owns them)
+    dep     the newest attempt's epoch the receiver has taken
+    landed  chunk (rank, block) whose every layer is installed: bit rank * m + block
+    rmask   ranks whose seal the receiver holds
+    dfl     the ended attempt's error: a checksum DF_CORRUPT (| DF_FENCED while other
+            chunks were still to land), a manifest DF_MISMATCH | DF_FENCED, the
+            receiver's own timeout DF_FENCED (a manifest refused at intake leaves no
+            attempt: the spec's DecodeReject, dfl 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from refimpl.api.receiver import Receiver
+from refimpl.api.sender import Sender
+from refimpl.api.wire import State
+from refimpl.errors import ChecksumError, ManifestError
+from spec.state import (
+    AWAIT_ACK,
+    AWAIT_READY,
+    COMPLETE,
+    DF_CORRUPT,
+    DF_FENCED,
+    DF_MISMATCH,
+    FILLING,
+    IDLE,
+    NONE,
+    RESERVED,
+    SENDING,
+    WRITABLE,
+)
+
+__all__ = ["RankDisagreement", "receiver_part", "sender_part"]
+
+TIMEOUT_REASON = "timeout"  # the reason the decode side gives its own timeout's abort
+
+
+class RankDisagreement(AssertionError):
+    """The prefill ranks' Senders are not in one attempt (epoch or phase differ)."""
+
+
+def _offer(s: Sender, rid: str) -> Any:
+    return s._offers.get(rid)  # noqa: SLF001 - a refinement map reads the end's state
+
+
+def sender_part(senders: Sequence[Sender], rid: str, per_rank: int) -> dict[str, int]:
+    """ep, ps, sent and whether an attempt is in progress (``live``) of ``rid``."""
+    views = []
+    for s in senders:
+        o = _offer(s, rid)
+        if o is None:
+            views.append((0, IDLE, 0))
+            continue
+        if o.state.final:
+            views.append((o.epoch, IDLE, 0))
+        elif o.state is State.OFFERED:
+            views.append((o.epoch, AWAIT_READY, 0))
+        elif o.stream is not None and o.stream.sealed:
+            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1)))
+        else:
+            views.append((o.epoch, SENDING, 0))
+    if len(set(views)) > 1:
+        raise RankDisagreement(f"{rid!r}: the prefill ranks' attempts differ: {views}")
+    ep, ps, sent = views[0] if views else (0, IDLE, 0)
+    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE)}
+
+
+def prefill_replica(held: bool, live: bool) -> int:
+    """p from whether the request holds blocks and an attempt is in progress."""
+    return NONE if not held else COMPLETE if live else WRITABLE
+
+
+def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
+    """d, dep, landed, rmask, dfl of ``rid`` on the decode side."""
+    a = rx._att.get(rid)  # noqa: SLF001 - a refinement map reads the end's state
+    out = {"d": NONE, "dep": 0, "landed": 0, "rmask": 0, "dfl": 0}
+    if a is None:  # nothing taken yet, or a manifest refused before reserving (no epoch kept)
+        return out
+    out["dep"] = a.m.epoch
+    if a.state is State.RECEIVING:
+        landed = 0
+        s = a.stream
+        if s is not None:
+            for r in s.ranks:
+                for j in range(s.num_blocks):
+                    if all((r, j, k) in s.landed for k in range(s.num_layers)):
+                        landed |= 1 << (r * per_rank + j)
+            out["rmask"] = sum(1 << r for r in s.seals)
+            partial = bool(s.landed)
+        else:
+            for r, idx in a.landed:
+                landed |= 1 << (r * per_rank + idx - a.m.prefix_blocks)
+            partial = bool(a.landed)
+        out["landed"] = landed
+        out["d"] = FILLING if partial else RESERVED
+    elif a.state is State.DONE and rx.pools.alloc.blocks_of(rid):
+        out["d"] = WRITABLE
+        out["landed"] = (1 << (len(a.ranks) * per_rank)) - 1
+        out["rmask"] = (1 << len(a.ranks)) - 1
+    elif a.state is State.ABORTED:
+        e = a.error
+        if isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
+            s = a.stream
+            whole = (
+                0
+                if s is None
+                else sum(
+                    all((r, j, k) in s.landed for k in range(s.num_layers))
+                    for r in s.ranks
+                    for j in range(s.num_blocks)
+                )
+            )
+            total = len(a.ranks) * len(a.m.sent_blocks)
+            out["dfl"] = DF_CORRUPT | (DF_FENCED if whole + 1 < total else 0)
+        elif isinstance(e, ManifestError):
+            out["dfl"] = DF_MISMATCH | DF_FENCED
+        elif e is not None and str(e).endswith(f"aborted by the receiver: {TIMEOUT_REASON}"):
+            out["dfl"] = DF_FENCED
+    return out

@@ -1,0 +1,296 @@
+"""The spec's actions as calls on the API's ends (``ApiActions``, a mixin of ``ApiSubject``).
+
+Each ``_<Action>(i, arg)`` runs one spec action on the real Senders/Receiver (the table
+is in ``subject``'s doc); ``_deliver`` hands a message in flight to its end. The step
+raises ``ApiRefusal`` (not enabled) when the scheduler or the transport cannot take it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from refimpl.api import KVGeometry, Receiver, Sender
+from refimpl.api.abstract import TIMEOUT_REASON, sender_part
+from refimpl.api.wire import CHUNK, State
+from refimpl.engine.data import RankPools
+from refimpl.errors import OwnershipError
+from refimpl.testing.ghost import Ghost
+from refimpl.testing.on_api.wire import Logical, SpecTransport
+from spec.actions_env import _lost_with_decode, _lost_with_prefill
+from spec.config import Config
+from spec.manifest import check_compatible
+from spec.manifest import from_json_dict as manifest_from_json
+from spec.state import (
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    G_END_CANCELLED,
+    G_END_FAILED,
+    PREFILLING,
+    QUEUED,
+    RUNNING,
+    World,
+)
+
+LAYERS, BLOCK = 2, 2
+
+
+class ApiRefusal(Exception):
+    """The scheduler or the transport cannot take the step (``prop``: None, not enabled)."""
+
+    def __init__(self, message: str, prop: str | None = None) -> None:
+        super().__init__(message)
+        self.prop = prop
+
+
+LIVE = (QUEUED, PREFILLING, RUNNING, 3)
+MESSAGE_ACTIONS = frozenset(
+    {
+        "PrefillRecvReady",
+        "PrefillRelease",
+        "PrefillResume",
+        "PrefillDiscard",
+        "DecodeReserve",
+        "DecodeReject",
+        "DecodeReceiveChunk",
+        "DecodeReceiveDone",
+        "DecodeReclaim",
+        "DecodeDiscard",
+    }
+)
+
+
+class ApiActions:
+    """The action methods; the state is ``ApiSubject``'s."""
+
+    c: Config
+    n: int
+    tx: list[Sender]
+    pp: list[RankPools]
+    rx: Receiver
+    dp: RankPools
+    gp: KVGeometry
+    gd: KVGeometry
+    net: SpecTransport
+    model: Ghost
+    st: list[int]
+    ep: list[int]
+    g: list[int]
+    tokens: list[int]
+    frozen: list[dict[int, int]]
+    faults: int
+    p_up: bool
+    d_up: bool
+    dead_dep: list[int]
+
+    def rid(self, i: int) -> str:
+        return f"r{i}"
+
+    def token_ids(self) -> list[int]:
+        return list(range(self.c.blocks * BLOCK))
+
+    def bad_manifest(self, mf: dict[str, Any]) -> bool:
+        try:
+            return not check_compatible(manifest_from_json(mf), self.rx.local).ok
+        except Exception:
+            return True
+
+    def abstract(self) -> World:
+        raise NotImplementedError  # ``ApiSubject.abstract``
+
+    def from_source(self, kv: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # ``ApiSubject.from_source``
+
+    def _message(self, i: int, code: int) -> Logical:
+        lm = self.net.find(self.rid(i), code, self.c.blocks, self.bad_manifest)
+        if lm is None:
+            raise ApiRefusal(f"no such message in flight for {self.rid(i)}")
+        return lm
+
+    def _deliver(self, i: int, code: int, name: str = "") -> None:
+        """Hand the message to its end. The scheduler's own part (the request's status is
+        the router's, which the ends do not see): a reply for an ended request is dropped
+        unread (``PrefillDiscard``), and a manifest for one is refused at once
+        (``DecodeReject``: the Receiver takes it, and the scheduler aborts it)."""
+        lm = self._message(i, code)
+        up = self.d_up if lm.to_d else self.p_up
+        if not up:
+            raise ApiRefusal("its receiver is down")
+        rid, ended = self.rid(i), self.st[i] in (FINISHED, CANCELLED, FAILED)
+        self.net.deliver(lm)
+        if lm.to_d:
+            self.rx.poll(rid)
+            if name == "DecodeReject" and ended and not self.rx.state(rid).final:
+                self.rx.abort(rid, "cancelled")
+        elif name == "PrefillDiscard" and ended:
+            for ch, _, _ in lm.copies:
+                self.net.poll(ch)
+        else:
+            for s in self.tx:
+                s.poll(rid)
+
+    def _need(self, ok: bool, why: str, prop: str | None = None) -> None:
+        if not ok:
+            raise ApiRefusal(why, prop)
+
+    def _PrefillAdmit(self, i: int, arg: int) -> None:
+        self._need(self.p_up and self.st[i] == QUEUED, "not queued")
+        rid = self.rid(i)
+        self._need(not self.pp[0].alloc.blocks_of(rid), "holds blocks")
+        for p in self.pp:  # the first refuses (CapacityError) before any allocates
+            p.alloc.allocate(rid, self.c.blocks)
+        self.st[i] = PREFILLING
+
+    def _write(self, pools: Any, rid: str, blocks: Any, tokens: int, i: int, rank: int) -> None:
+        full = self.model.content(i, tokens)
+        g = self.gp if pools in self.pp else self.gd
+        if pools in self.pp:
+            h = g.kv_heads_per_rank
+            full = full[:, :, :, rank * h : (rank + 1) * h]
+        pools.write_full(rid, list(blocks), full)
+
+    def _PrefillRun(self, i: int, arg: int) -> None:
+        self._need(self.p_up and self.st[i] == PREFILLING, "not prefilling")
+        rid = self.rid(i)
+        for r, p in enumerate(self.pp):
+            self._write(p, rid, p.alloc.blocks_of(rid), 0, i, r)
+        self.st[i], self.tokens[i] = RUNNING, 0
+
+    def _live(self, i: int) -> bool:
+        return sender_part(self.tx, self.rid(i), self.c.blocks)["live"] == 1
+
+    def _PrefillDecodeStep(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.p_up and self.st[i] == RUNNING, "not running")
+        self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
+        if self._live(i):  # the scheduler reads the Sender: an attempt reads these blocks
+            raise OwnershipError(f"{rid}: an attempt is in progress", prop="FrozenSnapshot")
+        for r, p in enumerate(self.pp):
+            self._write(p, rid, p.alloc.blocks_of(rid), self.tokens[i] + 1, i, r)
+        self.tokens[i] += 1
+
+    def _PrefillFinish(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.p_up and self.st[i] == RUNNING and not self._live(i), "not finishable")
+        self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
+        for p in self.pp:
+            p.alloc.free(rid)
+        self.st[i] = FINISHED
+
+    def _PrefillFreeze(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.p_up and self.st[i] == RUNNING and not self._live(i), "not freezable")
+        self._need(self.ep[i] < self.c.max_attempts, "no attempt left")
+        e = self.ep[i] + 1  # one epoch for every rank, chosen once
+        for s, p in zip(self.tx, self.pp, strict=True):
+            s.offer(
+                rid,
+                self.token_ids(),
+                blocks=p.alloc.blocks_of(rid),
+                epoch=e,
+                dst_tp=self.c.dst_tp,
+                layers=LAYERS,
+                free_source=True,
+            )
+        for layer in range(LAYERS):
+            for s in self.tx:
+                s.send_layer(rid, layer)
+        self.ep[i] = e
+        self.frozen[i][e] = self.tokens[i]
+
+    def _end_prefill(self, i: int, reason: str) -> None:
+        rid = self.rid(i)
+        for s in self.tx:
+            s.abort(rid, reason)
+        for p in self.pp:
+            p.alloc.free(rid)
+
+    def _PrefillTimeout(self, i: int, arg: int) -> None:
+        self._need(self.p_up and self._live(i), "no attempt in progress")
+        self._end_prefill(i, "timeout")
+        if self.st[i] == RUNNING:
+            self.st[i], self.g[i] = FAILED, self.g[i] | G_END_FAILED
+
+    def _PrefillQuiesce(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.p_up and self.st[i] in (FINISHED, CANCELLED, FAILED), "not ended")
+        self._need(bool(self.pp[0].alloc.blocks_of(rid)) or self._live(i), "nothing held")
+        self._end_prefill(i, "cancelled")
+
+    def _DecodeStep(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.d_up and self.st[i] == RUNNING and self._committed(i), "not decoding")
+        kv = self.from_source(self.model.content(i, self.tokens[i] + 1))
+        self.dp.write_full(rid, self.rx.result(rid).blocks, kv)
+        self.tokens[i] += 1
+
+    def _committed(self, i: int) -> bool:
+        rid = self.rid(i)
+        return self.rx.state(rid) is State.DONE and bool(self.dp.alloc.blocks_of(rid))
+
+    def _DecodeFinish(self, i: int, arg: int) -> None:
+        self._need(self.d_up and self.st[i] == RUNNING and self._committed(i), "not decoding")
+        self.dp.alloc.free(self.rid(i))
+        self.st[i] = FINISHED
+
+    def _DecodeAbort(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.d_up and self.st[i] != RUNNING, "a running request is not aborted")
+        if self._committed(i):
+            self.dp.alloc.free(rid)
+            return
+        self._need(not self.rx.state(rid).final, "no attempt")
+        self.rx.abort(rid, "cancelled")
+
+    def _DecodeTimeout(self, i: int, arg: int) -> None:
+        rid = self.rid(i)
+        self._need(self.d_up and not self.rx.state(rid).final, "no attempt")
+        self._need(self.rx.state(rid) is not State.WAITING, "no attempt")
+        self.rx.abort(rid, TIMEOUT_REASON)
+
+    def _fault(self, i: int, code: int, op: str) -> None:
+        self._need(self.faults < self.c.faults, "no fault left")
+        getattr(self.net, op)(self._message(i, code))
+        self.faults += 1
+
+    def _EnvLose(self, i: int, arg: int) -> None:
+        self._fault(i, arg, "lose")
+
+    def _EnvDuplicate(self, i: int, arg: int) -> None:
+        self._need(self._message(i, arg).group[0] != CHUNK, "a write is not duplicated")
+        self._fault(i, arg, "duplicate")
+
+    def _EnvCorrupt(self, i: int, arg: int) -> None:
+        self._fault(i, arg, "corrupt")
+
+    def _EnvManifestMismatch(self, i: int, arg: int) -> None:
+        self._fault(i, arg, "mismatch")
+
+    def _EnvCrash(self, i: int, worker: int) -> None:
+        self._need(self.faults < self.c.faults, "no fault left")
+        before = self.abstract()
+        if worker == 0 and self.p_up:
+            for s in self.tx:
+                s.crash()
+            self.net.drop(lambda lm: lm.to_d and lm.group[0] != CHUNK)
+            self.p_up = False
+            fate = [_lost_with_prefill(r) for r in before.reqs]
+        elif worker == 1 and self.d_up:
+            self.dead_dep = [r.dep for r in before.reqs]
+            self.rx.crash()
+            self.net.drop(lambda lm: not lm.to_d)
+            self.d_up = False
+            fate = [_lost_with_decode(r._replace(d=0), r.d) for r in before.reqs]
+        else:
+            raise ApiRefusal("that worker is down")
+        self.faults += 1
+        for k, r in enumerate(fate):  # the router's crash fate: the spec's
+            self.st[k], self.g[k] = r.st, r.g
+
+    def _ClientCancel(self, i: int, arg: int) -> None:
+        self._need(self.c.cancel and self.st[i] in LIVE, "ended")
+        self.st[i], self.g[i] = CANCELLED, self.g[i] | G_END_CANCELLED
+
+    # ------------------------------------------------------------ the refinement map

@@ -1,0 +1,89 @@
+"""``ApiAdapter``: ``refimpl.api`` under the harness, and what it cannot run.
+
+``UNEXPRESSED`` names every config feature whose spec actions the API cannot run, with
+the reason; ``ApiAdapter.build`` refuses a world that switches one on, so nothing is
+silently skipped (``kvown fuzz --tour --impl api`` lists them).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from refimpl.errors import OwnershipError
+from refimpl.testing.on_api.actions import ApiRefusal
+from refimpl.testing.on_api.subject import ApiSubject
+from spec.config import Config
+
+__all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
+
+UNEXPRESSED: dict[str, str] = {
+    "offload": "offload/reload are refimpl.api.offload's copies between tiers; no spec "
+    "action maps to them yet (no host replica in the API's ends)",
+    "recompute": "preemption by recompute is the engine's scheduler, not the API",
+    "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
+    "prefix cache, its references and eviction are the engine's",
+    "async_steps": "dispatched/completed model steps are the engine's scheduler",
+    "decode_failure": "DecodeFail: the API's Receiver has no failure of its own to inject",
+    "retract": "DecodeRetract: the API has no retract of a committed copy",
+    "decode_ranks": "the API has one Receiver for all decode ranks (no per-rank install)",
+    "restarts": "EnvRestart: a new incarnation's fencing (inc in every message) is not in "
+    "the API's wire",
+    "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
+    "slots": "decode metadata slots are the engine's",
+    "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
+    "turns": "multi-turn append is the engine's",
+    "unrevocable": "revocable=False: SpecTransport revokes writes (no Quiesced handshake "
+    "in the API on a Nack)",
+}
+
+
+def unexpressed(c: Config) -> list[str]:
+    """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
+    on = {
+        "offload": c.offload,
+        "recompute": c.recompute,
+        "prefix": c.prefix > 0,
+        "async_steps": c.async_steps,
+        "decode_failure": c.decode_failure,
+        "retract": c.retract,
+        "decode_ranks": c.decode_ranks,
+        "restarts": c.restarts > 0,
+        "identity": c.identity,
+        "slots": c.slots,
+        "host_cache": c.host_cache > 0,
+        "turns": c.turns,
+        "unrevocable": not c.revocable,
+    }
+    return [k for k, v in on.items() if v]
+
+
+@dataclass
+class ApiAdapter:
+    """``refimpl.api`` under the harness; ``dst_block``: decode's block size (another
+    than prefill's 2: the Receiver stages and reshards); ``stage``: it stages anyway."""
+
+    name: str = "refimpl.api"
+    refusals: tuple[type[BaseException], ...] = (ApiRefusal, OwnershipError)
+    randoms: tuple[random.Random, ...] = ()
+    stage: bool = False
+    dst_block: int = 2
+
+    def build(self, config: Config, mutants: frozenset[str], seed: int) -> ApiSubject:
+        if bad := unexpressed(config):
+            why = "; ".join(f"{b}: {UNEXPRESSED[b]}" for b in bad)
+            raise ValueError(f"{config.name}: the API cannot run it ({why})")
+        known = self.switches()
+        if unknown := set(mutants) - set(known):
+            raise ValueError(f"unknown API switches {sorted(unknown)}; known: {sorted(known)}")
+        return ApiSubject(
+            config, seed, stage=self.stage, dst_block=self.dst_block, mutants=frozenset(mutants)
+        )
+
+    def switches(self) -> dict[str, bool]:
+        """The API's bug switches (``refimpl.api.switches``, where the API has them)."""
+        try:
+            from refimpl.api import switches as sw  # type: ignore[attr-defined,unused-ignore]
+        except ImportError:  # an API without switches
+            return {}
+        return dict.fromkeys(sorted(sw.API_SWITCHES), True)

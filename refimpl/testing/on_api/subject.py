@@ -1,0 +1,253 @@
+"""The public API (``refimpl.api``) as a ``harness.Adapter``: spec actions run as calls on
+real ``Sender`` objects (one per prefill TP rank, ``Sender(..., rank=r)``, each offering
+layer by layer) and a ``Receiver``, over ``api_wire.SpecTransport``.
+
+What runs where:
+
+    PrefillAdmit/Run/DecodeStep/Finish, DecodeStep/Finish, ClientCancel
+                    the engine author's scheduler around the API (this module): blocks
+                    from each rank's allocator, the model's KV written (``Ghost.content``)
+    PrefillFreeze   every rank's ``offer(..., layers=L, epoch=e)`` (one epoch chosen once
+                    for all ranks), then ``send_layer`` of every layer
+    a message action  ``SpecTransport.deliver`` that message, then the side's ``poll``:
+                    which spec action consumes it is the end's own decision, and the
+                    refinement map says whether it was the spec's
+    PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go)
+    DecodeAbort / DecodeTimeout       ``Receiver.abort`` (a committed copy: the blocks go)
+    EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
+    EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
+                    the dead worker (and its writes) are gone
+
+The API does some spec steps inside one call (``api_tour.EAGER``: a Sender sends every
+chunk and seal on Ready; a Receiver verifies and commits once complete, and aborts at
+once on a corrupt chunk); the tour drives the spec closed under them. The router's
+status on a crash is the spec's crash fate (the router is not the API under test).
+``UNEXPRESSED`` names every feature whose actions the API cannot run, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender
+from refimpl.api.abstract import prefill_replica, receiver_part, sender_part
+from refimpl.api.wire import channels
+from refimpl.testing.ghost import Ghost
+from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiActions, ApiRefusal
+from refimpl.testing.on_api.wire import Logical, SpecTransport
+from spec.actions import decode_args
+from spec.config import Config
+from spec.manifest import RopeConfig
+from spec.state import IDLE, QUEUED, Req, World
+
+__all__ = ["ApiSubject"]
+
+MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
+HEAD_DIM = 4
+
+
+class ApiSubject(ApiActions):
+    """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
+
+    def __init__(
+        self,
+        c: Config,
+        seed: int,
+        *,
+        stage: bool = False,
+        dst_block: int = BLOCK,
+        mutants: frozenset[str] = frozenset(),
+    ) -> None:
+        """``dst_block``: decode's block size (another than prefill's: the Receiver lands
+        in staging and reshards); ``stage``: it stages even at one block size."""
+        self.c, self.seed, self.n = c, seed, c.n_reqs
+        heads = max(2, c.src_tp, c.dst_tp)
+        self.gp = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.src_tp)
+        self.gd = KVGeometry(LAYERS, heads, HEAD_DIM, dst_block, "float32", tp=c.dst_tp)
+        self.net = SpecTransport(_rid_of)
+        self.net.alive = lambda to_d: self.d_up if to_d else self.p_up
+        self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
+        tx_kw, rx_kw = _switches(mutants)
+        self.tx = [
+            Sender(p, self.gp, self.net, MODEL, rank=r, **tx_kw) for r, p in enumerate(self.pp)
+        ]
+        per_req = self.gd.blocks_for(c.blocks * BLOCK)  # the requests that fit: the spec's
+        self.dp = self.gd.make_pools(max(1, c.cap_d // c.blocks) * per_req)
+        self.rx = Receiver(self.dp, self.gd, self.net, MODEL, stage=stage, **rx_kw)
+        self.model = self.ghost()  # the model's forward pass: the KV a request computes
+        self.st, self.ep, self.g = [QUEUED] * self.n, [0] * self.n, [0] * self.n
+        self.tokens = [0] * self.n
+        self.frozen: list[dict[int, int]] = [{} for _ in range(self.n)]
+        self.faults, self.p_up, self.d_up = 0, True, True
+        self.dead_dep = [0] * self.n  # decode's epochs when it crashed (the spec keeps dep)
+
+    # ------------------------------------------------------------ names
+    def code(self, lm: Logical) -> int:
+        return self.net.code(lm, self.c.blocks, self.bad_manifest)
+
+    def ghost(self) -> Ghost:
+        shape = (LAYERS, 2, self.gp.kv_heads, BLOCK, HEAD_DIM)
+        return Ghost(
+            n_reqs=self.n,
+            blocks=self.c.blocks,
+            prefix=0,
+            block_shape=shape,
+            dtype=torch.float32,
+            seed=self.seed,
+            read=self.replica,
+        )
+
+    # ------------------------------------------------------------ steps
+    def step(self, name: str, args: dict[str, Any]) -> None:
+        i, arg = decode_args(name, args)
+        self.net.tick += 1
+        if name in MESSAGE_ACTIONS:
+            self._deliver(i, arg, name)
+            return
+        fn = getattr(self, "_" + name, None)
+        if fn is None:
+            raise ApiRefusal(f"{name}: the API adapter does not run it (see adapter.UNEXPRESSED)")
+        fn(i, arg)
+
+    def abstract(self) -> World:
+        reqs = []
+        m = self.c.blocks
+        for i in range(self.n):
+            rid = self.rid(i)
+            sp = sender_part(self.tx, rid, m) if self.p_up else {"ps": IDLE, "sent": 0, "live": 0}
+            ep = sp.get("ep") or self.ep[i]
+            held = bool(self.pp[0].alloc.blocks_of(rid))
+            if self.d_up:
+                rp = receiver_part(self.rx, rid, m)
+            else:
+                rp = {"d": 0, "dep": self.dead_dep[i], "landed": 0, "rmask": 0, "dfl": 0}
+            net = tuple(sorted(self.code(lm) for lm in self.net.flight if lm.rid == rid))
+            reqs.append(
+                Req(
+                    st=self.st[i],
+                    p=prefill_replica(held, bool(sp["live"])),
+                    ep=ep,
+                    ps=sp["ps"],
+                    sent=sp["sent"],
+                    g=self.g[i],
+                    net=net,
+                    **rp,
+                )
+            )
+        return World(tuple(reqs), faults=self.faults, p_up=self.p_up, d_up=self.d_up)
+
+    def check_integrity(self) -> None:
+        problems = []
+        for p in (*self.pp, self.dp):
+            p.alloc.check_integrity()
+        for i in range(self.n):
+            rid = self.rid(i)
+            held = {len(p.alloc.blocks_of(rid)) for p in self.pp}
+            if len(held) > 1:
+                problems.append(f"{rid}: the prefill ranks hold {sorted(held)} blocks")
+            if self.p_up and (e := sender_part(self.tx, rid, self.c.blocks)["ep"]):
+                if e != self.ep[i]:
+                    problems.append(f"{rid}: the Senders' epoch {e}, the router's {self.ep[i]}")
+        if problems:
+            raise AssertionError("; ".join(problems))
+
+    def replica(self, i: int, where: str) -> torch.Tensor | None:
+        rid = self.rid(i)
+        if where == "p":
+            if not self.pp[0].alloc.blocks_of(rid):
+                return None
+            return torch.cat([p.gather(p.alloc.blocks_of(rid)) for p in self.pp], dim=3)
+        if where == "d" and self._committed(i):
+            return self.to_source(self.dp.gather(self.rx.result(rid).blocks))
+        return None
+
+    def to_source(self, kv: torch.Tensor) -> torch.Tensor:
+        """Decode blocks [nd, L, F, H, bs_d, D] as the prompt's prefill-sized blocks."""
+        n, bs = self.c.blocks, self.gd.block_size
+        if bs == BLOCK:
+            return kv
+        L, F, H, D = kv.shape[1], kv.shape[2], kv.shape[3], kv.shape[5]
+        tok = kv.permute(1, 2, 3, 0, 4, 5).reshape(L, F, H, -1, D)[:, :, :, : n * BLOCK]
+        return tok.reshape(L, F, H, n, BLOCK, D).permute(3, 0, 1, 2, 4, 5).contiguous()
+
+    def from_source(self, kv: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``to_source`` (decode room after the prompt: zeros)."""
+        bs = self.gd.block_size
+        if bs == BLOCK:
+            return kv
+        n, L, F, H, _, D = kv.shape
+        nd = self.gd.blocks_for(n * BLOCK)
+        tok = torch.zeros(L, F, H, nd * bs, D, dtype=kv.dtype)
+        tok[:, :, :, : n * BLOCK] = kv.permute(1, 2, 3, 0, 4, 5).reshape(L, F, H, -1, D)
+        return tok.reshape(L, F, H, nd, bs, D).permute(3, 0, 1, 2, 4, 5).contiguous()
+
+    def data_problems(self) -> list[str]:
+        """NoPartialUse on the decode side: a layer the Receiver reports ready holds, in
+        the blocks ``held()`` names (the ones the engine reads), the attempt's bytes."""
+        out = []
+        for i in range(self.n):
+            rid = self.rid(i)
+            blocks = self.rx.held().get(rid) if self.d_up else None
+            a = self.rx._att.get(rid) if blocks else None  # noqa: SLF001
+            if a is None or blocks is None:
+                continue
+            want = self.model.content(i, self.frozen[i].get(a.m.epoch, self.tokens[i]))
+            got = self.to_source(self.dp.gather(list(blocks)))
+            for layer in range(LAYERS):
+                if self.rx.layer_ready(rid, layer) and not torch.equal(
+                    got[:, layer], want[:, layer]
+                ):
+                    out.append(f"{rid}@d layer {layer} ready, not in its blocks")
+        return out
+
+    def snapshot(self) -> object:
+        pools = tuple(
+            (
+                repr(p.alloc.counts()),
+                tuple(p.alloc.holders()),
+                p.gather(range(p.alloc.capacity)).sum().item(),
+            )
+            for p in (*self.pp, self.dp)
+        )
+        flight = tuple(
+            (lm.rid, tuple((c, t, bytes(d)) for c, t, d in lm.copies)) for lm in self.net.flight
+        )
+        ends = repr(
+            [
+                [(k, o.state, o.epoch) for k, o in s._offers.items()]  # noqa: SLF001
+                for s in self.tx
+            ]
+            + [
+                (k, a.state, a.m.epoch, len(a.stream.landed) if a.stream else 0)
+                for k, a in self.rx._att.items()
+            ]  # noqa: SLF001
+        )
+        regs = (tuple(self.st), tuple(self.ep), tuple(self.g), self.faults, self.p_up, self.d_up)
+        return (self.abstract(), pools, flight, ends, regs)
+
+    def held_blocks(self) -> dict[str, int]:
+        return {
+            "P": sum(p.alloc.capacity - p.alloc.num_free for p in self.pp),
+            "D": self.dp.alloc.capacity - self.dp.alloc.num_free,
+        }
+
+
+def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Senders' and the Receiver's keyword for the switches on (none: no keyword)."""
+    if not mutants:
+        return {}, {}
+    from refimpl.api.switches import (  # type: ignore[import-not-found,unused-ignore]
+        RECEIVER_SWITCHES,
+        SENDER_SWITCHES,
+    )
+
+    tx, rx = mutants & SENDER_SWITCHES, mutants & RECEIVER_SWITCHES
+    return ({"mutants": tx} if tx else {}), ({"mutants": rx} if rx else {})
+
+
+def _rid_of(channel: str) -> tuple[str, bool]:
+    """(request id, to the receiver?) of a channel named by ``wire.channels``."""
+    rid = channel[3 : channel.rindex(">")]
+    return rid, channel == channels(rid).to_receiver

@@ -1,0 +1,185 @@
+"""A transport the spec schedules: the API's messages in flight, delivered one at a time.
+
+``SpecTransport`` implements ``refimpl.transport.Transport`` (``send``/``poll``/``abort``)
+for the API adapter (``api_adapter``). Nothing a side sends is delivered until the
+environment says so: the spec's network is a multiset and delivery order is free, so a
+spec action that consumes a message (``DecodeReceiveChunk``, ``PrefillRecvReady``, ...)
+``deliver``s exactly that message, and the side's next ``poll`` sees it alone.
+
+One *logical* message is what the spec calls one message:
+
+    manifest                    Handoff (HandoffBadManifest once ``mismatch`` rewrote it)
+    chunk (rank, block, layer)  the L layer chunks of one (rank, block) are one Chunk
+                                (idx = rank * m + block), ChunkCorrupt once a byte flipped
+    seal (rank)                 RankDone (idx = rank)
+    ready / ack / nack          Ready / Ack / Nack, one message although the receiver sends
+                                a copy to every source rank's channel (``to_rank``)
+    abort (sender -> receiver)  Quiesced: the sender's writes of the attempt are over
+
+``abort(channel)`` revokes the *writes* (chunks) in flight on the channel, as the spec's
+fence and flush do (``drop_chunks``); a control message once posted is not recalled.
+Each message is named from its bytes (``kind``): a chunk whose payload no longer hashes
+to its header's checksum is a ChunkCorrupt, a manifest the receiver's local config
+refuses a HandoffBadManifest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, READY, SEAL
+from refimpl.checksum import bytes_checksum
+from refimpl.transport import Message, Payload
+from spec.state import (
+    M_ACK,
+    M_CHUNK,
+    M_CHUNK_BAD,
+    M_DONE,
+    M_HANDOFF,
+    M_HANDOFF_BAD,
+    M_NACK,
+    M_QUIESCED,
+    M_READY,
+    msg,
+)
+
+CONTROL_KINDS = {MANIFEST: M_HANDOFF, READY: M_READY, SEAL: M_DONE, ACK: M_ACK, NACK: M_NACK}
+
+
+@dataclass
+class Logical:
+    """One spec message: the request, its direction, and its copies on the channels."""
+
+    rid: str
+    to_d: bool
+    group: tuple[Any, ...]  # what makes copies one message (a chunk's (epoch, rank, block))
+    copies: list[tuple[str, str, Payload]] = field(default_factory=list)  # (channel, text, data)
+
+    @property
+    def header(self) -> dict[str, Any]:
+        return dict(json.loads(self.copies[0][1]))
+
+
+class SpecTransport:
+    """Messages in flight as logical messages; delivery, loss, duplication, corruption and
+    a manifest mismatch are the environment's (the spec's) steps."""
+
+    def __init__(self, rid_of: Callable[[str], tuple[str, bool]]) -> None:
+        self.rid_of = rid_of  # channel -> (request id, to decode?)
+        self.flight: list[Logical] = []
+        self._delivered: dict[str, list[tuple[str, Payload]]] = {}
+        self.tick = 0  # the environment's step (the adapter's): what one step sends
+        self.alive: Callable[[bool], bool] = lambda to_d: True  # is that side's worker up?
+
+    # ------------------------------------------------------------ Transport
+    def send(self, channel: str, header: Mapping[str, Any], payload: Payload = b"") -> None:
+        text = json.dumps(header, allow_nan=False, separators=(",", ":"))
+        rid, to_d = self.rid_of(channel)
+        if not self.alive(to_d):
+            return  # a message to a dead worker vanishes (its connection is gone)
+        kind = header.get("type")
+        if kind == CHUNK:
+            group: tuple[Any, ...] = (
+                CHUNK,
+                header.get("epoch"),
+                header.get("rank"),
+                header.get("block_index"),
+            )
+        elif kind == ABORT:
+            group = (text, self.tick)  # every rank's abort of one step: one Quiesced
+        elif to_d:
+            group = (text, len(self.flight))  # one message per send
+        else:
+            group = (text,)  # the copies of one reply to every source rank
+        for lm in reversed(self.flight):
+            if lm.rid == rid and lm.to_d == to_d and lm.group == group:
+                if all(ch != channel for ch, _, _ in lm.copies) or kind in (CHUNK, ABORT):
+                    lm.copies.append((channel, text, bytes(payload)))
+                    return
+                break
+        self.flight.append(Logical(rid, to_d, group, [(channel, text, bytes(payload))]))
+
+    def poll(self, channel: str) -> list[Message]:
+        got = self._delivered.pop(channel, [])
+        return [(json.loads(text), data) for text, data in got]
+
+    def abort(self, channel: str) -> int:
+        """Revoke the chunks in flight on ``channel`` (posted control messages stay)."""
+        before = len(self.flight)
+        self.flight = [
+            lm for lm in self.flight if not (lm.group[0] == CHUNK and lm.copies[0][0] == channel)
+        ]
+        left = [(t, d) for t, d in self._delivered.get(channel, []) if '"type":"chunk"' not in t]
+        self._delivered[channel] = left
+        return before - len(self.flight)
+
+    # ------------------------------------------------------------ the environment
+    def deliver(self, lm: Logical) -> None:
+        self.flight.remove(lm)
+        for ch, text, data in lm.copies:
+            self._delivered.setdefault(ch, []).append((text, data))
+
+    def lose(self, lm: Logical) -> None:
+        self.flight.remove(lm)
+
+    def duplicate(self, lm: Logical) -> None:
+        self.flight.append(Logical(lm.rid, lm.to_d, (*lm.group, "dup"), list(lm.copies)))
+
+    def corrupt(self, lm: Logical) -> None:
+        """Flip the middle byte of the message's first payload (one chunk of its layers)."""
+        ch, text, data = lm.copies[0]
+        buf = bytearray(data)
+        buf[len(buf) // 2] ^= 0xFF
+        lm.copies[0] = (ch, text, bytes(buf))
+
+    def mismatch(self, lm: Logical) -> None:
+        """Rewrite the manifest as a peer of another model would send it."""
+        ch, text, data = lm.copies[0]
+        h = json.loads(text)
+        h["manifest"]["model_id"] = str(h["manifest"].get("model_id")) + "-other"
+        lm.copies[0] = (ch, json.dumps(h, separators=(",", ":")), data)
+
+    def drop(self, keep: Callable[[Logical], bool]) -> None:
+        """A crash: the messages ``keep`` refuses are gone (delivered, unread ones too)."""
+        self.flight = [lm for lm in self.flight if keep(lm)]
+        for ch in list(self._delivered):
+            rid, to_d = self.rid_of(ch)
+            probe = Logical(rid, to_d, ("?",), [])
+            if not keep(probe):
+                self._delivered.pop(ch)
+
+    # ------------------------------------------------------------ names
+    def code(
+        self, lm: Logical, per_rank: int, bad_manifest: Callable[[dict[str, Any]], bool]
+    ) -> int:
+        """The spec's code of a logical message, named from its bytes."""
+        h = lm.header
+        kind = h.get("type")
+        if kind == CHUNK:
+            corrupt = any(
+                bytes_checksum(d) != json.loads(t).get("checksum") for _, t, d in lm.copies
+            )
+            idx = int(h["rank"]) * per_rank + int(h["block_index"])
+            return msg(M_CHUNK_BAD if corrupt else M_CHUNK, int(h["epoch"]), idx)
+        if kind == MANIFEST:
+            mf = h["manifest"]
+            return msg(M_HANDOFF_BAD if bad_manifest(mf) else M_HANDOFF, int(mf["epoch"]))
+        if kind == ABORT:
+            return msg(M_QUIESCED, int(h["epoch"]))
+        idx = int(h["rank"]) if kind == SEAL else 0
+        return msg(CONTROL_KINDS[str(kind)], int(h["epoch"]), idx)
+
+    def find(
+        self,
+        rid: str,
+        code: int,
+        per_rank: int,
+        bad_manifest: Callable[[dict[str, Any]], bool],
+    ) -> Logical | None:
+        for lm in self.flight:
+            if lm.rid == rid and self.code(lm, per_rank, bad_manifest) == code:
+                return lm
+        return None

@@ -1,0 +1,147 @@
+"""The graph tour on the public API (issue #30): real Senders/Receiver, every edge of the
+spec closed under the API's eager steps, the refinement map after every step, the
+probes the API can judge, the content ghost, the Receiver's layers and the drain."""
+
+from __future__ import annotations
+
+import pytest
+
+from refimpl.testing.on_api.adapter import UNEXPRESSED, ApiAdapter, unexpressed
+from refimpl.testing.on_api.gaps import GAPS
+from refimpl.testing.on_api.tour import (
+    EAGER,
+    api_report,
+    close,
+    closed_graph,
+    gap_of,
+    plan_api,
+    run_api_tour,
+)
+from refimpl.testing.worlds import get_world
+
+# per world: (closed edges, edges covered) and the divergence classes found: measured
+PINNED = {
+    "mismatch_one": (588, 282),
+    "net_one": (3061, 1714),
+}
+FOUND = {
+    "mismatch_one": {
+        "state differs at DecodeAbort (d)",
+        "state differs at DecodeAbort (d, net)",
+        "state differs at DecodeAbort (d, net, rmask)",
+        "state differs at DecodeReclaim (net)",
+        "state differs at PrefillTimeout (net)",
+        "state differs at DecodeReceiveChunk (d, net)",
+        "state differs at DecodeReceiveDone (d, net)",
+        "state differs at DecodeReject (net)",
+        "state differs at DecodeReject (dep)",
+        "state differs at DecodeReserve (dep, dfl, net)",
+    },
+}
+
+
+def test_the_closed_graph_has_no_eager_step_left_and_its_walks_take_every_edge() -> None:
+    c = get_world("mismatch_one")
+    g = closed_graph(c)
+    for w in g.states:
+        assert close(w, c) == w
+    for e in range(g.n_edges):  # an eager step is never a step of its own
+        assert g.lab[e][0] not in EAGER[:3]
+        assert g.dst[e] < g.n_states
+    plan = plan_api(c)
+    assert plan.states == g.n_states and len(plan.edge_keys) == PINNED["mismatch_one"][0]
+    assert plan.spec_edges > len(plan.edge_keys)  # the steps inside a call are not toured
+
+
+@pytest.mark.parametrize(
+    "name", ["mismatch_one", pytest.param("net_one", marks=pytest.mark.nightly)]
+)
+def test_the_api_tour_covers_its_edges_and_finds_only_the_named_gaps(name: str) -> None:
+    plan = plan_api(get_world(name))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["edges"], rep["edges_covered"]) == PINNED[name], rep
+    found = {gap_of(err) for _, err in res.failures}
+    unnamed = found - set(GAPS)
+    assert not unnamed, [str(e).splitlines()[0] for _, e in res.failures if gap_of(e) in unnamed]
+    assert found == FOUND.get(name, found), sorted(found)
+    assert res.probes > 0 and rep["sequences"] == len(plan.sequences)
+
+
+def _layer_bug() -> frozenset[str]:
+    """The layer_ready_on_staging switch (issue #30 bug 1) where the API has it; before
+    its fix (an API without switches) the bug is the API's own code."""
+    try:
+        from refimpl.api.switches import LAYER_READY_ON_STAGING
+    except ImportError:
+        return frozenset()
+    return frozenset({LAYER_READY_ON_STAGING})
+
+
+def test_the_tour_kills_a_layer_reported_ready_while_only_in_staging() -> None:
+    """NoPartialUse at a block-size change (2 -> 4): a layer the Receiver says is ready
+    must be in the blocks held() names. The tour's Receiver-layer check sees the bug
+    as soon as a layer is complete in staging (6 steps)."""
+    plan = plan_api(get_world("mismatch_one"))
+    res = run_api_tour(ApiAdapter(dst_block=4), plan, _layer_bug())
+    caught = [e for _, e in res.failures if e.kind == "bytes differ"]
+    assert caught, api_report(plan, res)["divergences"]
+    assert "ready, not in its blocks" in str(caught[0])
+    assert min(len(e.program) for e in caught) == 6
+
+
+def test_the_correct_api_lands_every_ready_layer_in_its_blocks() -> None:
+    pytest.importorskip("refimpl.api.switches")  # the fixed API (issue #30 bug 1)
+    plan = plan_api(get_world("mismatch_one"))
+    res = run_api_tour(ApiAdapter(dst_block=4), plan)
+    assert not [e for _, e in res.failures if e.kind in ("bytes differ", "ghost differs")]
+
+
+def test_a_world_the_api_cannot_run_is_refused_naming_why() -> None:
+    c = get_world("offload_crash")
+    assert "offload" in unexpressed(c)
+    with pytest.raises(ValueError, match="offload"):
+        ApiAdapter().build(c, frozenset(), 0)
+    assert all(UNEXPRESSED[k] for k in unexpressed(get_world("restart_handoff")))
+
+
+def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from kvown_cli.main import main
+
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "mismatch_one", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    [row] = got["configs"]
+    assert got["impl"] == "api" and not got["complete"]
+    assert (row["edges"], row["edges_covered"]) == PINNED["mismatch_one"]
+    assert set(row["divergences"]) == FOUND["mismatch_one"]
+    assert main(["fuzz", "--impl", "api"]) == 2  # the tour only
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "offload_crash"]) == 2
+    assert main(["fuzz", "--tour", "--impl", "nope"]) == 2
+
+
+def test_the_hypothesis_machine_walks_the_api_with_faults() -> None:
+    """Random walks with faults on real Senders/Receiver (``on_api.machine``): nothing
+    but the named gaps (each ends its example); the walks take steps."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
+
+    tally = ApiTally()
+    machine = make_api_machine(ApiAdapter(), get_world("mismatch_one"), tally=tally)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=10,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
+    assert set(tally.gaps) <= set(GAPS)
