@@ -30,7 +30,7 @@ from spec import state as S
 from spec.actions import ACTIONS, WORKERS, successors
 from spec.common import Mutants, Refused
 from spec.config import Config
-from spec.state import MSG_NAMES, Req, World, msg_kind
+from spec.state import MSG_NAMES, Req, World, msg_epoch, msg_kind
 
 DEFAULT_MAX_GAP = 6  # enough for a handoff_tp2to1 log that logs no delivery at all
 MAX_FRONTIER = 64  # candidate states kept between events
@@ -52,6 +52,32 @@ def _holds(r: Req) -> tuple[int, int, int, int]:
 
 
 _NOTHING = (S.NONE, S.NONE, S.NONE, S.IDLE)
+
+
+def failed_at_fence(w: World, c: Config, name: str, i: int, code: int) -> bool:
+    """A write the engine reports as failed (``DecodeReceiveChunk`` of a ``ChunkCorrupt``)
+    of an attempt decode has fenced on a revocable transport: the fence already failed
+    it (``drop_chunks`` took it out of flight), so the report is that failure, logged
+    late. It lands nothing, so the line changes no state (a stutter). A good ``Chunk``
+    delivered after the fence is a write that landed: the spec refuses it."""
+    if name != "DecodeReceiveChunk" or msg_kind(code) != S.M_CHUNK_BAD or not c.revocable:
+        return False
+    r = w.reqs[i]
+    if code - ((S.M_CHUNK_BAD - S.M_CHUNK) << 4) in r.net:
+        return False  # the write is still in flight: its delivery is the spec's own
+    e = msg_epoch(code)
+    return (e == r.dep and bool(r.dfl & S.DF_FENCED)) or e < r.dep
+
+
+def _assumes(ch: Chain | None) -> bool:
+    """Some line of the explanation was explained with assumed steps."""
+    while ch is not None:
+        if ch.steps:
+            return True
+        ch = ch.parent
+    return False
+
+
 Node = tuple[World, Chain | None]
 # (state, chain, assumed path, faults assumed, the frontier state the path starts from)
 _Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int, World]
@@ -89,6 +115,8 @@ class Checker:
         self.frontier: list[Node] = [(c.initial(), None)]
         self.waits = Deadlines(c.n_reqs, timeout_s or 0.0, clock_skew_s)
         self.verdict: Verdict | None = None
+        self.pending: tuple[Verdict, list[Node]] | None = None  # an Unmodelled verdict on hold
+        self._nodes: list[Node] = []  # the explanations the last failed line was judged in
         self.done: dict[tuple[str, int, int], int] = {}  # a step -> the last line that took it
         self.n = 0
         self.last: Event | None = None
@@ -99,7 +127,7 @@ class Checker:
         a = e.action
         assert a is not None
         if a.arg == "msg" and e.arg not in w.reqs[e.i].net:
-            return Refused(None)
+            return w if failed_at_fence(w, self.c, a.name, e.i, e.arg) else Refused(None)
         return a.fn(w, self.c, self.m, e.i, e.arg)
 
     def _moves(self, w: World) -> list[tuple[str, int, int, World]]:
@@ -200,14 +228,15 @@ class Checker:
         assert a is not None
         return blame(w, self.c, a.name, a.actor, e.i, e.arg, a.arg == "msg")
 
-    def _refuted(self, e: Event) -> bool:
-        """``e`` is enabled in no explanation. If an explanation assumed ``e``'s own
-        delivery (or another use of its message) before an earlier line, that line is
-        where the log stopped being explainable: judge it without the assumption."""
+    def _refuted(self, e: Event, nodes: list[Node] | None = None, need: bool = False) -> bool:
+        """``e`` is enabled in no explanation (``nodes``: the frontier by default). If an
+        explanation assumed ``e``'s own delivery (or another use of its message) before an
+        earlier line, that line is where the log stopped being explainable: judge it
+        without the assumption. ``need``: only a judgement that names a property counts."""
         a = e.action
         assert a is not None
         hits: list[tuple[int, list[str], Chain]] = []
-        for _w, ch in self.frontier:
+        for _w, ch in self.frontier if nodes is None else nodes:
             link = ch
             while link is not None:
                 used = any(
@@ -224,7 +253,8 @@ class Checker:
                     if isinstance(r, Refused):
                         props = [r.prop] if r.prop else []
                         props += blame(link.pre, self.c, name, act.actor, i, arg, act.arg == "msg")
-                        hits.append((link.line, ordered(props), link))
+                        if props or not need:
+                            hits.append((link.line, ordered(props), link))
                     break
                 link = link.parent
         if not hits:
@@ -259,8 +289,37 @@ class Checker:
         return self._fail(e.line, e.obj, props, why, pre, ch)
 
     def step(self, e: Event) -> bool:
-        """Replay one event; False (and ``verdict`` set) at a violation."""
+        """Replay one event; False (and ``verdict`` set) at a violation. An ``Unmodelled``
+        verdict whose explanation assumed steps waits one line (``pending``): a next line
+        that logs a step the explanation assumed refutes it, and the line is judged
+        without the assumption (rule 4 of spec/EVENTLOG.md's verdicts)."""
         self.n += 1
+        if self.pending is not None:
+            return self._resolve(e)
+        self._nodes = []
+        if self._step(e) or not self._defer():
+            return self.verdict is None
+        return True
+
+    def _defer(self) -> bool:
+        v = self.verdict
+        if v is None or v.violated != UNMODELLED or v.refuted_by is not None:
+            return False
+        if not any(ch is not None and _assumes(ch) for _, ch in self._nodes):
+            return False
+        self.pending, self.verdict = (v, self._nodes), None
+        return True
+
+    def _resolve(self, e: Event) -> bool:
+        """The line after a pending Unmodelled verdict: does it refute the assumption?"""
+        assert self.pending is not None
+        (v, nodes), self.pending = self.pending, None
+        self.verdict = v
+        if e.action is not None and not any(type(self._apply(s, e)) is World for s, _ in nodes):
+            self._refuted(e, nodes, need=True)
+        return False
+
+    def _step(self, e: Event) -> bool:
         self.last = e
         a = e.action
         if a is None:  # Now: time passes, nothing acts
@@ -286,10 +345,12 @@ class Checker:
             if deeper is not None and (best is None or deeper[0] < best[0]):
                 best = deeper
         if not pairs:
+            self._nodes = self.frontier
             return self._refusal(e, best)
         if e.obs is not None:
             ok = [p for p in pairs if self._matches(p[1][0], e.obs)]
             if not ok:
+                self._nodes = [p[1] for p in pairs]
                 return self._mismatch(e, pairs[0])
             pairs = ok
         for pre, (s, ch) in pairs:  # never fires on the correct spec (model-checked)
@@ -372,6 +433,8 @@ class Checker:
 
     def finish(self) -> Verdict:
         """The end of the log (unless ``open_end``): a stall is NoDeadlock, at the last line."""
+        if self.pending is not None:
+            self.verdict, self.pending = self.pending[0], None
         if self.verdict is None and not self.open_end and self.last is not None:
             stuck = [self._stuck(w) for w, _ in self.frontier]
             if all(stuck):
@@ -384,6 +447,8 @@ class Checker:
         return self.result()
 
     def result(self) -> Verdict:
+        if self.pending is not None:
+            return self.pending[0]
         if self.verdict is not None:
             return self.verdict
         assumed = chain_steps(self.frontier[0][1])

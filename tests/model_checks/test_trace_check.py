@@ -23,6 +23,7 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "ok_offload_reload.jsonl": None,
     "ok_prefix_zero_block.jsonl": None,
     "ok_lost_message_timeout.jsonl": None,
+    "ok_failed_write_after_fence.jsonl": None,
     "incident1_vllm_32255.jsonl": (9, "NoReuseUnderIO"),
     "incident2_sglang_30233.jsonl": (19, "NoPartialUse"),
     "incident3_trtllm_6507.jsonl": (17, "ManifestGate"),
