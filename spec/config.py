@@ -44,13 +44,16 @@ class Config:
     slots: bool = False  # one metadata slot on decode, reused across requests (behaviours/slots)
     host_cache: int = 0  # shared host cache (behaviours/host_cache): 0 off, 1 cold, 2 warm
     turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
+    max_turns: int = 1  # turns appended after the first, per request (turns worlds)
+    from_log: bool = False  # a log's world (spec/behaviours/compose.py): no explorer runs it
 
     def __post_init__(self) -> None:
         problems = []
-        if not 1 <= self.n_reqs <= 4:
-            problems.append(f"n_reqs={self.n_reqs} not in 1..4")
-        if not 1 <= self.blocks <= 4:
-            problems.append(f"blocks={self.blocks} not in 1..4")
+        most = 4 if not self.from_log else 4096  # a log's world: a sanity bound only
+        if not 1 <= self.n_reqs <= most:
+            problems.append(f"n_reqs={self.n_reqs} not in 1..{most}")
+        if not 1 <= self.blocks <= (4 if not self.from_log else 15):
+            problems.append(f"blocks={self.blocks} not in 1..{4 if not self.from_log else 15}")
         if not 1 <= self.src_tp <= 4 or self.src_tp * self.blocks > 15:
             problems.append(f"src_tp={self.src_tp} with blocks={self.blocks} too large")
         if not 0 <= self.prefix <= self.blocks:
@@ -61,8 +64,10 @@ class Config:
             problems.append("max_attempts not in 1..15")
         if not 1 <= self.dst_tp <= 4:
             problems.append(f"dst_tp={self.dst_tp} not in 1..4")
-        if not 0 <= self.restarts <= 3:
-            problems.append(f"restarts={self.restarts} not in 0..3")
+        if not 0 <= self.restarts <= (3 if not self.from_log else 15):
+            problems.append(f"restarts={self.restarts} not in 0..{3 if not self.from_log else 15}")
+        if not 1 <= self.max_turns <= 15:
+            problems.append(f"max_turns={self.max_turns} not in 1..15")
         if self.restarts and "crash" not in self.fault_kinds:
             problems.append("restarts without the 'crash' fault kind")
         if unknown := self.fault_kinds - FAULT_KINDS:
@@ -205,7 +210,7 @@ NEW_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in NEW_WORLDS)
 
-# Worlds of the engine behaviours of issue #21 (``spec/behaviours``), each switched on here.
+# Worlds of the engine behaviours of issue #21 (``spec/behaviours``).
 BEHAVIOUR_WORLDS: tuple[Config, ...] = (
     Config(
         name="async_handoff",
@@ -342,7 +347,7 @@ DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in 
 DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP)
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
-# Bigger instances: the scale curve (``scale_k``) and a world to check on its own.
+# Bigger instances: the scale curve and a world to check on its own.
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
         name=f"scale_{k}",
@@ -370,8 +375,7 @@ SCALE["handoff_three_tp2to1"] = Config(
     max_attempts=1,
 )
 
-# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks its merged log):
-# T prefill ranks -> one decode rank, B blocks, cancels, a crash, a lost control message.
+# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks its merged log).
 CLUSTER: dict[str, Config] = {
     f"cluster_tp{t}_b{b}": Config(
         name=f"cluster_tp{t}_b{b}",

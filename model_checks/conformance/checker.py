@@ -23,6 +23,7 @@ from typing import Any
 from model_checks.conformance.blame import UNMODELLED, blame, blame_observed, blame_state, ordered
 from model_checks.conformance.clocks import Deadlines
 from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
+from model_checks.conformance.growth import grow
 from model_checks.conformance.nearest import detail
 from model_checks.conformance.verdict import Chain, Verdict, chain_steps, describe_world
 from model_checks.explicit.trace import describe
@@ -296,10 +297,21 @@ class Checker:
         self.n += 1
         if self.pending is not None:
             return self._resolve(e)
+        if self.c.from_log:
+            self._grow(e)
         self._nodes = []
         if self._step(e) or not self._defer():
             return self.verdict is None
         return True
+
+    def _grow(self, e: Event) -> None:
+        """A declared world widens to what ``e`` needs (``growth.grow``)."""
+        c, extra = grow(self.c, [w for w, _ in self.frontier], e)
+        if extra:
+            more = (Req(),) * extra
+            self.frontier = [(w._replace(reqs=w.reqs + more), ch) for w, ch in self.frontier]
+            self.waits.n = c.n_reqs
+        self.c = c
 
     def _defer(self) -> bool:
         v = self.verdict

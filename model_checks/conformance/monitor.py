@@ -15,6 +15,7 @@ from typing import Any
 from model_checks.conformance.checker import Checker
 from model_checks.conformance.events import EventLog, LineParser
 from model_checks.conformance.jsonline import LogError, read_lines, text_lines
+from model_checks.conformance.sizing import prescan
 from model_checks.conformance.verdict import Verdict
 
 
@@ -22,7 +23,10 @@ class Monitor:
     """Feed events in log order; ``feed``/``feed_line`` return the verdict once the run
     has violated the spec (and stay at it), else None. ``close`` checks the end of the run
     (``open_end=True``: the run goes on, so no end check) and returns the verdict.
-    Malformed input raises ``LogError``. ``kw``: ``max_gap``, ``assumable``, ``mutants``."""
+    Malformed input raises ``LogError``. ``kw``: ``max_gap``, ``assumable``, ``mutants``.
+    ``sizes``: the sizes of a declared world that the header lacks and that cannot grow
+    (blocks, ranks, prefix; ``sizing.prescan``): online, the header should state them,
+    else each is 1 (the prefix 0)."""
 
     def __init__(
         self,
@@ -30,9 +34,10 @@ class Monitor:
         *,
         timeout_s: float | None = None,
         open_end: bool = False,
+        sizes: dict[str, int] | None = None,
         **kw: Any,
     ) -> None:
-        self.parser = LineParser(config, timeout_s)
+        self.parser = LineParser(config, timeout_s, sizes)
         self._open = open_end
         self._kw = kw
         self.checker: Checker | None = None
@@ -102,7 +107,7 @@ def check_log(log: EventLog, *, open_end: bool = False, **kw: Any) -> Verdict:
 
 def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdict:
     """Check an in-memory log line by line; LogError on malformed input."""
-    m = Monitor(config, **kw)
+    m = Monitor(config, sizes=None if config else prescan(text_lines(data)), **kw)
     for n, raw in text_lines(data):
         if m.feed_line(raw, n) is not None:
             break
@@ -112,8 +117,10 @@ def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdi
 def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
     """Check a log file streamed line by line (memory: one line); stops reading at the
     first violation. LogError on malformed input or an unreadable file."""
-    m = Monitor(config, **kw)
     try:
+        with open(path, "rb") as f:
+            sizes = None if config else prescan(read_lines(f))
+        m = Monitor(config, sizes=sizes, **kw)
         with open(path, "rb") as f:
             for n, raw in read_lines(f):
                 if m.feed_line(raw, n) is not None:

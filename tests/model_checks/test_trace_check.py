@@ -74,6 +74,10 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "bug_append_divergent_uncut.jsonl": (18, "ContentIdentity"),
     "bug_two_writers_on_session.jsonl": (13, "SingleWriter"),
     "bug_evict_pinned_session.jsonl": (17, "NothingLost"),
+    # worlds declared by the log's header, sized from the log (issue #32 items 1-2, 5)
+    "bug_async_free_reused_by_load.jsonl": (22, "NoReuseUnderIO"),
+    "bug_restart_stale_host_replica.jsonl": (11, "PublishAfterCommit"),
+    "bug_third_turn_after_evict.jsonl": (22, "NothingLost"),
 }
 # every bug log's fixed twin conforms: fixed_<x>.jsonl beside each bug_<x>.jsonl
 EXPECTED.update({f"fixed_{n[4:]}": None for n in list(EXPECTED) if n.startswith("bug_")})
