@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
-from spec.behaviours.worlds import DERIVED
+from spec.behaviours.worlds import COMPOSED, DERIVED
 from spec.state import COMPLETE, Req, World
 
 FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
@@ -323,6 +323,7 @@ CONFIGS.update((c.name, c) for c in (*BEHAVIOUR_WORLDS, *TW.worlds(Config)))
 FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
 CONFIGS.update((k["name"], Config(**k)) for k in HC_WORLDS)
 CONFIGS.update((k, replace(CONFIGS[b], name=k, **v)) for k, (b, v) in DERIVED.items())
+CONFIGS.update((k, Config(name=k, **v)) for k, v in COMPOSED.items())  # behaviours composed
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -344,7 +345,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: behaviours/worlds
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
-DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP)
+DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED)  # + behaviours composed
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances: the scale curve and a world to check on its own.
