@@ -54,6 +54,7 @@ SIZES: dict[str, str] = {
     "turns": "max_turns",
     "restarts": "restarts",
 }
+_MOST = {"n_reqs": 4096, "max_attempts": 15, "restarts": 15, "max_turns": 15}  # Config's
 UNBOUNDED = 1 << 20  # a pool whose capacity the log does not state: it never runs out
 # a logged fault action -> the fault kind it is
 FAULT_OF: dict[str, str] = {
@@ -95,7 +96,11 @@ def world(behaviours: list[str], faults: list[str], sizes: dict[str, int]) -> Co
 def grown(c: Config, kind: str | None = None, more_faults: int = 0, **at_least: int) -> Config:
     """``c`` with each named size raised to at least the given value, fault ``kind`` (one
     the log showed) added, and the fault budget widened by ``more_faults``."""
-    kw: dict[str, Any] = {f: v for f, v in at_least.items() if v > getattr(c, f)}
+    kw: dict[str, Any] = {}
+    for f, v in at_least.items():
+        v = min(v, _MOST.get(f, v))  # past the bound the step is judged, not the world grown
+        if v > getattr(c, f):
+            kw[f] = v
     if more_faults:
         kw["faults"] = c.faults + more_faults
     if kind is not None and kind not in c.fault_kinds:

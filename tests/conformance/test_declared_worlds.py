@@ -125,3 +125,14 @@ def test_a_declared_world_judges_as_its_named_twin() -> None:
         )
         a, b = check_text("\n".join(lines)), check_text("\n".join([hdr, *lines[1:]]))
         assert (a.conforms, a.violated, a.line) == (b.conforms, b.violated, b.line)
+
+
+def test_growth_past_its_bounds_is_judged_not_a_crash() -> None:
+    """Sixteen attempts of one request (the epoch bound is 15): a verdict, no traceback."""
+    lines = [_ev("PrefillAdmit", 0), _ev("PrefillRun", 0)]
+    lines += [_ev("DecodeReserve", 0, msg="Handoff", epoch=16, idx=0)]
+    v = check_text(_log(_hdr(behaviours=[]), lines))
+    assert not v.conforms and v.line == 4
+    big = _log(_hdr(behaviours=[], sizes={"blocks": 8, "src_tp": 2}), lines[:1])
+    with pytest.raises(LogError, match="too large"):
+        check_text(big)
