@@ -78,6 +78,8 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "bug_async_free_reused_by_load.jsonl": (22, "NoReuseUnderIO"),
     "bug_restart_stale_host_replica.jsonl": (11, "PublishAfterCommit"),
     "bug_third_turn_after_evict.jsonl": (22, "NothingLost"),
+    "bug_unstaged_without_prefix.jsonl": (9, "ContentIdentity"),
+    "bug_cancel_during_append.jsonl": (19, "NothingLost"),
 }
 # every bug log's fixed twin conforms: fixed_<x>.jsonl beside each bug_<x>.jsonl
 EXPECTED.update({f"fixed_{n[4:]}": None for n in list(EXPECTED) if n.startswith("bug_")})
