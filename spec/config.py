@@ -49,25 +49,24 @@ class Config:
 
     def __post_init__(self) -> None:
         problems = []
-        most = 4 if not self.from_log else 4096  # a log's world: a sanity bound only
+        most, blocks, restarts = (4096, 15, 15) if self.from_log else (4, 4, 3)  # from_log: no BFS
         if not 1 <= self.n_reqs <= most:
             problems.append(f"n_reqs={self.n_reqs} not in 1..{most}")
-        if not 1 <= self.blocks <= (4 if not self.from_log else 15):
-            problems.append(f"blocks={self.blocks} not in 1..{4 if not self.from_log else 15}")
+        if not 1 <= self.blocks <= blocks:
+            problems.append(f"blocks={self.blocks} not in 1..{blocks}")
         if not 1 <= self.src_tp <= 4 or self.src_tp * self.blocks > 15:
             problems.append(f"src_tp={self.src_tp} with blocks={self.blocks} too large")
         if not 0 <= self.prefix <= self.blocks:
             problems.append(f"prefix={self.prefix} not in 0..blocks")
         if self.prefix > self.cap_d:
             problems.append("prefix does not fit in cap_d")
-        if self.max_attempts > 15 or self.max_attempts < 1:
-            problems.append("max_attempts not in 1..15")
+        for f in ("max_attempts", "max_turns"):
+            if not 1 <= getattr(self, f) <= 15:
+                problems.append(f"{f}={getattr(self, f)} not in 1..15")
         if not 1 <= self.dst_tp <= 4:
             problems.append(f"dst_tp={self.dst_tp} not in 1..4")
-        if not 0 <= self.restarts <= (3 if not self.from_log else 15):
-            problems.append(f"restarts={self.restarts} not in 0..{3 if not self.from_log else 15}")
-        if not 1 <= self.max_turns <= 15:
-            problems.append(f"max_turns={self.max_turns} not in 1..15")
+        if not 0 <= self.restarts <= restarts:
+            problems.append(f"restarts={self.restarts} not in 0..{restarts}")
         if self.restarts and "crash" not in self.fault_kinds:
             problems.append("restarts without the 'crash' fault kind")
         if unknown := self.fault_kinds - FAULT_KINDS:
@@ -148,8 +147,7 @@ CONFIGS: dict[str, Config] = {
     )
 }
 
-# Worlds the first five lack (issue #11): each is where some plausible bug shows.
-NEW_WORLDS: tuple[Config, ...] = (
+NEW_WORLDS: tuple[Config, ...] = (  # worlds the first five lack (issue #11): where bugs show
     Config(
         name="prefix_partial_tp2",
         doc="a partial prefix hit (1 of 2 blocks) with prefill TP=2; one network fault",
@@ -210,8 +208,7 @@ NEW_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in NEW_WORLDS)
 
-# Worlds of the engine behaviours of issue #21 (``spec/behaviours``).
-BEHAVIOUR_WORLDS: tuple[Config, ...] = (
+BEHAVIOUR_WORLDS: tuple[Config, ...] = (  # the engine behaviours of issue #21 (spec/behaviours)
     Config(
         name="async_handoff",
         doc="one request, 1 block, async steps (dispatch, then complete) on both workers;"
@@ -270,8 +267,7 @@ BEHAVIOUR_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
 
-# Issue #21, item 4 and its fix on the way: restarts, and a crash of each worker.
-CRASH_WORLDS: tuple[Config, ...] = (
+CRASH_WORLDS: tuple[Config, ...] = (  # restarts, and a crash of each worker (issue #21 item 4)
     Config(
         name="restart_handoff",
         doc="one request, 1 block, a worker may crash once and come back as a new incarnation",
@@ -295,8 +291,7 @@ CRASH_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in CRASH_WORLDS)
 
-# Content identity and metadata slots (spec/behaviours/identity.py, slots.py).
-BEHAVIOUR_WORLDS += (
+BEHAVIOUR_WORLDS += (  # content identity and metadata slots (behaviours/identity, slots)
     Config(
         name="identity_prefix",
         doc="one request, 2 blocks, a 1-block cached prefix on decode that may be recycled"

@@ -20,18 +20,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_checks.conformance.blame import UNMODELLED, blame, blame_observed, blame_state, ordered
+from model_checks.conformance.blame import UNMODELLED, blame, blame_observed, blame_state
 from model_checks.conformance.clocks import Deadlines
 from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
 from model_checks.conformance.growth import grow
 from model_checks.conformance.nearest import detail
+from model_checks.conformance.refute import assumes, failed_at_fence, refutation
+from model_checks.conformance.stall import stuck
 from model_checks.conformance.verdict import Chain, Verdict, chain_steps, describe_world
-from model_checks.explicit.trace import describe
-from spec import state as S
-from spec.actions import ACTIONS, WORKERS, successors
+from spec.actions import ACTIONS, WORKERS
 from spec.common import Mutants, Refused
 from spec.config import Config
-from spec.state import MSG_NAMES, Req, World, msg_epoch, msg_kind
+from spec.state import MSG_NAMES, Req, World, msg_kind
 
 DEFAULT_MAX_GAP = 6  # enough for a handoff_tp2to1 log that logs no delivery at all
 MAX_FRONTIER = 64  # candidate states kept between events
@@ -44,41 +44,6 @@ MAX_SEARCH = 20_000  # states one gap search may visit
 ASSUMABLE: frozenset[str] = frozenset(
     a.name for a in ACTIONS.values() if a.kind == "recv" or (a.kind == "fault" and a.arg == "msg")
 )
-_MOVES = frozenset({"local", "recv"})  # kinds that move a stalled state without a timeout
-
-
-def _holds(r: Req) -> tuple[int, int, int, int]:
-    """What a request holds, as the end-of-log stall check compares it."""
-    return (r.p, r.d, r.h, r.ps)
-
-
-_NOTHING = (S.NONE, S.NONE, S.NONE, S.IDLE)
-
-
-def failed_at_fence(w: World, c: Config, name: str, i: int, code: int) -> bool:
-    """A write the engine reports as failed (``DecodeReceiveChunk`` of a ``ChunkCorrupt``)
-    of an attempt decode has fenced on a revocable transport: the fence already failed
-    it (``drop_chunks`` took it out of flight), so the report is that failure, logged
-    late. It lands nothing, so the line changes no state (a stutter). A good ``Chunk``
-    delivered after the fence is a write that landed: the spec refuses it."""
-    if name != "DecodeReceiveChunk" or msg_kind(code) != S.M_CHUNK_BAD or not c.revocable:
-        return False
-    r = w.reqs[i]
-    if code - ((S.M_CHUNK_BAD - S.M_CHUNK) << 4) in r.net:
-        return False  # the write is still in flight: its delivery is the spec's own
-    e = msg_epoch(code)
-    return (e == r.dep and bool(r.dfl & S.DF_FENCED)) or e < r.dep
-
-
-def _assumes(ch: Chain | None) -> bool:
-    """Some line of the explanation was explained with assumed steps."""
-    while ch is not None:
-        if ch.steps:
-            return True
-        ch = ch.parent
-    return False
-
-
 Node = tuple[World, Chain | None]
 # (state, chain, assumed path, faults assumed, the frontier state the path starts from)
 _Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int, World]
@@ -233,34 +198,13 @@ class Checker:
         """``e`` is enabled in no explanation (``nodes``: the frontier by default). If an
         explanation assumed ``e``'s own delivery (or another use of its message) before an
         earlier line, that line is where the log stopped being explainable: judge it
-        without the assumption. ``need``: only a judgement that names a property counts."""
+        without the assumption (``refute.refutation``; ``need``: only with a property)."""
         a = e.action
         assert a is not None
-        hits: list[tuple[int, list[str], Chain]] = []
-        for _w, ch in self.frontier if nodes is None else nodes:
-            link = ch
-            while link is not None:
-                used = any(
-                    (n == a.name or a.arg == "msg") and i == e.i and arg == e.arg
-                    for n, i, arg in link.steps
-                )
-                if used:
-                    name, i, arg = link.event
-                    act = ACTIONS[name]
-                    if act.arg == "msg" and arg not in link.pre.reqs[i].net:
-                        r: World | Refused = Refused(None)
-                    else:
-                        r = act.fn(link.pre, self.c, self.m, i, arg)
-                    if isinstance(r, Refused):
-                        props = [r.prop] if r.prop else []
-                        props += blame(link.pre, self.c, name, act.actor, i, arg, act.arg == "msg")
-                        if props or not need:
-                            hits.append((link.line, ordered(props), link))
-                    break
-                link = link.parent
-        if not hits:
+        hit = refutation(self.frontier if nodes is None else nodes, e, self.c, self.m, need)
+        if hit is None:
             return False
-        line, props, link = min(hits, key=lambda h: h[0])
+        line, props, link = hit
         steps = ", ".join(f"{n}(r{i})" for n, i, _ in link.steps)
         why = (
             f"line {line} is explained only by assuming {steps} before it, but line {e.line}"
@@ -306,18 +250,16 @@ class Checker:
 
     def _grow(self, e: Event) -> None:
         """A declared world widens to what ``e`` needs (``growth.grow``)."""
-        c, extra = grow(self.c, [w for w, _ in self.frontier], e)
+        self.c, extra = grow(self.c, [w for w, _ in self.frontier], e)
         if extra:
-            more = (Req(),) * extra
+            more, self.waits.n = (Req(),) * extra, self.c.n_reqs
             self.frontier = [(w._replace(reqs=w.reqs + more), ch) for w, ch in self.frontier]
-            self.waits.n = c.n_reqs
-        self.c = c
 
     def _defer(self) -> bool:
         v = self.verdict
         if v is None or v.violated != UNMODELLED or v.refuted_by is not None:
             return False
-        if not any(ch is not None and _assumes(ch) for _, ch in self._nodes):
+        if not any(ch is not None and assumes(ch) for _, ch in self._nodes):
             return False
         self.pending, self.verdict = (v, self._nodes), None
         return True
@@ -425,23 +367,7 @@ class Checker:
         return True
 
     def _stuck(self, w: World) -> str | None:
-        """The requests holding blocks that no run of protocol steps from ``w`` frees (a
-        timeout counts as a step only when the log sets ``timeout_s``: then BoundedExit
-        judges the wait); None if there are none, or the search is cut at MAX_SEARCH."""
-        held = {i for i, r in enumerate(w.reqs) if _holds(r) != _NOTHING}
-        seen, todo = {w}, [w]
-        while held and todo:
-            x = todo.pop()
-            for name, _i, _arg, s in successors(x, self.c, self.m):
-                kind = ACTIONS[name].kind
-                if s in seen or not (kind in _MOVES or (kind == "timeout" and self.timeout)):
-                    continue
-                held = {j for j in held if _holds(s.reqs[j]) != _NOTHING}
-                if len(seen) >= MAX_SEARCH:
-                    return None
-                seen.add(s)
-                todo.append(s)
-        return "; ".join(f"r{i}: {describe(w.reqs[i])}" for i in sorted(held)) or None
+        return stuck(w, self.c, self.m, self.timeout is not None, MAX_SEARCH)
 
     def finish(self) -> Verdict:
         """The end of the log (unless ``open_end``): a stall is NoDeadlock, at the last line."""

@@ -105,9 +105,25 @@ def check_log(log: EventLog, *, open_end: bool = False, **kw: Any) -> Verdict:
     return ck.finish()
 
 
+def _ahead(config: str | None, lines: Any, again: Any) -> dict[str, int] | None:
+    """A declared world's sizes read ahead (``sizing.prescan``); since they come from the
+    whole log, the whole log must be well formed: a malformed line anywhere is reported
+    (LogError) before any verdict. None for a log that names its config."""
+    if config is not None:
+        return None
+    sizes = prescan(lines)
+    if sizes:
+        p = LineParser(None, sizes=sizes)
+        for n, raw in again():
+            p.feed(n, raw)
+        p.finish()
+    return sizes
+
+
 def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdict:
     """Check an in-memory log line by line; LogError on malformed input."""
-    m = Monitor(config, sizes=None if config else prescan(text_lines(data)), **kw)
+    sizes = _ahead(config, text_lines(data), lambda: text_lines(data))
+    m = Monitor(config, sizes=sizes, **kw)
     for n, raw in text_lines(data):
         if m.feed_line(raw, n) is not None:
             break
@@ -118,8 +134,8 @@ def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdic
     """Check a log file streamed line by line (memory: one line); stops reading at the
     first violation. LogError on malformed input or an unreadable file."""
     try:
-        with open(path, "rb") as f:
-            sizes = None if config else prescan(read_lines(f))
+        with open(path, "rb") as f, open(path, "rb") as g:
+            sizes = _ahead(config, read_lines(f), lambda: read_lines(g))
         m = Monitor(config, sizes=sizes, **kw)
         with open(path, "rb") as f:
             for n, raw in read_lines(f):
