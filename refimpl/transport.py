@@ -51,13 +51,16 @@ Message = tuple[Header, Payload]
 
 
 class Transport(Protocol):
+    """What Sender and Receiver need of a transport. Two more methods are optional and
+    used when present (``refimpl.api.wire``): ``fence(channel, epoch) -> int`` (drop an
+    ended attempt's late messages on arrival) and ``failed(channel) -> str`` (the peer's
+    link broke)."""
+
     def send(self, channel: str, header: Mapping[str, Any], payload: Payload = b"") -> None: ...
 
     def poll(self, channel: str) -> list[Message]: ...
 
     def abort(self, channel: str) -> int: ...
-
-    def fence(self, channel: str, epoch: int) -> int: ...
 
 
 T = TypeVar("T")

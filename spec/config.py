@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
-from spec.behaviours.worlds import DERIVED
+from spec.behaviours.worlds import COMPOSED, DERIVED
 from spec.state import COMPLETE, Req, World
 
 FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
@@ -44,25 +44,29 @@ class Config:
     slots: bool = False  # one metadata slot on decode, reused across requests (behaviours/slots)
     host_cache: int = 0  # shared host cache (behaviours/host_cache): 0 off, 1 cold, 2 warm
     turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
+    max_turns: int = 1  # turns appended after the first, per request (turns worlds)
+    from_log: bool = False  # a log's world (spec/behaviours/compose.py): no explorer runs it
 
     def __post_init__(self) -> None:
         problems = []
-        if not 1 <= self.n_reqs <= 4:
-            problems.append(f"n_reqs={self.n_reqs} not in 1..4")
-        if not 1 <= self.blocks <= 4:
-            problems.append(f"blocks={self.blocks} not in 1..4")
+        most, blocks, restarts = (4096, 15, 15) if self.from_log else (4, 4, 3)  # from_log: no BFS
+        if not 1 <= self.n_reqs <= most:
+            problems.append(f"n_reqs={self.n_reqs} not in 1..{most}")
+        if not 1 <= self.blocks <= blocks:
+            problems.append(f"blocks={self.blocks} not in 1..{blocks}")
         if not 1 <= self.src_tp <= 4 or self.src_tp * self.blocks > 15:
             problems.append(f"src_tp={self.src_tp} with blocks={self.blocks} too large")
         if not 0 <= self.prefix <= self.blocks:
             problems.append(f"prefix={self.prefix} not in 0..blocks")
         if self.prefix > self.cap_d:
             problems.append("prefix does not fit in cap_d")
-        if self.max_attempts > 15 or self.max_attempts < 1:
-            problems.append("max_attempts not in 1..15")
+        for f in ("max_attempts", "max_turns"):
+            if not 1 <= getattr(self, f) <= 15:
+                problems.append(f"{f}={getattr(self, f)} not in 1..15")
         if not 1 <= self.dst_tp <= 4:
             problems.append(f"dst_tp={self.dst_tp} not in 1..4")
-        if not 0 <= self.restarts <= 3:
-            problems.append(f"restarts={self.restarts} not in 0..3")
+        if not 0 <= self.restarts <= restarts:
+            problems.append(f"restarts={self.restarts} not in 0..{restarts}")
         if self.restarts and "crash" not in self.fault_kinds:
             problems.append("restarts without the 'crash' fault kind")
         if unknown := self.fault_kinds - FAULT_KINDS:
@@ -143,8 +147,7 @@ CONFIGS: dict[str, Config] = {
     )
 }
 
-# Worlds the first five lack (issue #11): each is where some plausible bug shows.
-NEW_WORLDS: tuple[Config, ...] = (
+NEW_WORLDS: tuple[Config, ...] = (  # worlds the first five lack (issue #11): where bugs show
     Config(
         name="prefix_partial_tp2",
         doc="a partial prefix hit (1 of 2 blocks) with prefill TP=2; one network fault",
@@ -205,8 +208,7 @@ NEW_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in NEW_WORLDS)
 
-# Worlds of the engine behaviours of issue #21 (``spec/behaviours``), each switched on here.
-BEHAVIOUR_WORLDS: tuple[Config, ...] = (
+BEHAVIOUR_WORLDS: tuple[Config, ...] = (  # the engine behaviours of issue #21 (spec/behaviours)
     Config(
         name="async_handoff",
         doc="one request, 1 block, async steps (dispatch, then complete) on both workers;"
@@ -265,8 +267,7 @@ BEHAVIOUR_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in BEHAVIOUR_WORLDS)
 
-# Issue #21, item 4 and its fix on the way: restarts, and a crash of each worker.
-CRASH_WORLDS: tuple[Config, ...] = (
+CRASH_WORLDS: tuple[Config, ...] = (  # restarts, and a crash of each worker (issue #21 item 4)
     Config(
         name="restart_handoff",
         doc="one request, 1 block, a worker may crash once and come back as a new incarnation",
@@ -290,8 +291,7 @@ CRASH_WORLDS: tuple[Config, ...] = (
 )
 CONFIGS.update((c.name, c) for c in CRASH_WORLDS)
 
-# Content identity and metadata slots (spec/behaviours/identity.py, slots.py).
-BEHAVIOUR_WORLDS += (
+BEHAVIOUR_WORLDS += (  # content identity and metadata slots (behaviours/identity, slots)
     Config(
         name="identity_prefix",
         doc="one request, 2 blocks, a 1-block cached prefix on decode that may be recycled"
@@ -318,6 +318,7 @@ CONFIGS.update((c.name, c) for c in (*BEHAVIOUR_WORLDS, *TW.worlds(Config)))
 FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
 CONFIGS.update((k["name"], Config(**k)) for k in HC_WORLDS)
 CONFIGS.update((k, replace(CONFIGS[b], name=k, **v)) for k, (b, v) in DERIVED.items())
+CONFIGS.update((k, Config(name=k, **v)) for k, v in COMPOSED.items())  # behaviours composed
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -339,10 +340,10 @@ DEFAULT_SUITE: tuple[str, ...] = (
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: behaviours/worlds
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
-DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP)
+DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED)  # + behaviours composed
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
-# Bigger instances: the scale curve (``scale_k``) and a world to check on its own.
+# Bigger instances: the scale curve and a world to check on its own.
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
         name=f"scale_{k}",
@@ -370,8 +371,7 @@ SCALE["handoff_three_tp2to1"] = Config(
     max_attempts=1,
 )
 
-# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks its merged log):
-# T prefill ranks -> one decode rank, B blocks, cancels, a crash, a lost control message.
+# One request of a `kvown cluster` run (refimpl/cluster/eventlog.py checks its merged log).
 CLUSTER: dict[str, Config] = {
     f"cluster_tp{t}_b{b}": Config(
         name=f"cluster_tp{t}_b{b}",

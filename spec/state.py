@@ -241,7 +241,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("sl", r.sl in (0, 1)),
             ("hk", 0 <= r.hk <= 3),
             ("tn/ti/tdv", 0 <= r.tn <= 2 and r.ti in (0, 1) and r.tdv in (0, 1)),
-            ("tc", 0 <= r.tc <= 1),
+            ("tc", 0 <= r.tc <= 15),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_checks.conformance.blame import UNMODELLED, blame, blame_observed, blame_state, ordered
+from model_checks.conformance.blame import UNMODELLED, blame, blame_observed, blame_state
 from model_checks.conformance.clocks import Deadlines
 from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
+from model_checks.conformance.growth import grow
 from model_checks.conformance.nearest import detail
+from model_checks.conformance.refute import assumes, failed_at_fence, refutation
+from model_checks.conformance.stall import stuck
 from model_checks.conformance.verdict import Chain, Verdict, chain_steps, describe_world
-from model_checks.explicit.trace import describe
-from spec import state as S
-from spec.actions import ACTIONS, WORKERS, successors
+from spec.actions import ACTIONS, WORKERS
 from spec.common import Mutants, Refused
 from spec.config import Config
 from spec.state import MSG_NAMES, Req, World, msg_kind
@@ -43,15 +44,6 @@ MAX_SEARCH = 20_000  # states one gap search may visit
 ASSUMABLE: frozenset[str] = frozenset(
     a.name for a in ACTIONS.values() if a.kind == "recv" or (a.kind == "fault" and a.arg == "msg")
 )
-_MOVES = frozenset({"local", "recv"})  # kinds that move a stalled state without a timeout
-
-
-def _holds(r: Req) -> tuple[int, int, int, int]:
-    """What a request holds, as the end-of-log stall check compares it."""
-    return (r.p, r.d, r.h, r.ps)
-
-
-_NOTHING = (S.NONE, S.NONE, S.NONE, S.IDLE)
 Node = tuple[World, Chain | None]
 # (state, chain, assumed path, faults assumed, the frontier state the path starts from)
 _Open = tuple[World, Chain | None, tuple[tuple[str, int, int], ...], int, World]
@@ -89,6 +81,8 @@ class Checker:
         self.frontier: list[Node] = [(c.initial(), None)]
         self.waits = Deadlines(c.n_reqs, timeout_s or 0.0, clock_skew_s)
         self.verdict: Verdict | None = None
+        self.pending: tuple[Verdict, list[Node]] | None = None  # an Unmodelled verdict on hold
+        self._nodes: list[Node] = []  # the explanations the last failed line was judged in
         self.done: dict[tuple[str, int, int], int] = {}  # a step -> the last line that took it
         self.n = 0
         self.last: Event | None = None
@@ -99,7 +93,7 @@ class Checker:
         a = e.action
         assert a is not None
         if a.arg == "msg" and e.arg not in w.reqs[e.i].net:
-            return Refused(None)
+            return w if failed_at_fence(w, self.c, a.name, e.i, e.arg) else Refused(None)
         return a.fn(w, self.c, self.m, e.i, e.arg)
 
     def _moves(self, w: World) -> list[tuple[str, int, int, World]]:
@@ -200,36 +194,17 @@ class Checker:
         assert a is not None
         return blame(w, self.c, a.name, a.actor, e.i, e.arg, a.arg == "msg")
 
-    def _refuted(self, e: Event) -> bool:
-        """``e`` is enabled in no explanation. If an explanation assumed ``e``'s own
-        delivery (or another use of its message) before an earlier line, that line is
-        where the log stopped being explainable: judge it without the assumption."""
+    def _refuted(self, e: Event, nodes: list[Node] | None = None, need: bool = False) -> bool:
+        """``e`` is enabled in no explanation (``nodes``: the frontier by default). If an
+        explanation assumed ``e``'s own delivery (or another use of its message) before an
+        earlier line, that line is where the log stopped being explainable: judge it
+        without the assumption (``refute.refutation``; ``need``: only with a property)."""
         a = e.action
         assert a is not None
-        hits: list[tuple[int, list[str], Chain]] = []
-        for _w, ch in self.frontier:
-            link = ch
-            while link is not None:
-                used = any(
-                    (n == a.name or a.arg == "msg") and i == e.i and arg == e.arg
-                    for n, i, arg in link.steps
-                )
-                if used:
-                    name, i, arg = link.event
-                    act = ACTIONS[name]
-                    if act.arg == "msg" and arg not in link.pre.reqs[i].net:
-                        r: World | Refused = Refused(None)
-                    else:
-                        r = act.fn(link.pre, self.c, self.m, i, arg)
-                    if isinstance(r, Refused):
-                        props = [r.prop] if r.prop else []
-                        props += blame(link.pre, self.c, name, act.actor, i, arg, act.arg == "msg")
-                        hits.append((link.line, ordered(props), link))
-                    break
-                link = link.parent
-        if not hits:
+        hit = refutation(self.frontier if nodes is None else nodes, e, self.c, self.m, need)
+        if hit is None:
             return False
-        line, props, link = min(hits, key=lambda h: h[0])
+        line, props, link = hit
         steps = ", ".join(f"{n}(r{i})" for n, i, _ in link.steps)
         why = (
             f"line {line} is explained only by assuming {steps} before it, but line {e.line}"
@@ -259,8 +234,46 @@ class Checker:
         return self._fail(e.line, e.obj, props, why, pre, ch)
 
     def step(self, e: Event) -> bool:
-        """Replay one event; False (and ``verdict`` set) at a violation."""
+        """Replay one event; False (and ``verdict`` set) at a violation. An ``Unmodelled``
+        verdict whose explanation assumed steps waits one line (``pending``): a next line
+        that logs a step the explanation assumed refutes it, and the line is judged
+        without the assumption (rule 4 of spec/EVENTLOG.md's verdicts)."""
         self.n += 1
+        if self.pending is not None:
+            return self._resolve(e)
+        if self.c.from_log:
+            self._grow(e)
+        self._nodes = []
+        if self._step(e) or not self._defer():
+            return self.verdict is None
+        return True
+
+    def _grow(self, e: Event) -> None:
+        """A declared world widens to what ``e`` needs (``growth.grow``)."""
+        self.c, extra = grow(self.c, [w for w, _ in self.frontier], e)
+        if extra:
+            more, self.waits.n = (Req(),) * extra, self.c.n_reqs
+            self.frontier = [(w._replace(reqs=w.reqs + more), ch) for w, ch in self.frontier]
+
+    def _defer(self) -> bool:
+        v = self.verdict
+        if v is None or v.violated != UNMODELLED or v.refuted_by is not None:
+            return False
+        if not any(ch is not None and assumes(ch) for _, ch in self._nodes):
+            return False
+        self.pending, self.verdict = (v, self._nodes), None
+        return True
+
+    def _resolve(self, e: Event) -> bool:
+        """The line after a pending Unmodelled verdict: does it refute the assumption?"""
+        assert self.pending is not None
+        (v, nodes), self.pending = self.pending, None
+        self.verdict = v
+        if e.action is not None and not any(type(self._apply(s, e)) is World for s, _ in nodes):
+            self._refuted(e, nodes, need=True)
+        return False
+
+    def _step(self, e: Event) -> bool:
         self.last = e
         a = e.action
         if a is None:  # Now: time passes, nothing acts
@@ -286,10 +299,12 @@ class Checker:
             if deeper is not None and (best is None or deeper[0] < best[0]):
                 best = deeper
         if not pairs:
+            self._nodes = self.frontier
             return self._refusal(e, best)
         if e.obs is not None:
             ok = [p for p in pairs if self._matches(p[1][0], e.obs)]
             if not ok:
+                self._nodes = [p[1] for p in pairs]
                 return self._mismatch(e, pairs[0])
             pairs = ok
         for pre, (s, ch) in pairs:  # never fires on the correct spec (model-checked)
@@ -352,26 +367,12 @@ class Checker:
         return True
 
     def _stuck(self, w: World) -> str | None:
-        """The requests holding blocks that no run of protocol steps from ``w`` frees (a
-        timeout counts as a step only when the log sets ``timeout_s``: then BoundedExit
-        judges the wait); None if there are none, or the search is cut at MAX_SEARCH."""
-        held = {i for i, r in enumerate(w.reqs) if _holds(r) != _NOTHING}
-        seen, todo = {w}, [w]
-        while held and todo:
-            x = todo.pop()
-            for name, _i, _arg, s in successors(x, self.c, self.m):
-                kind = ACTIONS[name].kind
-                if s in seen or not (kind in _MOVES or (kind == "timeout" and self.timeout)):
-                    continue
-                held = {j for j in held if _holds(s.reqs[j]) != _NOTHING}
-                if len(seen) >= MAX_SEARCH:
-                    return None
-                seen.add(s)
-                todo.append(s)
-        return "; ".join(f"r{i}: {describe(w.reqs[i])}" for i in sorted(held)) or None
+        return stuck(w, self.c, self.m, self.timeout is not None, MAX_SEARCH)
 
     def finish(self) -> Verdict:
         """The end of the log (unless ``open_end``): a stall is NoDeadlock, at the last line."""
+        if self.pending is not None:
+            self.verdict, self.pending = self.pending[0], None
         if self.verdict is None and not self.open_end and self.last is not None:
             stuck = [self._stuck(w) for w, _ in self.frontier]
             if all(stuck):
@@ -384,6 +385,8 @@ class Checker:
         return self.result()
 
     def result(self) -> Verdict:
+        if self.pending is not None:
+            return self.pending[0]
         if self.verdict is not None:
             return self.verdict
         assumed = chain_steps(self.frontier[0][1])

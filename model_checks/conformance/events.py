@@ -24,7 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from model_checks.conformance.jsonline import LogError, cut, loads_line, show, text_lines
+from model_checks.conformance.sizing import prescan
 from spec.actions import ACTIONS, WORKERS, Action, check_arg_keys, decode_args
+from spec.behaviours import compose
 from spec.config import Config, get_config
 from spec.state import MSG_NAMES, REPLICA_NAMES, SENDER_NAMES, STATUS_NAMES, msg_kind
 
@@ -170,6 +172,16 @@ def _event(line: int, obj: dict[str, Any], c: Config) -> Event:
     return Event(line, a, i, arg, None, obs, obj, CLOCKS[a.actor])
 
 
+def _more_requests(c: Config, obj: dict[str, Any]) -> Config:
+    args, ob = obj.get("args"), obj.get("observed")
+    most = c.n_reqs
+    for d in (args, ob):
+        req = d.get("req") if isinstance(d, dict) else None
+        if type(req) is int and most <= req < 4096:
+            most = req + 1
+    return c if most == c.n_reqs else replace(c, n_reqs=most)
+
+
 def _switches(n: int, obj: dict[str, Any], c: Config) -> Config:
     """The header's behaviour switches on top of the named config: ``transport``
     ("revocable" or "unrevocable": ``Config.revocable``) and ``decode_failure`` (a bool)."""
@@ -193,9 +205,16 @@ class LineParser:
     """Feed physical lines in order; ``feed`` returns the line's ``Event`` (None for a
     header or blank line). ``finish`` refuses a log without events."""
 
-    def __init__(self, config: str | None = None, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        config: str | None = None,
+        timeout_s: float | None = None,
+        sizes: dict[str, int] | None = None,
+    ) -> None:
         self.config_name = config
+        self.sizes = dict(sizes or {})  # a declared world's sizes read ahead (sizing.py)
         self.c: Config | None = None
+        self.c0: Config | None = None  # the config the header declared, before the log grew it
         self.timeout_given = timeout_s  # the caller's timeout wins over the header's
         self.timeout: float | None = timeout_s
         self.skew = DEFAULT_SKEW_S
@@ -209,16 +228,21 @@ class LineParser:
 
     def _header(self, n: int, obj: dict[str, Any]) -> Config:
         name = self.config_name if self.config_name is not None else obj.get("config")
-        if name is None:
-            raise LogError(n, "no config: give --config NAME or a header with 'config'")
-        if type(name) is not str:
+        if name is None and any(k in obj for k in ("behaviours", "faults", "sizes")):
+            c = self._declared_world(n, obj)
+        elif name is None:
+            raise LogError(
+                n, "no config: give --config NAME, or a header with 'config' or 'behaviours'"
+            )
+        elif type(name) is not str:
             raise LogError(n, f"'config' must be a string, got {show(name)}")
-        try:
-            c = get_config(name)
-        except KeyError:
-            where = None if self.config_name else n
-            msg = f"unknown config {show(name)} (`kvown list` names them)"
-            raise LogError(where, msg) from None
+        else:
+            try:
+                c = get_config(name)
+            except KeyError:
+                where = None if self.config_name else n
+                msg = f"unknown config {show(name)} (`kvown list` names them)"
+                raise LogError(where, msg) from None
         if "version" in obj and (type(obj["version"]) is not int or obj["version"] != 1):
             raise LogError(n, f"unsupported version {show(obj['version'])} (this checker reads 1)")
         ts = obj.get("timeout_s")
@@ -234,6 +258,27 @@ class LineParser:
         self.skew_stated = "clock_skew_s" in obj
         self.owners = _declared(n, obj)
         return _switches(n, obj, c)
+
+    def _declared_world(self, n: int, obj: dict[str, Any]) -> Config:
+        """A header that declares its behaviours (and may give sizes): the world is built
+        from them (``spec/behaviours/compose.py``), the sizes it lacks read from the log
+        ahead (``self.sizes``: ``sizing.prescan``) or grown as the log shows more."""
+        got: dict[str, Any] = {}
+        for key in ("behaviours", "faults"):
+            v = obj.get(key, [])
+            if not isinstance(v, list) or not all(type(x) is str for x in v):
+                raise LogError(n, f"{key!r} must be a list of names, got {show(v)}")
+            got[key] = v
+        sizes = obj.get("sizes", {})
+        if not isinstance(sizes, dict) or not all(
+            type(v) is int and 0 <= v <= 4096 for v in sizes.values()
+        ):
+            raise LogError(n, f"'sizes' must map names to integers in 0..4096, got {show(sizes)}")
+        ahead = {k: v for k, v in self.sizes.items() if k not in sizes}
+        try:
+            return compose.world(got["behaviours"], got["faults"], {**ahead, **sizes})
+        except ValueError as exc:
+            raise LogError(n, cut(str(exc))) from None
 
     def _clock(self, n: int, e: Event, sub: object) -> Event:
         """The clock that stamped ``e``: its worker's, or the declared process ``sub``."""
@@ -295,9 +340,11 @@ class LineParser:
         if not isinstance(obj, dict):
             raise LogError(n, "each line must be a JSON object")
         if self.c is None:  # the first line: a header, or an event that names the config
-            self.c = self._header(n, obj)
+            self.c = self.c0 = self._header(n, obj)
             if "action" not in obj:
                 return None
+        if self.c.from_log:  # a declared world has as many requests as the log shows
+            self.c = _more_requests(self.c, obj)
         e = _event(n, obj, self.c)
         sub = obj.get("clock", obj.get("proc"))
         if sub is not None:
@@ -337,7 +384,7 @@ class LineParser:
 
 def parse_log(data: bytes | str, config: str | None = None) -> EventLog:
     """Parse a whole in-memory log; raise LogError at the first malformed line."""
-    p = LineParser(config)
+    p = LineParser(config, sizes=prescan(text_lines(data)))
     events = list(p.events(text_lines(data)))
-    assert p.c is not None
-    return EventLog(p.c, events, p.timeout, p.skew, p.owners)
+    assert p.c0 is not None  # a declared world grows again as the checker replays it
+    return EventLog(p.c0, events, p.timeout, p.skew, p.owners)

@@ -9,12 +9,14 @@ log in the repository). Memory is one line plus the checker's bounded frontier.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 from model_checks.conformance.checker import Checker
 from model_checks.conformance.events import EventLog, LineParser
 from model_checks.conformance.jsonline import HEAD, LineReader, LogError, text_lines
+from model_checks.conformance.sizing import declares_world, prescan
 from model_checks.conformance.verdict import Verdict
 
 
@@ -22,7 +24,10 @@ class Monitor:
     """Feed events in log order; ``feed``/``feed_line`` return the verdict once the run
     has violated the spec (and stay at it), else None. ``close`` checks the end of the run
     (``open_end=True``: the run goes on, so no end check) and returns the verdict.
-    Malformed input raises ``LogError``. ``kw``: ``max_gap``, ``assumable``, ``mutants``."""
+    Malformed input raises ``LogError``. ``kw``: ``max_gap``, ``assumable``, ``mutants``.
+    ``sizes``: the sizes of a declared world that the header lacks and that cannot grow
+    (blocks, ranks, prefix; ``sizing.prescan``): online, the header should state them,
+    else each is 1 (the prefix 0)."""
 
     def __init__(
         self,
@@ -30,9 +35,10 @@ class Monitor:
         *,
         timeout_s: float | None = None,
         open_end: bool = False,
+        sizes: dict[str, int] | None = None,
         **kw: Any,
     ) -> None:
-        self.parser = LineParser(config, timeout_s)
+        self.parser = LineParser(config, timeout_s, sizes)
         self._open = open_end
         self._kw = kw
         self.checker: Checker | None = None
@@ -100,9 +106,25 @@ def check_log(log: EventLog, *, open_end: bool = False, **kw: Any) -> Verdict:
     return ck.finish()
 
 
+def _ahead(config: str | None, lines: Any, again: Any) -> dict[str, int] | None:
+    """A declared world's sizes read ahead (``sizing.prescan``); since they come from the
+    whole log, the whole log must be well formed: a malformed line anywhere is reported
+    (LogError) before any verdict. None for a log that names its config."""
+    if config is not None:
+        return None
+    sizes = prescan(lines)
+    if sizes:
+        p = LineParser(None, sizes=sizes)
+        for n, raw in again():
+            p.feed(n, raw)
+        p.finish()
+    return sizes
+
+
 def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdict:
     """Check an in-memory log line by line; LogError on malformed input."""
-    m = Monitor(config, **kw)
+    sizes = _ahead(config, text_lines(data), lambda: text_lines(data))
+    m = Monitor(config, sizes=sizes, **kw)
     for n, raw in text_lines(data):
         if m.feed_line(raw, n) is not None:
             break
@@ -110,15 +132,27 @@ def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdi
 
 
 def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
-    """Check a log file, a pipe or a FIFO streamed line by line (memory: two chunks); stops
-    reading at the first violation. LogError on malformed input or an unreadable file
-    (with ``head``, the input itself when it was small: a caller's hint reads that)."""
-    m = Monitor(config, **kw)
+    """Check a log file, a pipe or a FIFO, read once. A log that names its config is
+    streamed line by line (memory: two chunks) and reading stops at the first violation;
+    a log that declares its world (``sizing``) is kept whole as it is read, since its
+    sizes come from the whole log (memory: the input's size). LogError on malformed input
+    or an unreadable file (with ``head``, the input itself when it was small: a caller's
+    hint reads that)."""
     try:
         with open(path, "rb", buffering=0) as f:  # no read-ahead: what is read is kept
             lines = LineReader(f, keep=HEAD)
             try:
-                for n, raw in lines:
+                it = iter(lines)
+                first = next(it, None)
+                head = [] if first is None else [first]
+                if config is None and first is not None and declares_world(first[1]):
+                    kept = head + list(it)  # the one read
+                    m = Monitor(config, sizes=_ahead(config, kept, lambda: kept), **kw)
+                    body: Any = kept
+                else:
+                    m = Monitor(config, **kw)
+                    body = itertools.chain(head, it)
+                for n, raw in body:
                     if m.feed_line(raw, n) is not None:
                         break
             except LogError as exc:

@@ -101,6 +101,8 @@ def HostLookup(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not c.host_cache or not w.p_up or r.st not in _WAITING or r.p != NONE or r.hk:
         return NOT_ENABLED
+    if r.ti:  # a session preempted between turns: its next turn comes first (TurnPrefill)
+        return NOT_ENABLED
     if w.hc != COMPLETE:
         return refuse("PublishAfterCommit")  # a hit on a key that is not (or no more) visible
     return _pin(put(w, i, r._replace(hk=HK_HIT)), 1)

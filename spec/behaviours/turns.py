@@ -56,7 +56,6 @@ __all__ = [
 
 ROUTED = 1  # tn: the turn is routed to decode; the session's blocks are pinned
 APPENDING = 2  # tn: decode writes the turn's new tokens onto the session's KV
-MAX_TURNS = 1  # turns appended after the first, per request (tc)
 
 
 def session_pinned(r: Req) -> bool:
@@ -70,7 +69,7 @@ def TurnEnd(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not c.turns or not w.d_up or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
-    if r.ti or r.tn or r.dstep or r.tc >= MAX_TURNS:
+    if r.ti or r.tn or r.dstep or r.tc >= c.max_turns:
         return NOT_ENABLED
     if r.p != NONE or r.net:  # the handoff is over: the source freed, nothing in flight
         return NOT_ENABLED
@@ -90,7 +89,7 @@ def TurnRoute(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """The router sends the next turn to the decode worker that holds the session; the
     session's blocks are pinned from here until the append commits."""
     r = w.reqs[i]
-    if not c.turns or not w.d_up or r.tn or r.tc >= MAX_TURNS:
+    if not c.turns or not w.d_up or r.tn or r.tc >= c.max_turns:
         return NOT_ENABLED
     held = r.st == RUNNING and r.d == WRITABLE
     if r.ti != 1 and not held:
@@ -107,7 +106,7 @@ def TurnPrefill(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     between turns) or diverges from the new prompt. Decode's copy, if any, is dropped
     and the whole conversation is computed again (as a retraction's refetch)."""
     r = w.reqs[i]
-    if not c.turns or r.ti != 1 or r.tn or r.tc >= MAX_TURNS:
+    if not c.turns or r.ti != 1 or r.tn or r.tc >= c.max_turns:
         return NOT_ENABLED
     if r.st not in (RUNNING, PREEMPTED) or (r.d == WRITABLE and not r.tdv):
         return NOT_ENABLED

@@ -53,4 +53,107 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
-__all__ = ["DERIVED"]
+# Behaviours that compose (issue #32 item 2; SPEC.md, "Behaviours that compose"): a small
+# world for each pair that interacts, and one with every behaviour on. ``spec/config.py``
+# builds them (``Config(name=k, **v)``); the default suite holds the pairs, the deep suite
+# the world with everything.
+_CRASH = frozenset({"crash"})
+COMPOSED: dict[str, dict[str, Any]] = {
+    "pair_crash_host": {
+        "doc": "two requests, 1 block, a cold shared host cache: one stores the key, the"
+        " other looks it up and loads it; a worker may crash holding pins or a pending store",
+        "n_reqs": 2,
+        "blocks": 1,
+        "cap_p": 2,
+        "cap_h": 2,
+        "handoff": False,
+        "cancel": False,
+        "faults": 1,
+        "fault_kinds": _CRASH,
+        "max_attempts": 1,
+        "host_cache": 1,
+    },
+    "pair_restart_turns": {
+        "doc": "one request, 1 block, multi-turn append; a worker may crash once during a"
+        " turn (or between turns) and come back as a new incarnation",
+        "blocks": 1,
+        "cap_p": 1,
+        "cap_d": 1,
+        "faults": 1,
+        "fault_kinds": _CRASH,
+        "restarts": 1,
+        "turns": True,
+    },
+    "pair_retract_async": {
+        "doc": "one request, 1 block, async steps: decode may retract its copy while a step"
+        " is in flight (it waits for the step), then the request is computed again",
+        "blocks": 1,
+        "cap_p": 1,
+        "cap_d": 1,
+        "async_steps": True,
+        "retract": True,
+    },
+    "pair_identity_host": {
+        "doc": "one request, 1 block: a warm shared host cache feeds prefill, the sender"
+        " stages what it sends, and decode's cached prefix may be recycled",
+        "blocks": 2,
+        "cap_p": 2,
+        "cap_d": 3,
+        "cap_h": 2,
+        "prefix": 1,
+        "identity": True,
+        "host_cache": 2,
+        "max_attempts": 1,
+    },
+    "pair_unrevocable_retry": {
+        "doc": "one request, 1 block, no revoke, two attempts: a retry after a lost message"
+        " waits for the quarantine of the first attempt's writes",
+        "blocks": 1,
+        "cap_p": 1,
+        "cap_d": 1,
+        "faults": 1,
+        "fault_kinds": frozenset({"lose"}),
+        "revocable": False,
+    },
+    "pair_ranks_fail": {
+        "doc": "one request, 1 block, two decode ranks install their shards; decode may fail"
+        " an attempt itself; one corrupt chunk; two attempts",
+        "blocks": 1,
+        "dst_tp": 2,
+        "faults": 1,
+        "fault_kinds": frozenset({"corrupt"}),
+        "decode_ranks": True,
+        "decode_failure": True,
+    },
+}
+COMPOSED["all_behaviours"] = {
+    "doc": "one request, 1 block, every behaviour on: offload, recompute, async steps, no"
+    " revoke, decode failure, retraction, two decode ranks, a restart, identity with a"
+    " prefix, slots, a warm host cache, turns; one fault of any kind",
+    "blocks": 1,
+    "cap_p": 1,
+    "cap_d": 2,
+    "cap_h": 1,
+    "prefix": 1,
+    "dst_tp": 2,
+    "offload": True,
+    "recompute": True,
+    "async_steps": True,
+    "revocable": False,
+    "decode_failure": True,
+    "retract": True,
+    "decode_ranks": True,
+    "restarts": 1,
+    "identity": True,
+    "slots": True,
+    "host_cache": 2,
+    "turns": True,
+    "faults": 1,
+    "fault_kinds": frozenset(
+        {"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail", "load_fail"}
+    ),
+    "max_attempts": 1,
+}
+PAIRS: tuple[str, ...] = tuple(k for k in COMPOSED if k.startswith("pair_"))
+
+__all__ = ["COMPOSED", "DERIVED", "PAIRS"]

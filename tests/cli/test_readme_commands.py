@@ -87,8 +87,11 @@ def test_the_quick_form_of_a_readme_command_does_what_it_says(
         assert w in out, (row, w)
 
 
-def test_the_deep_suite_is_the_eight_larger_worlds_the_readme_names() -> None:
-    assert "eight larger worlds" in README and len(SUITES["deep"]) == 8
+def test_the_deep_suite_is_the_fifteen_worlds_the_readme_names() -> None:
+    from spec.behaviours.worlds import COMPOSED
+
+    assert "fifteen worlds: eight larger ones" in README and len(SUITES["deep"]) == 15
+    assert set(COMPOSED) <= set(SUITES["deep"]) and len(COMPOSED) == 7
 
 
 def test_the_counterexample_row_saves_and_replays(

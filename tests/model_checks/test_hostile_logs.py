@@ -54,7 +54,7 @@ EVENT_EDITS: dict[str, Edit] = {
     "args has an unknown key": lambda ev: _args(ev, "rq", 0, add=True),
     "req is a bool": lambda ev: _args(ev, "req", True),
     "req is a string": lambda ev: _args(ev, "req", "0"),
-    "req out of range": lambda ev: _args(ev, "req", 99),
+    "req out of range": lambda ev: _args(ev, "req", 99999),  # past a declared world's 4096 too
     "req negative": lambda ev: _args(ev, "req", -1),
     "req is a float": lambda ev: _args(ev, "req", 0.5),
     "msg is an array": lambda ev: _args(ev, "msg", ["Chunk"]),

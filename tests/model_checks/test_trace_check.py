@@ -23,6 +23,7 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "ok_offload_reload.jsonl": None,
     "ok_prefix_zero_block.jsonl": None,
     "ok_lost_message_timeout.jsonl": None,
+    "ok_failed_write_after_fence.jsonl": None,
     "incident1_vllm_32255.jsonl": (9, "NoReuseUnderIO"),
     "incident2_sglang_30233.jsonl": (19, "NoPartialUse"),
     "incident3_trtllm_6507.jsonl": (17, "ManifestGate"),
@@ -73,6 +74,12 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "bug_append_divergent_uncut.jsonl": (18, "ContentIdentity"),
     "bug_two_writers_on_session.jsonl": (13, "SingleWriter"),
     "bug_evict_pinned_session.jsonl": (17, "NothingLost"),
+    # worlds declared by the log's header, sized from the log (issue #32 items 1-2, 5)
+    "bug_async_free_reused_by_load.jsonl": (22, "NoReuseUnderIO"),
+    "bug_restart_stale_host_replica.jsonl": (11, "PublishAfterCommit"),
+    "bug_third_turn_after_evict.jsonl": (22, "NothingLost"),
+    "bug_unstaged_without_prefix.jsonl": (9, "ContentIdentity"),
+    "bug_cancel_during_append.jsonl": (19, "NothingLost"),
 }
 # every bug log's fixed twin conforms: fixed_<x>.jsonl beside each bug_<x>.jsonl
 EXPECTED.update({f"fixed_{n[4:]}": None for n in list(EXPECTED) if n.startswith("bug_")})

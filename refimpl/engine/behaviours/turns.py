@@ -62,7 +62,8 @@ class TurnActions(EnvActions):
         i, t = req, self.turns[req]
         if not self.config.turns or not self.d_up or not self._session_held(i):
             raise self._ne("TurnEnd", i)
-        if t.ti or t.tn or t.tc >= 1 or (i, "d") in getattr(self, "inflight", {}):
+        busy_step = (i, "d") in getattr(self, "inflight", {})
+        if t.ti or t.tn or t.tc >= self.config.max_turns or busy_step:
             raise self._ne("TurnEnd", i)
         busy = any(self.wire.entries(channel(i, to_d)) for to_d in (True, False))
         if self.p_status(i) or busy:  # the handoff is over: source freed, nothing in flight
@@ -81,7 +82,7 @@ class TurnActions(EnvActions):
 
     def TurnRoute(self, req: int) -> None:
         i, t, m = req, self.turns[req], self.m
-        if not self.config.turns or not self.d_up or t.tn or t.tc >= 1:
+        if not self.config.turns or not self.d_up or t.tn or t.tc >= self.config.max_turns:
             raise self._ne("TurnRoute", i)
         held = self._session_held(i)
         if t.ti != 1 and not held:
@@ -97,7 +98,7 @@ class TurnActions(EnvActions):
 
     def TurnPrefill(self, req: int) -> None:
         i, t, r = req, self.turns[req], self.req[req]
-        if not self.config.turns or t.ti != 1 or t.tn or t.tc >= 1:
+        if not self.config.turns or t.ti != 1 or t.tn or t.tc >= self.config.max_turns:
             raise self._ne("TurnPrefill", i)
         held = self.rx[i].phase == RX_COMMITTED
         if r.status not in (RUNNING, PREEMPTED) or (held and not t.divergent()):
