@@ -182,9 +182,10 @@ class Branch:
 class Rules:
     """An action's return statements, in order (first match wins)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, disjoint: bool = False) -> None:
         self.name = name
         self.branches: list[Branch] = []
+        self.disjoint = disjoint  # traced: the conditions exclude each other already
 
     def no(self, cond: Z, prop: str | None = None) -> None:
         label = f"refuse {prop}" if prop else "not enabled"
@@ -207,7 +208,8 @@ class Rules:
             if b.cond is False:
                 continue
             if b.go is not None:
-                out.append((A(b.cond, *(N(x) for x in earlier)), b.go, f"{self.name}#{k}"))
+                prior = () if self.disjoint else (N(x) for x in earlier)
+                out.append((A(b.cond, *prior), b.go, f"{self.name}#{k}"))
             if b.cond is True:
                 break
             earlier.append(b.cond)

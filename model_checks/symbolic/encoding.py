@@ -33,9 +33,8 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, PER_REQ, encodable
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
-from model_checks.symbolic.behaviours.identity import DecodeRecyclePrefix
+from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, encodable
+from model_checks.symbolic.actions_decode import EnvCrash
 from model_checks.symbolic.core import (
     BV_FIELDS,
     EQ,
@@ -205,7 +204,7 @@ class Encoding:
         if k.name == "EnvCrash":
             return self._crash(x, s, k.arg)
         if k.name in GLOBAL:
-            fn = DecodeEvictPrefix if k.name == "DecodeEvictPrefix" else DecodeRecyclePrefix
+            fn = GLOBAL_FNS[k.name]
             return [(g, self._changes(x, s, 0, go), lb) for g, go, lb in fn(x).cases()]
         a = ACTIONS[k.name]
         m = None

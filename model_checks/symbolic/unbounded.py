@@ -30,9 +30,8 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, PER_REQ, UNENCODED
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
-from model_checks.symbolic.behaviours.identity import DecodeRecyclePrefix
+from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, UNENCODED
+from model_checks.symbolic.actions_decode import EnvCrash
 from model_checks.symbolic.core import (
     BV_FIELDS,
     FIELDS,
@@ -278,7 +277,7 @@ class UModel:
             return self._crash(x, s, t, act.worker, probes)
         side: list[Z] = []
         if act.name in GLOBAL:
-            fn = DecodeEvictPrefix if act.name == "DecodeEvictPrefix" else DecodeRecyclePrefix
+            fn = GLOBAL_FNS[act.name]
             cases = [(g, go) for g, go, _ in fn(x).cases()]
             return self._frame(x, s, t, r0, cases, None, probes)
         r = self.view(s, r0, probes, side)
