@@ -9,8 +9,8 @@ Model.  A symbolic state (``FState``, ``z3_finite``) holds, per request, the 18 
 ``Req`` fields, one count per possible message code (the multiset ``Req.net``), and the
 globals ``faults, p_up, d_up, pfx, pfx_ref``: bit-vectors (signed, ``auto_bits`` wide;
 ``bits=0`` gives unbounded ints instead) and Booleans.
-The actions are the shared ones of ``z3_actions_p``/``z3_actions_d`` (same names as the
-spec), instantiated per (action, request slot, argument): the argument is the message
+The actions are the traced ones of ``actions.PER_REQ`` (``symbolic.trace``; same names as
+the spec), instantiated per (action, request slot, argument): the argument is the message
 code for actions that consume one, the worker for ``EnvCrash``; these ``Inst`` labels
 are exactly the explorer's edge labels.
 
@@ -33,8 +33,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, encodable
-from model_checks.symbolic.actions_decode import EnvCrash
+from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, EnvCrash, encodable
 from model_checks.symbolic.core import (
     BV_FIELDS,
     EQ,
