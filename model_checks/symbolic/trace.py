@@ -22,6 +22,7 @@ A path decides each condition once: a condition already decided on the path, and
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,8 +42,18 @@ MAX_PATHS = 1024  # per action and call: a trace past it fails loudly
 
 
 # -- the path oracle --------------------------------------------------------------------
+_EQ_MEMO: dict[int, tuple[Any, Any]] = {}  # term id -> (term, its parts), per trace
+
+
 def _eq_parts(t: Any) -> tuple[Any, int, bool] | None:
     """``(term, value, positive)`` for ``term == value`` / ``term != value``."""
+    hit = _EQ_MEMO.get(t.get_id())
+    if hit is None:
+        hit = _EQ_MEMO[t.get_id()] = (t, _eq_parts_of(t))
+    return hit[1]
+
+
+def _eq_parts_of(t: Any) -> tuple[Any, int, bool] | None:
     pos = True
     if z3.is_not(t):
         t, pos = t.arg(0), False
@@ -341,10 +352,45 @@ def _effect(x: Ctx, w0: World, w: World) -> Go:
     return Go(req, glob, net.ops)
 
 
+def _k(v: Any) -> Any:
+    return ("z", v.get_id()) if isinstance(v, z3.AstRef) else ("v", type(v), v)
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, tuple[Rules, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _cache_key(name: str, x: Ctx, r: RV | None, a: Msg | None) -> tuple[Any, Any] | None:
+    """A finite encoding's trace is a function of the input terms (kept alive with the
+    entry, so their ids stay theirs): ``(owner, key)``, or None where it is not."""
+    enc = getattr(x, "enc", None)
+    net = getattr(r, "net", None) if r is not None else None
+    if enc is None or (r is not None and getattr(net, "enc", None) is not enc):
+        return None
+    ins = [getattr(x, g) for g in GLOBALS]
+    if r is not None:
+        ins += [getattr(r, f) for f in FIELDS]
+    msg_in = () if a is None else (a.kind, _k(a.e), _k(a.i))
+    net_in = () if net is None else (net.s.tag, net.i)
+    return enc, (name, x.m, msg_in, net_in, tuple(_k(v) for v in ins), ins)
+
+
 def trace(name: str, x: Ctx, r: RV | None, a: Msg | None = None) -> Rules:
     """The ``Rules`` of spec action ``name`` for the acting request ``r`` (slot 0 of a
     world whose other requests the ``Ctx`` summarises; None for a global action),
-    consuming message ``a``."""
+    consuming message ``a``. Cached per finite encoding and input terms."""
+    ck = _cache_key(name, x, r, a)
+    if ck is None:
+        return _trace(name, x, r, a)
+    owner, (*key, ins) = ck
+    memo = _CACHE.setdefault(owner, {})
+    hit = memo.get(tuple(key))
+    if hit is None:
+        hit = memo[tuple(key)] = (_trace(name, x, r, a), ins)
+    return hit[0]
+
+
+def _trace(name: str, x: Ctx, r: RV | None, a: Msg | None) -> Rules:
+    _EQ_MEMO.clear()
     fn = ACTIONS[name].fn
     rules = Rules(name, disjoint=True)
     with _symbolic(x):
