@@ -10,7 +10,7 @@ store to host. Reordering is free: the network is a multiset.
 
 from __future__ import annotations
 
-from spec.common import NOT_ENABLED, Mutants, Result, put, take
+from spec.common import NOT_ENABLED, Mutants, Result, add, put, take
 from spec.config import Config
 from spec.state import (
     CANCELLED,
@@ -35,6 +35,10 @@ from spec.state import (
     WRITABLE,
     Req,
     World,
+    msg,
+    msg_epoch,
+    msg_idx,
+    msg_inc,
     msg_kind,
 )
 
@@ -56,16 +60,15 @@ def EnvDuplicate(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if not _fault(w, c, "duplicate") or msg_kind(arg) in CHUNKS:
         return NOT_ENABLED
     r = w.reqs[i]
-    net = tuple(sorted((*r.net, arg)))
-    return put(w, i, r._replace(net=net))._replace(faults=w.faults + 1)
+    return put(w, i, r._replace(net=add(r.net, arg)))._replace(faults=w.faults + 1)
 
 
 def EnvCorrupt(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if not _fault(w, c, "corrupt") or msg_kind(arg) != M_CHUNK:
         return NOT_ENABLED
     r = w.reqs[i]
-    bad = arg + ((M_CHUNK_BAD - M_CHUNK) << 4)
-    net = tuple(sorted((*take(r.net, arg), bad)))
+    bad = msg(M_CHUNK_BAD, msg_epoch(arg), msg_idx(arg), msg_inc(arg))
+    net = add(take(r.net, arg), bad)
     return put(w, i, r._replace(net=net))._replace(faults=w.faults + 1)
 
 
@@ -74,8 +77,8 @@ def EnvManifestMismatch(w: World, c: Config, m: Mutants, i: int, arg: int) -> Re
     if not _fault(w, c, "mismatch") or msg_kind(arg) != M_HANDOFF:
         return NOT_ENABLED
     r = w.reqs[i]
-    bad = arg + ((M_HANDOFF_BAD - M_HANDOFF) << 4)
-    net = tuple(sorted((*take(r.net, arg), bad)))
+    bad = msg(M_HANDOFF_BAD, msg_epoch(arg), msg_idx(arg), msg_inc(arg))
+    net = add(take(r.net, arg), bad)
     return put(w, i, r._replace(net=net))._replace(faults=w.faults + 1)
 
 

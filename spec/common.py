@@ -19,6 +19,7 @@ from spec.state import (
     Req,
     World,
     msg_epoch,
+    msg_idx,
     msg_kind,
 )
 
@@ -69,17 +70,23 @@ def send(w: World, net: tuple[int, ...], code: int) -> tuple[int, ...]:
     return tuple(sorted((*net, code)))
 
 
+def add(net: tuple[int, ...], code: int) -> tuple[int, ...]:
+    """Add one copy of ``code``, whoever is up (a fault's message: no sender rules)."""
+    return tuple(sorted((*net, code)))
+
+
 def take(net: tuple[int, ...], code: int) -> tuple[int, ...]:
     """Remove one copy of ``code``."""
     k = net.index(code)
     return net[:k] + net[k + 1 :]
 
 
-def chunks_in_flight(r: Req, epoch: int) -> bool:
-    """Any one-sided write of ``epoch`` still in flight?"""
+def chunks_in_flight(r: Req, epoch: int, idx: int | None = None) -> bool:
+    """Any one-sided write of ``epoch`` (of chunk ``idx``, when given) still in flight?"""
     for code in r.net:
         if msg_kind(code) in CHUNKS and msg_epoch(code) == epoch:
-            return True
+            if idx is None or msg_idx(code) == idx:
+                return True
     return False
 
 

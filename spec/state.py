@@ -28,7 +28,7 @@ FINISHED = 4  # terminal: done
 CANCELLED = 5  # terminal, sticky: the client cancelled
 FAILED = 6  # terminal, sticky: a timeout, a crash or a refused handoff
 STATUS_NAMES = ("queued", "prefilling", "running", "preempted", "finished", "cancelled", "failed")
-ENDED = frozenset({FINISHED, CANCELLED, FAILED})
+ENDED = (FINISHED, CANCELLED, FAILED)  # a tuple: ``in`` compares, so it traces (z3)
 STICKY = frozenset({CANCELLED, FAILED})
 
 # -- replica status, one per location ------------------------------------------------

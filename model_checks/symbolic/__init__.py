@@ -1,7 +1,8 @@
 """The spec in z3: one encoding of the actions shared by BMC and the unbounded model.
 
-``core`` (terms and the action context), ``actions``/``actions_prefill``/``actions_decode``
-(the actions, mirroring ``spec.actions_*`` one to one), ``props`` (the safety properties),
+``core`` (terms and the action context), ``symstate``/``trace`` (the spec's own Python
+actions run on symbolic values: their ``Rules``), ``actions`` (the registry of the traced
+actions, and the crash's hand mirror), ``props`` (the safety properties),
 ``finite``/``encoding`` (a finite config as <init, trans, bad>), ``bmc`` (bounded model
 checking of the mutants at their BFS depth), ``unbounded``/``invariants``/``induction``
 (requests as a sort, ghost counters, the inductive strengthening of INVARIANTS.md),

@@ -1,21 +1,21 @@
 """Shared vocabulary of the z3 encodings of the spec (finite and unbounded).
 
-The spec's actions are written once, in ``z3_actions_p`` / ``z3_actions_d``, against two
-small interfaces defined here:
+The spec's actions are written once, in ``spec/``; ``trace`` runs them on symbolic values
+over two small interfaces defined here:
 
 - ``RV``: a *request view*, the 20 scalar fields of one ``Req`` as z3 terms, plus a
   ``NetView`` on its in-flight messages;
 - ``Ctx``: what an action may read besides its request (globals, pool usage, the
   config as ``Params``, the mutants) and the set operations on ``landed``.
 
-An action returns ``Rules``: the Python function's ``return`` statements in order, each
-a condition and either a refusal (no successor) or a ``Go`` (the fields it changes:
-everything else is unchanged, the explicit frame). The first branch whose condition
-holds decides, exactly as the Python ``if`` chain does. ``Rules.cases()`` turns that
-order into mutually exclusive guards.
+An action's encoding is ``Rules``: its paths, each a condition and either a refusal (no
+successor) or a ``Go`` (the fields it changes: everything else is unchanged, the
+explicit frame). Traced paths exclude each other (``Rules.disjoint``); a hand-written
+``Rules`` lists branches in order, the first whose condition holds deciding, and
+``Rules.cases()`` turns that order into mutually exclusive guards.
 
-Two domains implement ``Ctx``: ``z3_encoding`` (a fixed number of requests, one count
-per possible message code: BMC and the agreement test) and ``z3_unbounded`` (requests
+Two domains implement ``Ctx``: ``encoding`` (a fixed number of requests, one count
+per possible message code: BMC and the agreement test) and ``unbounded`` (requests
 of an uninterpreted sort, fields as arrays, ghost counters: the induction proofs).
 Python ints and bools may stand wherever a term may; the helpers below fold them, so
 the finite encoding of a concrete config simplifies as it is built.
@@ -182,9 +182,10 @@ class Branch:
 class Rules:
     """An action's return statements, in order (first match wins)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, disjoint: bool = False) -> None:
         self.name = name
         self.branches: list[Branch] = []
+        self.disjoint = disjoint  # traced: the conditions exclude each other already
 
     def no(self, cond: Z, prop: str | None = None) -> None:
         label = f"refuse {prop}" if prop else "not enabled"
@@ -207,7 +208,8 @@ class Rules:
             if b.cond is False:
                 continue
             if b.go is not None:
-                out.append((A(b.cond, *(N(x) for x in earlier)), b.go, f"{self.name}#{k}"))
+                prior = () if self.disjoint else (N(x) for x in earlier)
+                out.append((A(b.cond, *prior), b.go, f"{self.name}#{k}"))
             if b.cond is True:
                 break
             earlier.append(b.cond)

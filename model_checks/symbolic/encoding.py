@@ -9,8 +9,8 @@ Model.  A symbolic state (``FState``, ``z3_finite``) holds, per request, the 18 
 ``Req`` fields, one count per possible message code (the multiset ``Req.net``), and the
 globals ``faults, p_up, d_up, pfx, pfx_ref``: bit-vectors (signed, ``auto_bits`` wide;
 ``bits=0`` gives unbounded ints instead) and Booleans.
-The actions are the shared ones of ``z3_actions_p``/``z3_actions_d`` (same names as the
-spec), instantiated per (action, request slot, argument): the argument is the message
+The actions are the traced ones of ``actions.PER_REQ`` (``symbolic.trace``; same names as
+the spec), instantiated per (action, request slot, argument): the argument is the message
 code for actions that consume one, the worker for ``EnvCrash``; these ``Inst`` labels
 are exactly the explorer's edge labels.
 
@@ -33,9 +33,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, PER_REQ, encodable
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
-from model_checks.symbolic.behaviours.identity import DecodeRecyclePrefix
+from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, EnvCrash, encodable
 from model_checks.symbolic.core import (
     BV_FIELDS,
     EQ,
@@ -205,7 +203,7 @@ class Encoding:
         if k.name == "EnvCrash":
             return self._crash(x, s, k.arg)
         if k.name in GLOBAL:
-            fn = DecodeEvictPrefix if k.name == "DecodeEvictPrefix" else DecodeRecyclePrefix
+            fn = GLOBAL_FNS[k.name]
             return [(g, self._changes(x, s, 0, go), lb) for g, go, lb in fn(x).cases()]
         a = ACTIONS[k.name]
         m = None

@@ -8,7 +8,7 @@ features and fault kinds are on), except ``src_tp``, which is concrete so that c
 indices (rank * per_rank + pos) stay linear; ``UModel(src_tp)`` is one instance per
 TP degree. The mutants are off (the induction is about the correct spec).
 
-Model.  The actions are the shared ones (``z3_actions_p``/``z3_actions_d``). A per-
+Model.  The actions are the traced ones (``actions.PER_REQ``, ``symbolic.trace``). A per-
 request action is "some request ``r0`` takes it": each field array becomes
 ``Store(f, r0, new)`` and every other request is unchanged (the frame);
 ``DecodeEvictPrefix`` changes globals only; ``EnvCrash`` maps every request at once
@@ -30,9 +30,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, PER_REQ, UNENCODED
-from model_checks.symbolic.actions_decode import DecodeEvictPrefix, EnvCrash
-from model_checks.symbolic.behaviours.identity import DecodeRecyclePrefix
+from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, UNENCODED, EnvCrash
 from model_checks.symbolic.core import (
     BV_FIELDS,
     FIELDS,
@@ -278,7 +276,7 @@ class UModel:
             return self._crash(x, s, t, act.worker, probes)
         side: list[Z] = []
         if act.name in GLOBAL:
-            fn = DecodeEvictPrefix if act.name == "DecodeEvictPrefix" else DecodeRecyclePrefix
+            fn = GLOBAL_FNS[act.name]
             cases = [(g, go) for g, go, _ in fn(x).cases()]
             return self._frame(x, s, t, r0, cases, None, probes)
         r = self.view(s, r0, probes, side)

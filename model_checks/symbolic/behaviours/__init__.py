@@ -1,3 +1,4 @@
-"""The z3 side of ``spec.behaviours``: one module per behaviour, mirroring its actions."""
+"""The z3 side of ``spec.behaviours``: the property parts and inductive conjuncts each
+behaviour adds (its actions are traced from the spec: ``symbolic.trace``)."""
 
-__all__ = ["async_steps", "decode_failure", "irrevocable", "retract", "decode_ranks", "identity"]
+__all__ = ["async_steps", "decode_failure", "retract", "identity"]

@@ -1,66 +1,12 @@
-"""z3 mirror of ``spec/behaviours/async_steps.py``: the step actions, the step parts of
-``FrozenSnapshot`` and ``NoReuseUnderIO``, and the strengthening conjunct ``StepHeld``.
-
-The guards that refuse a free or a freeze under a step live in the spec's prefill and
-decode actions; their z3 mirrors call ``busy_*`` here (same order, same property).
-"""
+"""z3 side of ``spec/behaviours/async_steps.py``: the step parts of ``FrozenSnapshot``
+and ``NoReuseUnderIO``, and the strengthening conjunct ``StepHeld``. The step actions
+and the guards that refuse a free or a freeze under a step are traced from the spec
+(``symbolic.trace``)."""
 
 from __future__ import annotations
 
-from model_checks.symbolic.core import IN, RV, A, Ctx, Msg, N, O, Rules, Z
-from spec.state import IDLE, NONE, PREFILLING, RUNNING, WRITABLE
-
-
-def busy_free(x: Ctx, r: RV, worker: str) -> Z:
-    """``step_blocks_free``: the condition under which a free of ``worker``'s replica is
-    refused (``NoReuseUnderIO``); False under the mutant."""
-    if "free_with_step_in_flight" in x.m:
-        return False
-    return A(x.c.async_steps, (r.pstep if worker == "p" else r.dstep) != 0)
-
-
-def busy_freeze(x: Ctx, r: RV) -> Z:
-    """``step_blocks_freeze`` (``FrozenSnapshot``)."""
-    if "freeze_with_step_in_flight" in x.m:
-        return False
-    return A(x.c.async_steps, r.pstep != 0)
-
-
-def busy_preempt(x: Ctx, r: RV) -> Z:
-    """``step_blocks_preempt`` (``NoReuseUnderIO``)."""
-    if "preempt_with_step_in_flight" in x.m:
-        return False
-    return A(x.c.async_steps, r.pstep != 0)
-
-
-def PrefillStepDispatch(x: Ctx, r: RV, a: Msg | None) -> Rules:
-    R = Rules("PrefillStepDispatch")
-    R.no(O(N(x.c.async_steps), N(x.p_up), r.pstep != 0, r.p != WRITABLE, r.ps != IDLE))
-    R.go(O(r.st == PREFILLING, A(r.st == RUNNING, r.h == NONE)), pstep=1)
-    R.no(True)
-    return R
-
-
-def PrefillStepComplete(x: Ctx, r: RV, a: Msg | None) -> Rules:
-    R = Rules("PrefillStepComplete")
-    R.no(O(N(x.c.async_steps), N(x.p_up), r.pstep == 0))
-    R.go(r.st == PREFILLING, pstep=0, st=RUNNING)
-    R.go(pstep=0)
-    return R
-
-
-def DecodeStepDispatch(x: Ctx, r: RV, a: Msg | None) -> Rules:
-    R = Rules("DecodeStepDispatch")
-    R.no(O(N(x.c.async_steps), N(x.d_up), r.dstep != 0, r.d != WRITABLE, r.st != RUNNING))
-    R.go(dstep=1)
-    return R
-
-
-def DecodeStepComplete(x: Ctx, r: RV, a: Msg | None) -> Rules:
-    R = Rules("DecodeStepComplete")
-    R.no(O(N(x.c.async_steps), N(x.d_up), r.dstep == 0))
-    R.go(dstep=0)
-    return R
+from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z
+from spec.state import IDLE, NONE, WRITABLE
 
 
 def steps_held(x: Ctx, r: RV) -> Z:
@@ -99,16 +45,4 @@ def step_held(x: Ctx, r: RV) -> Z:
     )
 
 
-__all__ = [
-    "STEP_HELD_DOC",
-    "DecodeStepComplete",
-    "DecodeStepDispatch",
-    "PrefillStepComplete",
-    "PrefillStepDispatch",
-    "busy_free",
-    "busy_freeze",
-    "busy_preempt",
-    "step_held",
-    "steps_held",
-    "steps_write_writable",
-]
+__all__ = ["STEP_HELD_DOC", "step_held", "steps_held", "steps_write_writable"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from model_checks.symbolic.core import RV, Ctx, N, O, Rules, Z, flag
+from model_checks.symbolic.core import RV, Ctx, N, Z, flag
 from spec.state import DF_UNSTAGED, M_CHUNK_UNSTAGED
 
 
@@ -39,13 +39,3 @@ def conjuncts(make: Callable[..., C]) -> tuple[C, ...]:
 
 
 __all__ = ["conjuncts", "no_unstaged", "prefix_own", "staged_only"]
-
-
-def DecodeRecyclePrefix(x: Ctx) -> Rules:
-    """Global (``spec/behaviours/identity.py``): the unreferenced cached prefix's blocks
-    are reused; a lagging index still lists them."""
-    R = Rules("DecodeRecyclePrefix")
-    R.no(O(N(x.c.identity), N(x.d_up), N(x.pfx), N(x.pfx_ok)))
-    R.no(x.pfx_ref > 0, "CapacityRefcount")
-    R.go(pfx_ok=False)
-    return R

@@ -1,33 +1,12 @@
-"""z3 mirror of ``spec/behaviours/retract.py``: ``DecodeRetract``, the refetch epoch, and
-the parts of the inductive invariant that a retraction adds (spec/INVARIANTS.md)."""
+"""z3 side of ``spec/behaviours/retract.py``: the parts of the inductive invariant that a
+retraction adds (spec/INVARIANTS.md); ``DecodeRetract`` is traced from the spec."""
 
 from __future__ import annotations
 
-from model_checks.symbolic.behaviours.async_steps import busy_free
-from model_checks.symbolic.core import ITE, RV, A, Ctx, Msg, N, O, Rules, Z, flag
-from spec.state import DF_FENCED, IDLE, NONE, PREEMPTED, RUNNING, WRITABLE
+from model_checks.symbolic.core import RV, A, Ctx, N, O, Z, flag
+from spec.state import DF_FENCED, IDLE, NONE, PREEMPTED
 
-__all__ = ["DecodeRetract", "ack_retracted", "refetch_epoch", "retracted"]
-
-
-def DecodeRetract(x: Ctx, r: RV, a: Msg | None) -> Rules:
-    # at call time: actions_decode imports actions_prefill, which imports this module
-    from model_checks.symbolic.actions_decode import free
-
-    c, R = x.c, Rules("DecodeRetract")
-    R.no(O(N(c.retract), N(x.d_up), r.d != WRITABLE, r.st != RUNNING))
-    R.no(r.mv >= c.max_moves)
-    R.no(busy_free(x, r, "d"), "NoReuseUnderIO")
-    st = RUNNING if "retract_loses_kv" in x.m else PREEMPTED
-    R.go(st=st, mv=r.mv + 1, **free(x, r))
-    return R
-
-
-def refetch_epoch(x: Ctx, r: RV) -> Z:
-    """``PrefillFreeze``'s epoch: ep + 1 (``spec.behaviours.retract.refetch_reuses_epoch``)."""
-    if "retract_keeps_epoch" in x.m:
-        return ITE(A(r.mv > 0, r.ep > 0), x.num(r.ep), x.num(r.ep + 1))
-    return r.ep + 1
+__all__ = ["ack_retracted", "retracted"]
 
 
 def retracted(x: Ctx, r: RV) -> Z:

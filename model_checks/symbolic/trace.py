@@ -1,0 +1,430 @@
+"""The z3 ``Rules`` of a spec action, traced from its Python definition.
+
+``traced(name)`` is a ``Rules`` function (``(Ctx, RV, Msg | None) -> Rules``, as the
+encodings consume) that runs ``spec.actions.ACTIONS[name].fn`` on a ``World`` of
+``symstate`` stand-ins, once per path: every ``bool()`` of a symbolic condition asks the
+path oracle, which replays the decisions of the path being traced and queues the other
+side (depth first). Each run ends in ``NOT_ENABLED``, a refusal naming its property, or
+a successor; the path's decisions are its condition (paths are disjoint by
+construction), the successor's changed fields its effect.
+
+While an action runs, the spec's primitives on messages and pools (``spec.common``:
+``send``, ``take``, ``drop_chunks``, ``chunks_in_flight``, ``used_*``,
+``admit_possible``, ``full_chunks``, ``full_ranks``; ``spec.state``'s ``msg*``;
+``spec.behaviours.slots.slot_free``) are rebound, in every module of ``spec`` that
+imports them, to their symbolic meaning over the ``Ctx``. Nothing else of the spec is
+written again here.
+
+A path decides each condition once: a condition already decided on the path, and
+``x == k`` for an ``x`` whose value (or an excluded value) the path fixed, fold.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import z3
+
+from model_checks.symbolic import symstate as S
+from model_checks.symbolic.core import FIELDS, GLOBALS, RV, A, Branch, Ctx, Go, Msg, NetOp, O, Rules
+from spec import common, state
+from spec.actions import ACTIONS
+from spec.behaviours import decode_ranks, slots
+from spec.common import Refused
+from spec.config import Config
+from spec.state import CHUNKS, Req, World
+
+MAX_PATHS = 1024  # per action and call: a trace past it fails loudly
+
+
+# -- the path oracle --------------------------------------------------------------------
+_EQ_MEMO: dict[int, tuple[Any, Any]] = {}  # term id -> (term, its parts), per trace
+
+
+def _eq_parts(t: Any) -> tuple[Any, int, bool] | None:
+    """``(term, value, positive)`` for ``term == value`` / ``term != value``."""
+    hit = _EQ_MEMO.get(t.get_id())
+    if hit is None:
+        hit = _EQ_MEMO[t.get_id()] = (t, _eq_parts_of(t))
+    return hit[1]
+
+
+def _eq_parts_of(t: Any) -> tuple[Any, int, bool] | None:
+    pos = True
+    if z3.is_not(t):
+        t, pos = t.arg(0), False
+    if not (z3.is_eq(t) or (z3.is_distinct(t) and t.num_args() == 2)):
+        return None
+    if z3.is_distinct(t):
+        pos = not pos
+    a, b = t.arg(0), t.arg(1)
+    if z3.is_int_value(a) or z3.is_bv_value(a):
+        a, b = b, a
+    if z3.is_int_value(b):
+        return a, b.as_long(), pos
+    if z3.is_bv_value(b):
+        return a, b.as_signed_long(), pos
+    return None
+
+
+class Oracle:
+    """Replays ``prefix`` (one bool per fork), then takes True and records it."""
+
+    def __init__(self, prefix: list[bool]) -> None:
+        self.decisions = prefix
+        self.pos = 0
+        self.lits: list[Any] = []
+        self.known: dict[int, bool] = {}  # term id -> its value on this path
+        self.val: dict[int, int] = {}  # term id -> the value the path fixed
+        self.ex: dict[int, set[int]] = {}  # term id -> values the path excluded
+
+    def _fold(self, t: Any) -> bool | None:
+        k = self.known.get(t.get_id())
+        if k is not None:
+            return k
+        if z3.is_not(t) and (k := self.known.get(t.arg(0).get_id())) is not None:
+            return not k
+        eq = _eq_parts(t)
+        if eq is None:
+            return None
+        x, v, pos = eq
+        fixed = self.val.get(x.get_id())
+        if fixed is not None:
+            return (fixed == v) == pos
+        if v in self.ex.get(x.get_id(), ()):
+            return not pos
+        return None
+
+    def _learn(self, t: Any, b: bool) -> None:
+        self.known[t.get_id()] = b
+        eq = _eq_parts(t)
+        if eq is not None:
+            x, v, pos = eq
+            if pos == b:
+                self.val[x.get_id()] = v
+            else:
+                self.ex.setdefault(x.get_id(), set()).add(v)
+
+    def decide(self, t: Any) -> bool:
+        f = self._fold(t)
+        if f is not None:
+            return f
+        if self.pos < len(self.decisions):
+            b = self.decisions[self.pos]
+        else:
+            b = True
+            self.decisions.append(b)
+        self.pos += 1
+        self.lits.append(t if b else z3.Not(t))
+        self._learn(t, b)
+        return b
+
+
+def paths(run: Callable[[], Any]) -> Iterator[tuple[list[Any], Any]]:
+    """``(condition literals, outcome)`` of every path of ``run``; an outcome is what
+    ``run`` returned, or None for a path that left TypeOK (``symstate.Infeasible``)."""
+    prefix: list[bool] = []
+    for _ in range(MAX_PATHS):
+        oracle = Oracle(prefix)
+        S.PATH.decide = oracle.decide
+        try:
+            out = run()
+        except S.Infeasible:
+            out = None
+        finally:
+            S.PATH.decide = None
+        yield oracle.lits, out
+        d = oracle.decisions
+        while d and d[-1] is False:
+            d.pop()
+        if not d:
+            return
+        d[-1] = False
+        prefix = d
+    raise S.TraceError(f"more than {MAX_PATHS} paths")
+
+
+# -- the spec's primitives, symbolically --------------------------------------------------
+def _ctx() -> Ctx:
+    x = S.TRACE.ctx
+    assert x is not None
+    return x
+
+
+def _msg(kind: Any, epoch: Any, idx: Any = 0, inc: Any = 0) -> S.SymMsg:
+    if not isinstance(kind, int) or not (isinstance(inc, int) and inc == 0):
+        raise S.TraceError("a message of symbolic kind or incarnation")
+    return S.SymMsg(kind, epoch, idx)
+
+
+def _as_msg(code: Any) -> S.SymMsg:
+    if isinstance(code, S.SymMsg):
+        return code
+    if isinstance(code, int):
+        return S.SymMsg(state.msg_kind(code), state.msg_epoch(code), state.msg_idx(code))
+    raise S.TraceError(f"not a message: {code!r}")
+
+
+def _op(op: str, code: Any) -> NetOp:
+    m = _as_msg(code)
+    return NetOp(op, m.kind, S.raw(m.e), S.raw(m.i))
+
+
+def _send(w: World, net: S.SymNet, code: Any) -> S.SymNet:
+    return net.then(_op("send", code))
+
+
+def _take(net: S.SymNet, code: Any) -> S.SymNet:
+    return net.then(_op("take", code))
+
+
+def _add(net: S.SymNet, code: Any) -> S.SymNet:
+    return net.then(_op("add", code))
+
+
+def _drop(net: S.SymNet, epoch: Any) -> S.SymNet:
+    return net.then(NetOp("drop", e=S.raw(epoch)))
+
+
+def _in_flight(r: Req, epoch: Any, idx: Any = None) -> Any:
+    net: S.SymNet = r.net  # type: ignore[assignment]
+    if net.ops:
+        raise S.TraceError("chunks_in_flight after a change to the messages")
+    e = S.raw(epoch)
+    if idx is None:
+        return S.lift(z3.Not(S.raw(net.view.no_chunks(e))))
+    return S.lift(O(*(net.view.count(k, e, S.raw(idx)) != 0 for k in sorted(CHUNKS))))
+
+
+def _pool(name: str) -> Callable[..., Any]:
+    def f(w: World, c: Any) -> Any:
+        return S.lift(getattr(_ctx(), name)())
+
+    return f
+
+
+def _slot_free(w: World, c: Any) -> Any:
+    return True if not c.slots else S.lift(_ctx().slot_free())
+
+
+_SYMBOLIC: dict[Any, Any] = {
+    state.msg: _msg,
+    state.msg_kind: lambda code: _as_msg(code).kind,
+    state.msg_epoch: lambda code: _as_msg(code).e,
+    state.msg_idx: lambda code: _as_msg(code).i,
+    state.msg_inc: lambda code: 0,
+    common.send: _send,
+    common.take: _take,
+    common.add: _add,
+    common.drop_chunks: _drop,
+    common.chunks_in_flight: _in_flight,
+    common.used_p: _pool("used_p"),
+    common.used_h: _pool("used_h"),
+    common.used_d: _pool("used_d"),
+    common.admit_possible: _pool("admit_possible"),
+    common.full_chunks: lambda c, hit: S.Full(hit),
+    common.full_ranks: lambda c: S.Full(None),
+    slots.slot_free: _slot_free,
+    decode_ranks.all_dst_ranks: lambda c: S.lift(c.dst_full),
+}
+_SITES: list[tuple[Any, str, Any]] | None = None  # (module, name, concrete fn)
+
+
+def _sites() -> list[tuple[Any, str, Any]]:
+    global _SITES
+    if _SITES is None:
+        by_id = {id(k): k for k in _SYMBOLIC}
+        _SITES = [
+            (mod, name, by_id[id(v)])
+            for mname, mod in sorted(sys.modules.items())
+            if mod is not None and (mname == "spec" or mname.startswith("spec."))
+            for name, v in list(vars(mod).items())
+            if id(v) in by_id
+        ]
+    return _SITES
+
+
+@contextmanager
+def _symbolic(x: Ctx) -> Iterator[None]:
+    sites = _sites()
+    S.TRACE.ctx = x
+    for mod, name, fn in sites:
+        setattr(mod, name, _SYMBOLIC[fn])
+    try:
+        yield
+    finally:
+        for mod, name, fn in sites:
+            setattr(mod, name, fn)
+        S.TRACE.ctx = None
+
+
+# -- the symbolic config and world ---------------------------------------------------------
+class _Kinds:
+    def __init__(self, kinds: dict[str, Any]) -> None:
+        self.kinds = kinds
+
+    def __contains__(self, k: str) -> bool:
+        return bool(S.lift(self.kinds.get(k, False)))
+
+
+class SymConfig:
+    """A ``Config`` read through ``Params`` (terms where the domain has them); the
+    switches the encodings leave out read as their defaults (off)."""
+
+    def __init__(self, x: Ctx) -> None:
+        self._p = x.c
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "fault_kinds":
+            return _Kinds(self._p.fault_kinds)
+        if name in self._p.__dataclass_fields__:
+            return S.lift(getattr(self._p, name))
+        if name == "dst_tp":
+            raise S.TraceError("Config.dst_tp read (the encodings have dst_full)")
+        if name in ("restarts", "host_cache", "turns"):
+            return Config.__dataclass_fields__[name].default
+        raise S.TraceError(f"config field {name!r} has no symbolic value")
+
+
+_WORLD_FIXED: dict[str, Any] = {
+    "p_inc": 0,
+    "d_inc": 0,
+    "hc": 0,
+    "hc_hl": 0,
+    "hc_pin": 0,
+    "hc_late": 0,
+}
+_REQ_FIXED = {f: Req._field_defaults[f] for f in Req._fields if f not in FIELDS and f != "net"}
+
+
+def _world(x: Ctx, r: RV | None) -> World:
+    """The acting request ``r`` in slot 0 (none for a global action), then the others."""
+    reqs: tuple[Any, ...] = (S.OTHERS,)
+    if r is not None:
+        vals = S.req_values(r)
+        fields: dict[str, Any] = {**_REQ_FIXED, **{f: vals[f] for f in FIELDS}}
+        fields["net"] = S.SymNet(r.net)
+        reqs = (Req(**fields), S.OTHERS)
+    glob: dict[str, Any] = {g: S.lift(getattr(x, g)) for g in GLOBALS}
+    return World(reqs=reqs, **glob, **_WORLD_FIXED, hc_bad=False)
+
+
+def _unwrap(x: Ctx, f: str, v: Any) -> Any:
+    if isinstance(v, (S.Landed, S.RMask)):
+        return v.t
+    if f == "landed" and isinstance(v, int):
+        return x.lempty() if v == 0 else _bad(f, v)
+    if f == "rmask" and isinstance(v, int):
+        return x.rzero() if v == 0 else _bad(f, v)
+    if isinstance(v, (S.Sym, S.SymBool)):
+        return v.t
+    if isinstance(v, (int, bool)):
+        return v
+    return _bad(f, v)
+
+
+def _bad(f: str, v: Any) -> Any:
+    raise S.TraceError(f"field {f} set to {v!r}")
+
+
+def _effect(x: Ctx, w0: World, w: World) -> Go:
+    last: Any = w.reqs[-1]
+    if len(w.reqs) != len(w0.reqs) or last is not S.OTHERS:
+        raise S.TraceError("the successor changes another request")
+    glob = {g: _unwrap(x, g, v) for g in GLOBALS if (v := getattr(w, g)) is not getattr(w0, g)}
+    for f, v in _WORLD_FIXED.items():
+        if getattr(w, f) != v:
+            raise S.TraceError(f"the successor sets {f}, which the encodings leave out")
+    if len(w.reqs) == 1:
+        return Go({}, glob, ())
+    r0, r = w0.reqs[0], w.reqs[0]
+    req = {f: _unwrap(x, f, v) for f in FIELDS if (v := getattr(r, f)) is not getattr(r0, f)}
+    for f, v in _REQ_FIXED.items():
+        if getattr(r, f) != v:
+            raise S.TraceError(f"the successor sets {f}, which the encodings leave out")
+    net = r.net
+    if not isinstance(net, S.SymNet):
+        raise S.TraceError("the successor's messages are not built by spec.common's helpers")
+    return Go(req, glob, net.ops)
+
+
+def _k(v: Any) -> Any:
+    return ("z", v.get_id()) if isinstance(v, z3.AstRef) else ("v", type(v), v)
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, tuple[Rules, Any]]] = weakref.WeakKeyDictionary()
+
+
+def _cache_key(name: str, x: Ctx, r: RV | None, a: Msg | None) -> tuple[Any, Any] | None:
+    """A finite encoding's trace is a function of the input terms (kept alive with the
+    entry, so their ids stay theirs): ``(owner, key)``, or None where it is not."""
+    enc = getattr(x, "enc", None)
+    net = getattr(r, "net", None) if r is not None else None
+    if enc is None or (r is not None and getattr(net, "enc", None) is not enc):
+        return None
+    ins = [getattr(x, g) for g in GLOBALS]
+    if r is not None:
+        ins += [getattr(r, f) for f in FIELDS]
+    msg_in = () if a is None else (a.kind, _k(a.e), _k(a.i))
+    net_in = () if net is None else (net.s.tag, net.i)
+    return enc, (name, x.m, msg_in, net_in, tuple(_k(v) for v in ins), ins)
+
+
+def trace(name: str, x: Ctx, r: RV | None, a: Msg | None = None) -> Rules:
+    """The ``Rules`` of spec action ``name`` for the acting request ``r`` (slot 0 of a
+    world whose other requests the ``Ctx`` summarises; None for a global action),
+    consuming message ``a``. Cached per finite encoding and input terms."""
+    ck = _cache_key(name, x, r, a)
+    if ck is None:
+        return _trace(name, x, r, a)
+    owner, (*key, ins) = ck
+    memo = _CACHE.setdefault(owner, {})
+    hit = memo.get(tuple(key))
+    if hit is None:
+        hit = memo[tuple(key)] = (_trace(name, x, r, a), ins)
+    return hit[0]
+
+
+def _trace(name: str, x: Ctx, r: RV | None, a: Msg | None) -> Rules:
+    _EQ_MEMO.clear()
+    fn = ACTIONS[name].fn
+    rules = Rules(name, disjoint=True)
+    with _symbolic(x):
+        w0 = _world(x, r)
+        c = SymConfig(x)
+        arg: Any = 0 if a is None else S.SymMsg(a.kind, S.lift(a.e), S.lift(a.i))
+        m = x.m
+        for lits, out in paths(lambda: fn(w0, c, m, 0, arg)):  # type: ignore[arg-type]
+            cond = A(*lits)
+            if out is None or cond is False:
+                continue
+            if isinstance(out, Refused):
+                if out.prop is not None:
+                    rules.branches.append(Branch(cond, f"refuse {out.prop}", None))
+                continue
+            rules.branches.append(Branch(cond, "go", _effect(x, w0, out)))
+    return rules
+
+
+def traced(name: str) -> Callable[[Ctx, RV, Msg | None], Rules]:
+    """``name``'s traced ``Rules`` function."""
+
+    def fn(x: Ctx, r: RV, a: Msg | None) -> Rules:
+        return trace(name, x, r, a)
+
+    fn.__name__ = name
+    return fn
+
+
+def traced_global(name: str) -> Callable[[Ctx], Rules]:
+    """The traced ``Rules`` function of global action ``name`` (no request)."""
+
+    def fn(x: Ctx) -> Rules:
+        return trace(name, x, None)
+
+    fn.__name__ = name
+    return fn
