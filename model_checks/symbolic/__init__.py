@@ -1,6 +1,6 @@
 """The spec in z3: one encoding of the actions shared by BMC and the unbounded model.
 
-``core`` (terms and the action context), ``symstate``/``trace`` (the spec's own Python
+``core`` (terms and the action context), ``tracer`` (the spec's own Python
 actions run on symbolic values: their ``Rules``), ``actions`` (the registry of the traced
 actions, and the crash's hand mirror), ``props`` (the safety properties),
 ``finite``/``encoding`` (a finite config as <init, trans, bad>), ``bmc`` (bounded model

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from model_checks.symbolic.core import IN, ITE, RV, A, Ctx, Msg, N, O, Rules, Z
-from model_checks.symbolic.trace import traced, traced_global
+from model_checks.symbolic.tracer.trace import traced, traced_global
 from spec.actions import ACTIONS
 from spec.config import Config
 from spec.state import (

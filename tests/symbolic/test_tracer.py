@@ -1,4 +1,4 @@
-"""The tracer (model_checks/symbolic/trace.py): the spec's Python actions, run on symbolic
+"""The tracer (model_checks/symbolic/tracer/trace.py): the spec's Python actions, run on symbolic
 stand-ins, give the ``Rules`` the encodings consume; checked on the one-line actions and
 on the path enumeration itself."""
 
@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 import z3
 
-from model_checks.symbolic import symstate as S
-from model_checks.symbolic import trace as T
 from model_checks.symbolic.actions import (
     GLOBAL,
     GLOBAL_FNS,
@@ -22,6 +20,8 @@ from model_checks.symbolic.actions import (
 from model_checks.symbolic.core import Msg
 from model_checks.symbolic.encoding import Encoding
 from model_checks.symbolic.finite import FCtx, FState
+from model_checks.symbolic.tracer import symstate as S
+from model_checks.symbolic.tracer import trace as T
 from spec.actions import ACTIONS
 from spec.config import CONFIGS
 from spec.state import COMPLETE, M_ACK, PREFILLING, RUNNING, WRITABLE, msg, msg_kind
