@@ -240,6 +240,9 @@ def _main(argv: Sequence[str] | None) -> int:
     as_json = "--json" in args[1:]
     if name not in COMMANDS:
         return _fail("", f"unknown command {name!r}; valid: {', '.join(COMMANDS)}", as_json)
+    from model_checks import children
+
+    children.begin()  # an earlier command's end_all stopped new work; this one may start
     if threading.current_thread() is threading.main_thread():
         _install_signal_handlers()
     # torch warns at import when numpy is absent; kvown never needs numpy.

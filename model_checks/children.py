@@ -98,6 +98,12 @@ def install() -> None:
         _INSTALLED.append(True)
 
 
+def begin() -> None:
+    """A new command in this process (``kvown_cli.main``; tests call commands in one
+    process): work may start again after an earlier command's ``end_all``."""
+    _STOP.clear()
+
+
 def stopping() -> bool:
     """True once ``end_all`` ran: start no more work."""
     return _STOP.is_set()

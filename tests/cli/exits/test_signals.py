@@ -139,3 +139,22 @@ def test_a_thread_dying_during_ctrl_c_adds_nothing_to_the_one_line() -> None:
     assert p.returncode == 130
     assert err.decode().strip().splitlines() == ["kvown check: interrupted"]
     assert _group(p.pid) == []
+
+
+def test_a_command_after_an_interrupted_one_in_the_same_process_starts_its_workers() -> None:
+    """``end_all`` (an interrupt, or an internal error) stops new work in this process; the
+    next command called in it (as the tests and a library user call ``main``) may start
+    workers again. Before the fix, the cluster's quick form in the suite was 'interrupted
+    after 0/2 requests' and the next cluster test's Popen raised KeyboardInterrupt."""
+    from kvown_cli.main import main
+    from model_checks import children
+
+    children.end_all()
+    assert children.stopping()
+    assert main(["list"]) == 0
+    assert not children.stopping()
+    p = children.popen([sys.executable, "-c", "pass"], stdout=subprocess.DEVNULL)
+    try:
+        assert p.wait(timeout=60) == 0
+    finally:
+        children.end_group(p)
