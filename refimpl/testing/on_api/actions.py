@@ -33,6 +33,7 @@ from spec.state import (
     RUNNING,
     World,
 )
+from spec.steps import RECEIVES
 
 LAYERS, BLOCK = 2, 2
 
@@ -46,20 +47,7 @@ class ApiRefusal(Exception):
 
 
 LIVE = (QUEUED, PREFILLING, RUNNING, 3)
-MESSAGE_ACTIONS = frozenset(
-    {
-        "PrefillRecvReady",
-        "PrefillRelease",
-        "PrefillResume",
-        "PrefillDiscard",
-        "DecodeReserve",
-        "DecodeReject",
-        "DecodeReceiveChunk",
-        "DecodeReceiveDone",
-        "DecodeReclaim",
-        "DecodeDiscard",
-    }
-)
+MESSAGE_ACTIONS = RECEIVES  # the actions that consume a message sent to a worker
 
 
 class ApiActions:
