@@ -1,16 +1,16 @@
-"""A decode worker (TP=1; a cluster may run several): receives handoffs one at a time,
-then decodes every committed request a token per loop turn, so that a cancel can land
-mid-decode.
+"""A decode worker (TP=1; a cluster may run several): one ``refimpl.api`` ``Receiver``
+takes every handoff, and every committed request decodes a token per loop turn, so that
+a cancel can land mid-decode.
 
-One handoff (``receive``), after the manifest is accepted and the blocks reserved
-(DecodeReserve): send Ready, then wait, within the timeout, for every rank's RankDone;
-each one posts that rank's ``irecv`` (its send is already posted) into a private
-buffer, never a pool block. A timed-out gloo wait closes its pair for good, so no
-receive is posted before its sender has committed to send. Then each rank's bytes are
-checked block by block against its RankDone, the ranks' checksums against the manifest
-(DecodeReceiveChunk/Done, DecodeValidate), staged, resharded into the target blocks and
-committed (DecodeCommit), and the Ack goes back. A timeout or a dead peer on the way:
-DecodeTimeout (fence, free, Nack). No room: DecodeReject (Nack).
+One handoff: the leader's "handoff" (first token, steps, planned cancel) comes just
+before its manifest, on the same mailbox; the Receiver is told the decode room
+(``expect``), then does everything the API does with a peer's KV: the manifest gate and
+the reservation (DecodeReserve, and the Ready goes to every prefill rank; no room:
+DecodeReject and a Nack), each rank's chunks checked and installed, each rank's seal,
+the commit (the deliveries of every chunk and RankDone, DecodeValidate, DecodeCommit,
+then the Ack). An attempt not committed within two timeouts of its Ready, or whose
+prefill rank died, or that failed a check, or that the sender aborted: DecodeTimeout
+(the Receiver gives back its blocks, fences its late chunks and answers a Nack).
 
 A killed decode worker comes back as a new process, a new incarnation with empty pools
 (the router starts it); what the old one held is gone with it (the router retries those
@@ -25,15 +25,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from refimpl.api import KVGeometry, State, channels
 from refimpl.cluster.control import Message
-from refimpl.cluster.kvpath import RAW_TAG, DecodeKV, Incoming, data_tag
+from refimpl.cluster.ends import decode_end, held, sent_bytes
+from refimpl.cluster.link import RAW_TAG, Link, is_link_message
 from refimpl.cluster.worker import Base, WorkerArgs
-from refimpl.errors import OwnershipError
+from refimpl.errors import CapacityError
 from refimpl.model import PagedKV
+
+VOID = 1 << 62  # a fence above every epoch: a finished request's late chunks go
+
+
+@dataclass
+class Pending:
+    """A handoff the Receiver is taking (what the leader's "handoff" said)."""
+
+    epoch: int
+    first: int
+    steps: int
+    cancel_step: int | None
+    deadline: float = 0.0  # set at DecodeReserve
+    t_ready: float = 0.0
 
 
 @dataclass
@@ -52,133 +67,117 @@ class Running:
 class DecodeWorker(Base):
     def __init__(self, a: WorkerArgs) -> None:
         super().__init__(a)
-        self.kv = DecodeKV(self.spec.model(), self.spec.block_size, a.capacity)
+        self.model = self.spec.model()
+        self.link = Link(self.ch, self.pairs, self.route, self.wait)
+        self.w, self.rx = decode_end(self.model, self.spec.block_size, a.capacity, self.link)
+        self.alloc = self.w.rp.alloc
+        self.pending: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
-        self.backlog: list[Message] = []
         self.prefill_down = False
         self.raw_posted: set[int] = set()
         self.raw_sizes: list[list[int]] | None = None
 
-    def loop(self) -> None:
-        while not self.stop:
-            msgs, self.backlog = self.backlog + self.ch.poll(), []
-            for m in msgs:
-                self.handle(m)
-            busy = self.step()
-            if not msgs and not busy:
-                time.sleep(0.001)
+    def route(self, channel: str) -> str:
+        """An API channel's process: replies go to source rank r (``>tx{r}``)."""
+        head, sep, tail = channel.rpartition(">tx")
+        if not sep or not (tail == "" or tail.isdigit()) or int(tail or 0) >= self.a.prefill_tp:
+            raise ValueError(f"channel {channel!r} routes to no prefill rank of this cluster")
+        return f"p{int(tail or 0)}"
 
     def handle(self, m: Message) -> None:
+        if is_link_message(m):
+            self.link.deliver(m)
+            return
         getattr(self, f"on_{m['kind']}")(m)
 
     # ------------------------------------------------------------------ handoff
     def on_handoff(self, m: Message) -> None:
-        rid, epoch = m["rid"], int(m["epoch"])
-        if self.prefill_down:
-            return  # its sender is gone; the router fails the request
-        try:
-            man = self.kv.accept(m["manifest"])
-        except OwnershipError as e:
-            self.ch.send("p0", "nack", rid=rid, epoch=epoch, reason=f"manifest: {e}")
-            return
-        room = int(m["steps"]) + 1
-        if not self.kv.can_reserve(man, room):
-            self.event("DecodeReject", rid, msg="Handoff", epoch=epoch, idx=0)
-            self.ch.send("p0", "nack", rid=rid, epoch=epoch, reason="no room on decode")
-            return
-        inc = self.kv.reserve(man, room)
-        self.event("DecodeReserve", rid, msg="Handoff", epoch=epoch, idx=0)
-        t_ready = time.perf_counter()
-        self.ch.send("p0", "ready", rid=rid, epoch=epoch)
-        stats, why = self.receive(inc, t_ready)
-        if why is not None:
-            self.event("DecodeTimeout", rid)
-            self.kv.abort(rid)
-            self.ch.send("p0", "nack", rid=rid, epoch=epoch, reason=why)
-            return
-        self.event("DecodeCommit", rid)
-        self.ch.send("p0", "ack", rid=rid, epoch=epoch)
-        stats["commit"] = time.perf_counter()
-        stats = {k: v - t_ready for k, v in stats.items()}
-        stats["bytes"] = float(self.kv.rank_bytes(inc) * man.src_tp)
-        self.report("committed", rid=rid, stats=stats)
-        first = int(m["first"])
+        rid = m["rid"]
+        if self.prefill_down or rid in self.running:
+            return  # its sender is gone (the router fails the request), or a duplicate
+        if rid in self.pending and not self.rx.state(rid).final:
+            self.end(rid, "superseded by a newer attempt")
+        self.rx.forget(rid)
         cs = m.get("cancel_step")
+        p = Pending(
+            int(m["epoch"]), int(m["first"]), int(m["steps"]), None if cs is None else int(cs)
+        )
+        self.rx.expect(rid, decode_room=p.steps + 1)
+        self.pending[rid] = p
+
+    def poll_handoffs(self) -> bool:
+        """Let the Receiver read each handoff's messages; log what it did, then answer."""
+        moved = False
+        for rid in list(self.pending):
+            p, was = self.pending[rid], self.rx.state(rid)
+            moved |= self.rx.poll(rid) > 0
+            now = self.rx.state(rid)
+            if was is State.WAITING and now is not State.WAITING and now is not State.REFUSED:
+                self.event("DecodeReserve", rid, msg="Handoff", epoch=p.epoch, idx=0)
+                p.deadline = time.monotonic() + 2 * self.a.timeout_s
+                p.t_ready = time.perf_counter()
+            if now is State.REFUSED:
+                if isinstance(self.rx.error(rid), CapacityError):
+                    self.event("DecodeReject", rid, msg="Handoff", epoch=p.epoch, idx=0)
+                self.forget(rid)
+            elif now is State.DONE:
+                self.commit(rid, p)
+            elif now is State.ABORTED:
+                self.event("DecodeTimeout", rid)
+                self.forget(rid)
+            elif now is State.RECEIVING and time.monotonic() > p.deadline:
+                self.end(rid, f"not committed within {2 * self.a.timeout_s}s of its ready")
+            self.link.flush()  # the answer goes out after the events that explain it
+        return moved
+
+    def commit(self, rid: str, p: Pending) -> None:
+        """The Receiver committed (its Ack is queued): the events, then decoding."""
+        got = self.rx.result(rid)
+        m, t = got.manifest, time.perf_counter()
+        n = len(m.sent_blocks)
+        for r in range(m.src_tp):
+            for j in range(n):
+                self.event("DecodeReceiveChunk", rid, msg="Chunk", epoch=m.epoch, idx=r * n + j)
+            self.event("DecodeReceiveDone", rid, msg="RankDone", epoch=m.epoch, idx=r)
+        self.event("DecodeValidate", rid)
+        self.event("DecodeCommit", rid)
+        del self.pending[rid]
+        # Receiving, verifying and committing are one Receiver.poll: its start and end.
+        stats = {"rankdone": t, "data": t, "verified": t, "commit": time.perf_counter()}
+        stats = {k: v - p.t_ready for k, v in stats.items()}
+        stats["bytes"] = float(sent_bytes(KVGeometry.from_manifest_source(m), n))
+        self.report("committed", rid=rid, stats=stats)
         self.running[rid] = Running(
-            rid, self._store, [first], man.num_tokens, int(m["steps"]), stats=stats,
-            cancel_step=None if cs is None else int(cs),
+            rid, self.w.store(got.blocks, m.num_tokens), [p.first], m.num_tokens, p.steps,
+            stats=stats, cancel_step=p.cancel_step,
         )  # fmt: skip
 
-    def receive(self, inc: Incoming, t_ready: float) -> tuple[dict[str, float], str | None]:
-        """Every rank's RankDone (each posts that rank's receive), its bytes, verified,
-        staged and committed; or why not, within the timeout."""
-        m, tp = inc.m, inc.m.src_tp
-        rid, size = m.request_id, self.kv.rank_bytes(inc)
-        sums: dict[int, list[str]] = {}
-        bufs: dict[int, torch.Tensor] = {}
-        works: dict[int, Any] = {}
-        deadline = time.monotonic() + self.a.timeout_s
-        stats: dict[str, float] = {}
-        while len(sums) < tp:
-            if time.monotonic() > deadline:
-                return stats, f"RankDone missing from ranks {sorted(set(range(tp)) - set(sums))}"
-            got = self.ch.poll()
-            for msg in got:
-                kind = msg["kind"]
-                if kind == "rankdone" and msg["rid"] == rid and msg["epoch"] == m.epoch:
-                    r = int(msg["rank"])
-                    if int(msg["nbytes"]) != size:
-                        return stats, f"rank {r} sends {msg['nbytes']} bytes, expected {size}"
-                    sums[r] = list(msg["sums"])
-                    bufs[r] = torch.empty(size, dtype=torch.uint8)
-                    works[r] = self.pairs.irecv(f"p{r}", bufs[r], data_tag(rid, m.epoch))
-                elif kind == "rankdone":
-                    self.on_rankdone(msg)
-                elif kind == "dead" and msg["who"].startswith("p"):
-                    self.learned(msg)
-                    self.backlog.append(msg)
-                    return stats, f"prefill rank {msg['who']} died"
-                else:
-                    self.backlog.append(msg)
-            if not got:
-                time.sleep(0.0005)
-        stats["rankdone"] = time.perf_counter()
-        for r in range(tp):
-            if works[r] is None or not self.wait(works[r]):
-                return stats, f"rank {r}'s bytes did not arrive (peer dead or timeout)"
-        stats["data"] = time.perf_counter()
-        try:
-            for r in range(tp):
-                self.kv.land(inc, r, bufs[r], sums[r])
-            self.kv.validate(inc, sums)
-        except OwnershipError as e:
-            return stats, f"verification failed: {e}"
-        stats["verified"] = time.perf_counter()
-        n = len(inc.stage_ids)
-        for r in range(tp):
-            for j in range(n):
-                self.event(
-                    "DecodeReceiveChunk", m.request_id, msg="Chunk", epoch=m.epoch, idx=r * n + j
-                )
-            self.event("DecodeReceiveDone", m.request_id, msg="RankDone", epoch=m.epoch, idx=r)
-        self.event("DecodeValidate", m.request_id)
-        self._store = self.kv.commit(inc)
-        return stats, None
+    def end(self, rid: str, why: str) -> None:
+        """DecodeTimeout: the Receiver aborts (blocks back, late chunks fenced, a Nack)."""
+        self.rx.abort(rid, why)
+        self.event("DecodeTimeout", rid)
+        self.forget(rid)
+
+    def forget(self, rid: str) -> None:
+        """The attempt ended here (a retry, at the next epoch, is still taken)."""
+        self.pending.pop(rid, None)
+        self.rx.forget(rid)
 
     # ------------------------------------------------------------------ decoding
     def step(self) -> bool:
+        busy = self.link.retire()
+        busy |= self.poll_handoffs()
         for r in list(self.running.values()):
             if r.cancel_step is not None and r.done >= r.cancel_step and not r.cancelled:
                 self.event("ClientCancel", r.rid)  # the client's cancel, at its planned step
                 r.cancelled = True
             if r.cancelled and self.a.mutant != "cancel_ignored":
                 self.event("DecodeAbort", r.rid)
-                self.kv.finish(r.rid)
-                del self.running[r.rid]
+                self.finish(r.rid)
                 self.report("outcome", rid=r.rid, outcome="cancelled", reason="cancelled on decode")
                 continue
             if r.steps > 0:
-                logits = self.kv.model.decode_step(r.tokens[-1], r.position, r.store)
+                logits = self.model.decode_step(r.tokens[-1], r.position, r.store)
                 r.tokens.append(int(logits.argmax()))
                 r.position += 1
                 r.steps -= 1
@@ -186,10 +185,16 @@ class DecodeWorker(Base):
                 self.event("DecodeStep", r.rid)
                 continue
             self.event("DecodeFinish", r.rid)
-            self.kv.finish(r.rid)
-            del self.running[r.rid]
+            self.finish(r.rid)
             self.report("outcome", rid=r.rid, outcome="finished", tokens=r.tokens, stats=r.stats)
-        return bool(self.running)
+        return busy or bool(self.running)
+
+    def finish(self, rid: str) -> None:
+        """The request is over here: its blocks, its record and its late messages go."""
+        self.alloc.free(rid)
+        del self.running[rid]
+        self.forget(rid)
+        self.link.fence(channels(rid).to_receiver, VOID)
 
     def on_cancel(self, m: Message) -> None:
         r = self.running.get(m["rid"])
@@ -197,22 +202,17 @@ class DecodeWorker(Base):
             self.event("ClientCancel", r.rid)
             r.cancelled = True
 
-    def on_rankdone(self, m: Message) -> None:
-        """The RankDone of an attempt that ended here (fenced): its bytes are received
-        into scratch and dropped, so that the sender's posted send completes."""
-        src = int(m["rank"])
-        if f"p{src}" in self.dead:
-            return
-        scratch = torch.empty(int(m["nbytes"]), dtype=torch.uint8)
-        work = self.pairs.irecv(f"p{src}", scratch, data_tag(m["rid"], int(m["epoch"])))
-        if work is not None:
-            self.wait(work)
-
     # ------------------------------------------------------------------ the router
     def on_dead(self, m: Message) -> None:
         self.learned(m)
         self.dead.add(m["who"])
         if m["who"].startswith("p"):
+            for rid in list(self.pending):  # its attempts cannot complete
+                if self.rx.state(rid) is State.RECEIVING:
+                    self.end(rid, f"prefill rank {m['who']} died")
+                else:
+                    self.forget(rid)
+            self.link.flush()
             self.prefill_down = True
             self.report("settled", lc=self.log.lc)
 
@@ -252,7 +252,7 @@ class DecodeWorker(Base):
     def on_shutdown(self, m: Message) -> None:
         integrity: str | None = None
         try:
-            self.kv.alloc.check_integrity()
+            self.alloc.check_integrity()
         except Exception as e:  # noqa: BLE001 (reported to the router as text)
             integrity = str(e)
-        self.bye(self.kv.held(), integrity)
+        self.bye(held(self.alloc), integrity)

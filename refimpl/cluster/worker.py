@@ -80,15 +80,14 @@ def proc_name(role: str, rank: int) -> str:
 
 
 def peers_of(a: WorkerArgs) -> tuple[str, ...]:
-    """Who may send to this process: the router; the prefill leader hears its other
-    ranks and every decode worker; another prefill rank hears the leader only; a decode
-    worker hears every prefill rank (decode workers never talk to each other)."""
+    """Who may send to this process: the router; a prefill rank hears the other ranks
+    (the leader's control, a sibling Sender's abort) and every decode worker (each
+    Receiver answers every source rank); a decode worker hears every prefill rank
+    (decode workers never talk to each other)."""
     if a.role == "decode":
         names = [ROUTER, *prefill_names(a.prefill_tp)]
-    elif a.rank == 0:
-        names = [ROUTER, *prefill_names(a.prefill_tp), *decode_names(a.decode_workers)]
     else:
-        names = [ROUTER, "p0"]
+        names = [ROUTER, *prefill_names(a.prefill_tp), *decode_names(a.decode_workers)]
     return tuple(n for n in names if n != a.name)
 
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from refimpl.api import State, channels
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, ControlFaults, serve_store
+from refimpl.cluster.ends import decode_end, held, prefill_end
 from refimpl.cluster.faults import Kill, parse_kill
-from refimpl.cluster.kvpath import DecodeKV, PrefillKV
 from refimpl.cluster.router import ClusterConfig
 from refimpl.cluster.workload import ModelSpec, make_requests, reference_tokens
 from refimpl.errors import ChecksumError
+from refimpl.model import decode
+from refimpl.transport import Fault, InProcessTransport
 
 
 def test_kill_specs() -> None:
@@ -79,34 +83,45 @@ def test_merge_orders_by_clock_and_projects_requests() -> None:
     assert [e["action"] for e in per["r1"]] == ["PrefillAdmit"]  # the crash came before it
 
 
-def _handoff(epoch_sums_tamper: bool) -> tuple[bool, int, int]:
+def _handoff(flip_a_bit: bool) -> tuple[bool, int, int]:
+    """The cluster's two ends (``refimpl.cluster.ends``: one ``Sender(rank=r)`` per
+    prefill rank process, one ``Receiver`` on decode) over an in-process transport."""
     spec = ModelSpec()
     model = spec.model()
     req = make_requests(1, spec, seed=5)[0]
-    ranks = [PrefillKV(model, 2, r, spec.block_size, 8) for r in range(2)]
-    dec = DecodeKV(model, spec.block_size, 16)
-    first = [p.prefill(req.rid, req.prompt) for p in ranks][0]
-    sums = [p.freeze(req.rid, 1) for p in ranks]
-    man = dec.accept(ranks[0].manifest(req.rid, 1, req.prompt, sums).to_json_dict())
-    inc = dec.reserve(man, req.steps + 1)
-    data = [p.payload(req.rid, 1).clone() for p in ranks]
-    if epoch_sums_tamper:
-        data[1][0] ^= 1  # one bit of rank 1's first block
-        with pytest.raises(ChecksumError, match="rank 1 block 0"):
-            dec.land(inc, 1, data[1], sums[1])
-        assert dec.held() > 0  # reserved, nothing installed; the caller aborts
-        dec.abort(req.rid)
-        return False, dec.held(), 0
-    for r in range(2):
-        dec.land(inc, r, data[r], sums[r])
-    dec.validate(inc, dict(enumerate(sums)))
-    store = dec.commit(inc)
-    toks = (first, *dec.decode(store, first, len(req.prompt), req.steps)[1:])
-    for p in ranks:
-        p.drop(req.rid)
-    dec.finish(req.rid)
-    dec.alloc.check_integrity()
-    return toks == reference_tokens(model, req), dec.held(), ranks[0].held()
+    t = InProcessTransport(copy_payload=True)
+    ends = [prefill_end(model, 2, r, spec.block_size, 8, t) for r in range(2)]
+    dec, rx = decode_end(model, spec.block_size, 16, t)
+    firsts = [int(w.prefill(req.rid, torch.tensor(req.prompt))[0][-1].argmax()) for w, _ in ends]
+    rx.expect(req.rid, decode_room=req.steps + 1)
+    if flip_a_bit:
+        t.inject(channels(req.rid).to_receiver, Fault.CORRUPT, skip=1)  # the first chunk
+    for _, tx in ends:
+        tx.offer(req.rid, req.prompt, epoch=1, layers=spec.layers, dst_tp=1)
+        for layer in range(spec.layers):
+            tx.send_layer(req.rid, layer)
+    for _ in range(8):
+        rx.poll(req.rid)
+        for _, tx in ends:
+            tx.poll(req.rid)
+    states = {rx.state(req.rid), *(tx.state(req.rid) for _, tx in ends)}
+    if flip_a_bit:
+        assert states == {State.ABORTED}, states
+        with pytest.raises(ChecksumError):
+            rx.result(req.rid)
+        for w, _ in ends:
+            w.rp.alloc.free(req.rid)
+        return False, held(dec.rp.alloc), held(ends[0][0].rp.alloc)
+    assert states == {State.DONE}, states
+    got = rx.result(req.rid)
+    store = dec.store(got.blocks, got.num_tokens)
+    first = firsts[0]
+    toks = (first, *decode(model, first, len(req.prompt), req.steps, store)[1][1:])
+    for w, _ in ends:
+        w.rp.alloc.free(req.rid)
+    dec.rp.alloc.free(req.rid)
+    dec.rp.alloc.check_integrity()
+    return toks == reference_tokens(model, req), held(dec.rp.alloc), held(ends[0][0].rp.alloc)
 
 
 def test_data_path_tokens_equal_reference_and_nothing_held() -> None:
