@@ -1,4 +1,4 @@
-"""Block-table fuzz of the data path: ``copy_blocks``, ``reshard`` and ``ChunkReceiver``
+"""Block-table fuzz of the data path: ``copy_blocks``, ``reshard`` and the API's ``Receiver``
 driven with non-contiguous, permuted block ids, each against an independent reading.
 
 The engine's machine hands out permuted ids too (``adapter.permute_free_lists``), but
@@ -13,27 +13,33 @@ draws those patterns directly:
                   shuffled with spare blocks: every token of every head, read back
                   slot by slot from the destination's pools through its table, equals
                   the original (and ``unshard`` returns it)
-    receiver      a snapshot of permuted source blocks sent as chunks, with a duplicate,
-                  a reorder or a corrupt one, into permuted reserved blocks of either
-                  axis order: each block
-                  the receiver installs holds exactly its source bytes, a corrupt one is
-                  never installed, and it commits only when complete
+    receiver      a handoff through ``Sender``/``Receiver`` of permuted source blocks,
+                  with a chunk lost, duplicated, reordered or corrupted, into permuted
+                  reserved blocks of either axis order behind a prefix held there: it
+                  commits exactly when nothing was lost, with every block's source
+                  bytes, else it gives back what it reserved; forged chunks of another
+                  attempt or request change nothing
 
 ``run_datapath()`` runs all three (derandomised) and returns the first failure's text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from refimpl.api import (
+    KVGeometry,
+    ModelIdentity,
+    Receiver,
+    Sender,
+    State,
+    channels,
+    read_kv,
+    write_kv,
+)
 from refimpl.blocks import BlockStatus
-from refimpl.chunks import ChunkReceiver, Snapshot, build_manifest, freeze, send_chunks
-from refimpl.errors import ChecksumError, ChunkError, StaleError
 from refimpl.pool import KVPool, PoolGeometry, copy_blocks
 from refimpl.reshard import KVLayout, allocate, reshard, unshard
 from refimpl.transport import Fault, InProcessTransport
@@ -57,6 +63,7 @@ LOCAL = LocalConfig(
     cp=1,
 )
 GEO = PoolGeometry.of_local(LOCAL)
+IDENTITY = ModelIdentity(LOCAL.model_id, LOCAL.rope)
 
 
 def _fill(pool: KVPool, seed: int) -> None:
@@ -174,72 +181,63 @@ def check_reshard(a: KVLayout, b: KVLayout, tokens: int, spare: int, data: st.Da
 def check_receiver(
     cap: int, n: int, first: int, fault: str | None, at: int, data: st.DataObject
 ) -> None:
+    """One handoff through the public API (``Sender``/``Receiver``, the one receive path)
+    from permuted source blocks into permuted reserved blocks of either axis order, the
+    receiver holding the first ``first`` blocks as its prefix, with a chunk lost,
+    duplicated, reordered or corrupted: it commits exactly when nothing was lost, then
+    every block it owns holds its source bytes; else it gives back every block it
+    reserved. Forged chunks of another attempt or request change nothing."""
     layout = data.draw(st.sampled_from(["heads_major", "tokens_major"]), label="dst layout")
-    dst_local = replace(LOCAL, layout=layout)
-    src, dst = KVPool(cap, GEO), KVPool(cap, PoolGeometry.of_local(dst_local))
-    for pool in (src, dst):
-        order = data.draw(st.permutations(range(cap)), label="free order")
-        pool.allocator._free.clear()  # noqa: SLF001 - a permuted allocation order
-        pool.allocator._free.extend(order)  # noqa: SLF001
-    blocks = src.allocator.allocate("r", n)
-    _fill(src, n * 7 + first)
-    snap = freeze(src, "r", 1, first_block=first)
-    m = build_manifest(snap, LOCAL, token_ids=range(2 * n), dst_tp=1, dst_cp=1)
-    dest = dst.allocator.reserve("r", n - first, epoch=1)
-    rx = ChunkReceiver(dst, m, dest)
-    if dest:  # a receiver for blocks of another epoch, or a wrong count, is refused
-        with_errors(lambda: ChunkReceiver(dst, replace(m, epoch=2), dest), StaleError)
-        with_errors(lambda: ChunkReceiver(dst, m, [*dest, *dest]), ChunkError)
+    src_g = KVGeometry.from_local_config(LOCAL)
+    dst_g = src_g.with_(layout=layout)
     t = InProcessTransport()
+    ps, pd = src_g.make_pools(cap), dst_g.make_pools(cap + first)
+    for alloc in (ps.alloc, pd.alloc):
+        order = data.draw(st.permutations(range(alloc.capacity)), label="free order")
+        alloc._free.clear()  # noqa: SLF001 - a permuted allocation order
+        alloc._free.extend(order)  # noqa: SLF001
+    blocks = ps.alloc.allocate("r", n)
+    _fill(ps.pools[0], n * 7 + first)
+    bs, tokens = src_g.block_size, n * src_g.block_size
+    kv = read_kv(ps, blocks, tokens)
+    prefix = pd.alloc.allocate("cache", first)
+    if first:
+        write_kv(pd, "cache", prefix, [list(x[:, :, : first * bs]) for x in kv])
+    tx, rx = Sender(ps, src_g, t, IDENTITY), Receiver(pd, dst_g, t, IDENTITY)
+    rx.expect("r", prefix=prefix, prefix_tokens=range(first * bs))
+    tx.offer("r", range(tokens), blocks=blocks, prefix_blocks=first)
+    rx.poll("r")
+    tx.poll("r")
+    ch = channels("r").to_receiver
+    chunks = t.poll(ch)
+    target = pd.alloc.blocks_of("r")
+    before = [p.kv.clone() for p in pd.pools]
+    for h, payload in chunks[:1]:  # another attempt's, another request's: fenced
+        for forged in ({**h, "epoch": h["epoch"] + 1}, {**h, "request_id": "other"}):
+            t.send(ch, forged, payload)
+        rx.poll("r")
+        assert rx.state("r") is State.RECEIVING, rx.error("r")
+        assert all(torch.equal(p.kv, b) for p, b in zip(pd.pools, before, strict=True))
     if fault is not None:
-        t.inject("d", fault, skip=min(at, max(n - first - 1, 0)))
-    send_chunks(t, "d", snap)
-    report = rx.pump(t, "d")
-    for j in report.installed:
-        want, got = src.kv[blocks[j]], dst.kv[rx.dest[j]]
-        got = got if layout == LOCAL.layout else got.transpose(2, 3)  # slots <-> heads
-        assert torch.equal(got, want), f"block {j} -> {rx.dest[j]} ({layout})"
-    assert not set(report.corrupt) & set(report.installed)
+        t.inject(ch, fault, skip=min(at, max(n - first - 1, 0)))
+    for h, payload in chunks:
+        t.send(ch, h, payload)
+    idle = 0
+    while not (rx.state("r").final and tx.state("r").final) and idle < 3:
+        idle = 0 if rx.poll("r") + tx.poll("r") else idle + 1
+    if not rx.state("r").final:  # a chunk was lost: both ends time out
+        rx.abort("r", "timeout")
+        tx.abort("r", "timeout")
     lost = fault in ("lose", "corrupt") and n > first
-    assert rx.complete == (not lost), f"complete={rx.complete} after fault {fault}"
-    _forged_chunks(rx, snap, dst)
-    if rx.complete:
-        rx.commit()
-        assert all(dst.allocator.status(b) is BlockStatus.OWNED for b in dest)
-
-
-def with_errors(fn: Callable[[], object], err: type[Exception]) -> None:
-    try:
-        fn()
-    except err:
-        return
-    raise AssertionError(f"expected {err.__name__}")
-
-
-def _forged_chunks(rx: ChunkReceiver, snap: Snapshot, dst: KVPool) -> None:
-    """Chunks that differ from a real one in one field: refused, nothing written."""
-    if not snap.payloads:
-        return
-    real = {
-        "type": "chunk",
-        "request_id": snap.request_id,
-        "epoch": snap.epoch,
-        "block_index": snap.first_block,
-        "rank": 0,
-        "checksum": snap.checksums[0],
-    }
-    before = dst.kv.clone()
-    forged: list[tuple[dict[str, object], type[Exception]]] = [
-        ({**real, "epoch": snap.epoch + 1}, StaleError),
-        ({**real, "request_id": "other"}, StaleError),
-        ({**real, "rank": 1}, ChunkError),
-        ({**real, "block_index": snap.first_block + len(snap.payloads)}, ChunkError),
-        ({**real, "block_index": snap.first_block - 1}, ChunkError),
-        ({**real, "checksum": "0" * 16}, ChecksumError),
-    ]
-    for header, err in forged:
-        with_errors(lambda h=header: rx.receive(h, snap.payloads[0]), err)  # type: ignore[misc]
-    assert torch.equal(dst.kv, before), "a refused chunk wrote bytes"
+    done = rx.state("r") is State.DONE
+    assert done == (not lost), f"state {rx.state('r')} after fault {fault}: {rx.error('r')}"
+    if done:
+        got = rx.result("r")
+        assert torch.equal(read_kv(pd, got.blocks, tokens), kv), f"{layout}, {got.blocks}"
+        assert all(pd.alloc.status(b) is BlockStatus.OWNED for b in target)
+    else:
+        assert set(pd.alloc.holders()) <= {"cache"}, pd.alloc.holders()
+    pd.alloc.check_integrity()
 
 
 _SETTINGS = settings(

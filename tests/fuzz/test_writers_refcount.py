@@ -1,7 +1,8 @@
-"""Writers with every refcount, and the receiver cancelled or aborted at every point
-(issue #27 item 3): the fuzz drove write paths only on blocks held once, and never called
-``ChunkReceiver`` after a cancel, so a check that tested ``refcount == 2`` instead of
-``> 1``, or a receiver that installed after ``cancel``, survived it.
+"""Writers with every refcount, and the receiver aborted at every point (issue #27 item
+3): the fuzz drove write paths only on blocks held once, and never called the receiver
+after an abort, so a check that tested ``refcount == 2`` instead of ``> 1``, or a
+receiver that installed after its attempt ended, survived it. The receiver is the public
+API's ``Receiver`` (the one receive path), ended by its own ``abort`` or by the sender's.
 
 Every pool write path (``write_block``, ``write_blocks``, ``write_block_bytes``, a
 ``copy_blocks`` destination) is driven on a block held by its owner alone (refcount 1: the
@@ -19,12 +20,14 @@ from itertools import combinations
 import pytest
 import torch
 
+from refimpl.api import State
 from refimpl.blocks import BlockStatus
 from refimpl.checksum import byte_view
-from refimpl.chunks import ChunkReceiver, freeze, send_chunks
-from refimpl.errors import CancelledError, FrozenError, IncompleteError, OwnerError
+from refimpl.chunks import freeze
+from refimpl.errors import CancelledError, FrozenError, IncompleteError, InUseError, OwnerError
 from refimpl.pool import KVPool, PoolGeometry, copy_blocks
-from tests.refimpl.test_transport_chunks import DATA, LOCAL, World, receiver, start, world
+from tests.library.lib_helpers import held
+from tests.refimpl.test_transport_chunks import LOCAL, deliver, sent
 
 HOLDERS = ("r#pfx", "pin", "r@store")  # a prefix share, a transfer's pin, a store
 SETS = [c for k in range(len(HOLDERS) + 1) for c in combinations(HOLDERS, k)]
@@ -77,51 +80,37 @@ def test_a_write_lands_only_on_a_block_held_once(writer: str, holders: tuple[str
     pool.allocator.check_integrity()
 
 
-def _sent(w: World) -> ChunkReceiver:
-    snap, _ = start(w)
-    rx = receiver(w)
-    send_chunks(w.t, DATA, snap)
-    return rx
-
-
-@pytest.mark.parametrize("end", ["cancel", "abort"])
-@pytest.mark.parametrize("point", [0, 1, 2, 3])  # chunks installed before the end
+@pytest.mark.parametrize("end", ["receiver abort", "sender abort"])
+@pytest.mark.parametrize("point", [0, 1, 2])  # chunks installed before the end
 def test_the_receiver_ends_at_every_point(end: str, point: int) -> None:
-    """Install ``point`` of the 3 chunks, then cancel or abort: no later chunk lands, no
-    commit happens, and an abort gives every reserved block back to the pool."""
-    w = world()
-    rx = _sent(w)
-    chunks = w.t.poll(DATA)
-    free0 = w.dst.allocator.num_free + len(rx.dest)
-    for header, payload in chunks[:point]:
-        assert rx.receive(header, payload)
-    installed = {i: w.dst.kv[rx.dest[i]].clone() for i in rx.installed}
-    freed = rx.abort() if end == "abort" else (rx.cancel() or [])
-    rest = [rx.dest[i] for i in sorted(rx.dest) if i not in installed]
-    rest_bytes = [w.dst.kv[b].clone() for b in rest]
-    for header, payload in chunks:  # every chunk again, the installed ones included
-        with pytest.raises(CancelledError):
-            rx.receive(header, payload)
-    with pytest.raises(CancelledError):
-        rx.commit()
-    assert all(torch.equal(w.dst.kv[b], x) for b, x in zip(rest, rest_bytes, strict=True))
-    if end == "abort":
-        assert sorted(freed) == sorted(rx.dest.values())
-        assert w.dst.allocator.num_free == free0
-        assert all(w.dst.allocator.status(b) is BlockStatus.FREE for b in rx.dest.values())
+    """Install ``point`` of the 3 chunks, then end the attempt: every reserved block goes
+    back to the pool, and no chunk delivered after the end (all of them again) lands,
+    counts or commits."""
+    p, chunks = sent(12)
+    targets = p.dst.alloc.blocks_of("r")
+    deliver(p, chunks[:point])
+    assert p.rx.state("r") is State.RECEIVING
+    if end == "receiver abort":
+        p.rx.abort("r", "cancelled")
     else:
-        assert all(w.dst.allocator.status(b) is BlockStatus.RESERVED for b in rx.dest.values())
-        assert all(torch.equal(w.dst.kv[rx.dest[i]], x) for i, x in installed.items())
-    w.dst.allocator.check_integrity()
+        p.tx.abort("r", "cancelled")
+        p.rx.poll("r")
+    assert p.rx.state("r") is State.ABORTED and held(p.dst) == {}
+    assert all(p.dst.alloc.status(b) is BlockStatus.FREE for b in targets)
+    before = p.dst.pools[0].kv[torch.tensor(targets)].clone()
+    deliver(p, chunks)  # every chunk again, those installed before the end included
+    assert p.rx.state("r") is State.ABORTED and held(p.dst) == {}
+    assert torch.equal(p.dst.pools[0].kv[torch.tensor(targets)], before)  # nothing landed after the end
+    with pytest.raises(CancelledError):
+        p.rx.result("r")
 
 
 @pytest.mark.parametrize("point", [0, 1, 2])
 def test_an_incomplete_receiver_never_commits_and_its_blocks_cannot_be_shared(point: int) -> None:
-    w = world()
-    rx = _sent(w)
-    for header, payload in w.t.poll(DATA)[:point]:
-        rx.receive(header, payload)
-    with pytest.raises(IncompleteError):
-        rx.commit()
+    p, chunks = sent(12)
+    deliver(p, chunks[:point])
+    assert p.rx.state("r") is State.RECEIVING
+    with pytest.raises(InUseError, match="not finished"):
+        p.rx.result("r")
     with pytest.raises(IncompleteError):  # a reserved block is not a prefix to share
-        w.dst.allocator.incref("r2#pfx", [rx.dest[0]])
+        p.dst.alloc.incref("r2#pfx", [p.dst.alloc.blocks_of("r")[0]])

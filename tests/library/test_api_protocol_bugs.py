@@ -12,8 +12,7 @@ import torch
 
 from refimpl import KVGeometry, State, channels, handoff, read_kv, write_kv
 from refimpl.checksum import bytes_checksum
-from refimpl.chunks import ChunkReceiver
-from refimpl.errors import CancelledError, ManifestError, StaleError
+from refimpl.errors import CancelledError, ManifestError
 from refimpl.transport import Fault, InProcessTransport, Payload
 from tests.library.lib_helpers import Pair, geo, held, pair, prefill
 
@@ -204,18 +203,3 @@ def test_an_epoch_that_is_not_an_int_is_fenced_everywhere(epoch: object) -> None
         p.t.send(ch, h, payload)
     p.rx.poll("r")
     assert p.rx.state("r") is State.DONE
-
-
-@pytest.mark.parametrize("epoch", [True, 1.0])
-def test_the_chunk_receiver_fences_an_epoch_that_is_not_an_int(epoch: object) -> None:
-    p = pair(geo(), geo())
-    prefill(p, "r", 10)
-    m = p.tx.offer("r", list(range(10)))
-    p.rx.poll("r")
-    p.tx.poll("r")
-    (h, payload), *_ = p.t.poll(channels("r").to_receiver)
-    pool = geo().make_pools(4).pools[0]
-    rx = ChunkReceiver(pool, m, pool.allocator.reserve("r", 3, epoch=1))
-    with pytest.raises(StaleError, match="epoch"):
-        rx.receive({**h, "epoch": epoch}, payload)
-    assert rx.receive(h, payload) is True

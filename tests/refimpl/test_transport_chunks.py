@@ -1,35 +1,21 @@
-"""The chunked data path on small real tensors: verify before install, fence, cancel."""
+"""The chunked data path's parts on small real tensors (freeze pins, ``send_chunks``, the
+transport carries JSON and bytes only, offload and reload through a host pool), and the
+public API's receiving end (``refimpl.api.Receiver``, the one receive path) where a peer
+sends what it must not: a manifest whose every block the receiver already holds, a
+hostile manifest, a chunk of a rank the manifest does not name."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from refimpl.blocks import BlockStatus
-from refimpl.chunks import (
-    ChunkReceiver,
-    Snapshot,
-    accept_manifest,
-    build_manifest,
-    freeze,
-    release,
-    send_chunks,
-    send_manifest,
-)
-from refimpl.errors import (
-    CancelledError,
-    ChecksumError,
-    ChunkError,
-    FrozenError,
-    IncompleteError,
-    InUseError,
-    ManifestError,
-    OwnerError,
-    StaleError,
-)
+from refimpl.api import State, channels, read_kv, write_kv
+from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
+from refimpl.errors import ChunkError, FrozenError, ManifestError, OwnerError
 from refimpl.pool import KVPool, PoolGeometry, copy_blocks
-from refimpl.transport import Fault, InProcessTransport
+from refimpl.transport import InProcessTransport
 from spec.manifest import LocalConfig, Manifest, RopeConfig
+from tests.library.lib_helpers import Pair, geo, held, pair, prefill
 
 LOCAL = LocalConfig(
     model_id="tiny",
@@ -45,7 +31,7 @@ LOCAL = LocalConfig(
     tp=1,
     cp=1,
 )
-CTRL, DATA = "r/ctrl", "r/data"
+DATA = "r/data"
 
 
 @dataclass
@@ -70,42 +56,24 @@ def start(w: World, epoch: int = 1, first_block: int = 0) -> tuple[Snapshot, Man
     snap = freeze(w.src, "r", epoch, first_block=first_block)
     tokens = 4 * len(w.src_blocks)
     m = build_manifest(snap, LOCAL, token_ids=range(tokens), dst_tp=1, dst_cp=1)
-    send_manifest(w.t, CTRL, m)
     return snap, m
 
 
-def offer(w: World, channel: str = "data") -> tuple[Snapshot, Manifest]:
-    """``start`` (epoch 1), then every chunk sent on ``channel``."""
-    snap, m = start(w)
-    send_chunks(w.t, channel, snap)
-    return snap, m
+def sent(tokens: int = 10, **dst: object) -> tuple[Pair, list[tuple[dict, bytes]]]:
+    """An API pair: "r" offered, the manifest taken (blocks reserved), the ready read;
+    returns the chunks the sender sent, taken off the wire (the caller delivers them)."""
+    p = pair(geo(), geo(**dst))
+    prefill(p, "r", tokens)
+    p.tx.offer("r", list(range(tokens)))
+    p.rx.poll("r")
+    p.tx.poll("r")
+    return p, p.t.poll(channels("r").to_receiver)
 
 
-def receiver(w: World, epoch: int = 1, local: LocalConfig = LOCAL) -> ChunkReceiver:
-    [(header, _)] = w.t.poll(CTRL)
-    m, verdict = accept_manifest(header, local)
-    dest = w.dst.allocator.reserve("r", len(m.sent_blocks), epoch=epoch)
-    return ChunkReceiver(w.dst, m, dest)
-
-
-def dest_bytes(w: World, rx: ChunkReceiver) -> torch.Tensor:
-    return w.dst.kv[[rx.dest[i] for i in sorted(rx.dest)]]
-
-
-def test_handoff_installs_exact_bytes_then_source_is_released() -> None:
-    w = world()
-    snap, _ = start(w)
-    rx = receiver(w)
-    assert send_chunks(w.t, DATA, snap) == 3
-    report = rx.pump(w.t, DATA)
-    assert report.installed == [0, 1, 2] and rx.complete
-    assert rx.commit() == [0, 1, 2]
-    assert all(w.dst.allocator.status(b) is BlockStatus.OWNED for b in range(3))
-    assert torch.equal(dest_bytes(w, rx), w.src.kv[w.src_blocks])
-    assert w.src.allocator.free("r") == []  # the pin still holds the source
-    assert release(w.src, snap) == [0, 1, 2]
-    w.src.allocator.check_integrity()
-    w.dst.allocator.check_integrity()
+def deliver(p: Pair, chunks: list[tuple[dict, bytes]]) -> None:
+    for header, payload in chunks:
+        p.t.send(channels("r").to_receiver, header, payload)
+    p.rx.poll("r")
 
 
 def test_frozen_source_refuses_writes_until_released() -> None:
@@ -117,156 +85,11 @@ def test_frozen_source_refuses_writes_until_released() -> None:
     w.src.write_block("r", 0, torch.zeros(w.src.geometry.block_shape).half())
 
 
-def test_corrupt_chunk_is_refused_before_install_and_retransmit_completes() -> None:
-    w = world()
-    snap, _ = start(w)
-    rx = receiver(w)
-    w.t.inject(DATA, Fault.CORRUPT, skip=1)  # flip a byte of block 1 in transit
-    send_chunks(w.t, DATA, snap)
-    report = rx.pump(w.t, DATA)
-    assert report.corrupt == [1] and report.installed == [0, 2]
-    assert torch.count_nonzero(w.dst.kv[rx.dest[1]]) == 0  # nothing landed
-    with pytest.raises(ChecksumError, match=r"blocks \[1\] arrived corrupt"):
-        rx.commit()
-    send_chunks(w.t, DATA, snap)  # resend: blocks 0 and 2 are duplicates
-    report = rx.pump(w.t, DATA)
-    assert report.installed == [1] and report.duplicates == 2
-    rx.commit()
-    assert torch.equal(dest_bytes(w, rx), w.src.kv[w.src_blocks])
-
-
-def test_stale_epoch_chunks_are_dropped() -> None:
-    w = world()
-    old = freeze(w.src, "r", epoch=0)  # an aborted earlier attempt, still sending
-    snap, _ = start(w, epoch=1)
-    rx = receiver(w, epoch=1)
-    send_chunks(w.t, DATA, old)
-    report = rx.pump(w.t, DATA)
-    assert report.stale == 3 and report.installed == [] and rx.missing() == [0, 1, 2]
-    assert torch.count_nonzero(dest_bytes(w, rx)) == 0
-    with pytest.raises(StaleError):
-        ChunkReceiver(w.dst, replace(rx.manifest, epoch=0), list(rx.dest.values()))
-    release(w.src, old)
-    release(w.src, snap)
-    w.src.allocator.check_integrity()
-
-
-def test_cancellation_between_chunks_stops_install() -> None:
-    w = world()
-    snap, _ = start(w)
-    rx = receiver(w)
-    send_chunks(w.t, DATA, snap)
-    asked = iter([False, True, True])  # cancelled after the first chunk was handled
-    report = rx.pump(w.t, DATA, is_cancelled=lambda: next(asked))
-    assert report.installed == [0] and report.discarded == 2 and rx.cancelled
-    assert torch.count_nonzero(w.dst.kv[rx.dest[1]]) == 0
-    with pytest.raises(CancelledError):
-        rx.commit()
-    with pytest.raises(CancelledError):  # sticky
-        rx.receive({"request_id": "r", "epoch": 1, "block_index": 1}, snap.payloads[1])
-    # Cleanup: destination blocks wait in quarantine until the writer is proven stopped.
-    assert w.dst.allocator.quarantine("r") == [0, 1, 2]
-    assert w.t.abort(DATA) == 0
-    assert w.dst.allocator.unquarantine_and_free("r", epoch=1) == [0, 1, 2]
-    w.dst.allocator.check_integrity()
-
-
 def test_sender_stops_sending_once_cancelled() -> None:
     w = world()
     snap, _ = start(w)
-    assert send_chunks(w.t, DATA, snap, is_cancelled=lambda: w.t.stats["sent"] >= 2) == 1
-
-
-def test_duplicate_reorder_and_loss() -> None:
-    w = world()
-    snap, _ = start(w)
-    rx = receiver(w)
-    w.t.inject(DATA, Fault.DUPLICATE)
-    w.t.inject(DATA, Fault.REORDER)
-    w.t.inject(DATA, Fault.LOSE)
-    send_chunks(w.t, DATA, snap)
-    report = rx.pump(w.t, DATA)  # 0 twice; 1 held back, 2 lost, so 1 arrives late
-    assert report.installed == [0, 1] and report.duplicates == 1
-    assert w.t.stats["lost"] == 1 and rx.missing() == [2]
-    with pytest.raises(IncompleteError, match=r"\[2\]"):
-        rx.commit()
-
-
-def test_reordered_chunks_all_install() -> None:
-    w = world()
-    snap, _ = start(w)
-    rx = receiver(w)
-    w.t.inject(DATA, Fault.REORDER)
-    send_chunks(w.t, DATA, snap)
-    assert rx.pump(w.t, DATA).installed == [1, 0, 2]
-    rx.commit()
-    assert torch.equal(dest_bytes(w, rx), w.src.kv[w.src_blocks])
-
-
-def test_full_prefix_hit_sends_zero_blocks_and_still_commits() -> None:
-    w = world()
-    snap, m = start(w, first_block=3)
-    assert m.prefix_blocks == 3 and m.block_checksums == ()
-    rx = receiver(w)
-    assert send_chunks(w.t, DATA, snap) == 0 and rx.complete
-    assert rx.commit() == []
-
-
-def test_suffix_only_after_prefix() -> None:
-    w = world()
-    snap, m = start(w, first_block=2)
-    rx = receiver(w)
-    send_chunks(w.t, DATA, snap)
-    assert rx.pump(w.t, DATA).installed == [2]
-    rx.commit()
-    assert torch.equal(w.dst.kv[rx.dest[2]], w.src.kv[w.src_blocks[2]])
-
-
-def test_layout_conversion_at_install() -> None:
-    tokens_major = replace(LOCAL, layout="tokens_major")
-    w = world(dst_local=tokens_major)
-    snap, _ = start(w)
-    rx = receiver(w, local=tokens_major)
-    send_chunks(w.t, DATA, snap)
-    rx.pump(w.t, DATA)
-    rx.commit()
-    assert torch.equal(dest_bytes(w, rx).transpose(3, 4), w.src.kv[w.src_blocks])
-
-
-def test_incompatible_or_hostile_manifest_installs_nothing() -> None:
-    w = world()
-    start(w)
-    [(header, _)] = w.t.poll(CTRL)
-    with pytest.raises(ManifestError) as info:
-        accept_manifest(
-            header, replace(LOCAL, model_id="other", head_dim=16, rope=RopeConfig(10000.0, 16))
-        )
-    assert [r.split(":")[0] for r in info.value.reasons] == [
-        "model_id",
-        "head_dim",
-        "rope.rotary_dim",
-    ]
-    header["manifest"]["dtype"] = "float17"
-    del header["manifest"]["epoch"]
-    with pytest.raises(ManifestError) as info:
-        accept_manifest(header, LOCAL)
-    assert len(info.value.reasons) == 2 and info.value.prop == "ManifestGate"
-    assert w.dst.allocator.counts()["free"] == 6
-
-
-def test_receiver_refuses_unreserved_blocks_and_foreign_ranks() -> None:
-    w = world()
-    snap, m = start(w)
-    w.dst.allocator.allocate("r", 3, epoch=1)  # owned, not reserved
-    with pytest.raises(InUseError):
-        ChunkReceiver(w.dst, m, [0, 1, 2])
-    dest = w.dst.allocator.reserve("r", 3, epoch=1)
-    rx = ChunkReceiver(w.dst, m, dest)
-    send_chunks(w.t, DATA, snap, rank=1)
-    assert rx.pump(w.t, DATA).malformed == 3
-    with pytest.raises(ChunkError) as info:
-        rx.receive({"request_id": "r", "epoch": 1, "block_index": 0, "rank": 1}, snap.payloads[0])
-    assert info.value.prop == "RankAgreement"
+    assert send_chunks(w.t, DATA, snap, is_cancelled=lambda: w.t.stats["sent"] >= 1) == 1
+    assert len(w.t.poll(DATA)) == 1
 
 
 def test_only_json_crosses_the_transport() -> None:
@@ -303,3 +126,48 @@ def test_offload_reload_round_trip_through_host_pool() -> None:
     assert torch.equal(w.src.kv[back], before)
     w.src.allocator.check_integrity()
     host.allocator.check_integrity()
+
+
+def test_full_prefix_hit_sends_zero_blocks_and_still_commits() -> None:
+    """Every block of the request is a prefix the receiver holds: no chunk, a commit."""
+    p = pair(geo(), geo())
+    kv = prefill(p, "r", 8)
+    mine = p.dst.alloc.allocate("cache", 2)
+    write_kv(p.dst, "cache", mine, [list(layer) for layer in kv])
+    p.rx.expect("r", prefix=mine, prefix_tokens=list(range(8)))
+    m = p.tx.offer("r", list(range(8)), prefix_blocks=2)
+    assert m.prefix_blocks == 2 and m.block_checksums == ()
+    for _ in range(3):
+        p.rx.poll("r")
+        p.tx.poll("r")
+    assert p.tx.stats("r") == (0, 0) and p.rx.state("r") is State.DONE
+    got = p.rx.result("r")
+    assert list(got.blocks) == mine and torch.equal(read_kv(p.dst, got.blocks, 8), kv)
+
+
+def test_a_hostile_manifest_is_refused_with_every_reason_and_reserves_nothing() -> None:
+    p = pair(geo(), geo())
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    ch = channels("r").to_receiver
+    [(header, _)] = p.t.poll(ch)
+    header["manifest"]["dtype"] = "float17"
+    del header["manifest"]["num_tokens"]
+    p.t.send(ch, header)
+    p.rx.poll("r")
+    assert p.rx.state("r") is State.REFUSED and held(p.dst) == {}
+    err = p.rx.error("r")
+    assert isinstance(err, ManifestError) and err.prop == "ManifestGate"
+    assert {r.split(":")[0] for r in err.reasons} >= {"dtype", "num_tokens"}, err.reasons
+    p.tx.poll("r")
+    assert p.tx.state("r") is State.REFUSED and held(p.src) == {"owned": 3}
+
+
+def test_a_chunk_of_a_rank_the_manifest_does_not_name_aborts_by_name() -> None:
+    p, chunks = sent()
+    (header, payload), *_ = chunks
+    deliver(p, [({**header, "rank": 1}, payload)])
+    err = p.rx.error("r")
+    assert p.rx.state("r") is State.ABORTED and isinstance(err, ChunkError)
+    assert err.prop == "RankAgreement" and "rank 1" in str(err)
+    assert held(p.dst) == {}
