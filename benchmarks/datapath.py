@@ -1,6 +1,7 @@
 """Data-path ratios, measured side by side in one run on the seed's 64 MiB KV.
 
-(a) handoff_over_copy    a full P/D handoff through the refimpl primitives (freeze + pin,
+(a) handoff_over_copy    a full P/D handoff through the public API (``refimpl.api``:
+                         ``handoff()`` of a ``Sender`` and a ``Receiver``: freeze + pin,
                          checksum, manifest, chunked send over the in-process transport,
                          verify, install, commit, release) against one raw ``copy_`` of
                          the same bytes; goal >= 0.8 on CPU
@@ -9,8 +10,8 @@
 (c) checksum_gib_s       xxh3-64 over the pool's blocks; goal >= 10 GiB/s
 
 A ratio is raw time / path time, from medians of interleaved rounds, so drift on a busy
-machine hits both sides alike. The handoff step is a plug-in (``HANDOFFS``): once
-refimpl/engine/core.py exists, add an entry that drives the engine's actions instead.
+machine hits both sides alike. The handoff step is a plug-in (``HANDOFFS``); the
+engine's own handoff is measured by ``benchmarks/engine_handoff.py``.
 
     python benchmarks/datapath.py [--json] [--rounds N] [--block-size 16]
 """
@@ -30,11 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from refimpl import chunks  # noqa: E402
+from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, handoff  # noqa: E402
 from refimpl.checksum import bytes_checksum  # noqa: E402
-from refimpl.pool import KVPool, PoolGeometry, copy_blocks  # noqa: E402
+from refimpl.engine.data import RankPools  # noqa: E402
+from refimpl.pool import KVPool, copy_blocks  # noqa: E402
 from refimpl.transport import InProcessTransport  # noqa: E402
-from spec.manifest import LocalConfig, RopeConfig  # noqa: E402
+from spec.manifest import RopeConfig  # noqa: E402
 
 LAYERS, HEADS, TOKENS, HEAD_DIM = 16, 8, 1024, 128  # the seed's config, FP16: 64 MiB
 REQ = "bench"
@@ -42,87 +44,63 @@ REQ = "bench"
 
 @dataclass
 class World:
-    local: LocalConfig
-    src: KVPool  # prefill worker's device pool, holding REQ
-    dst: KVPool  # decode worker's device pool
+    src_pools: RankPools  # prefill worker's device pools, holding REQ
+    dst_pools: RankPools  # decode worker's device pools
     host: KVPool  # pinned host pool for offload
-    transport: InProcessTransport
+    tx: Sender
+    rx: Receiver
     token_ids: tuple[int, ...]
     raw_host: torch.Tensor  # baseline buffers, same bytes as the pools
     raw_dst: torch.Tensor
-    written_checksums: tuple[str, ...] = ()  # per block, as prefill computed them on write
+
+    @property
+    def src(self) -> KVPool:
+        return self.src_pools.pools[0]
+
+    @property
+    def dst(self) -> KVPool:
+        return self.dst_pools.pools[0]
 
 
 def make_world(block_size: int) -> World:
-    local = LocalConfig(
-        model_id="seed",
-        adapter_id=None,
-        dtype="float16",
-        quantization="none",
-        num_layers=LAYERS,
-        kv_heads=HEADS,
-        head_dim=HEAD_DIM,
-        block_size=block_size,
-        layout="heads_major",
-        rope=RopeConfig(10000.0, HEAD_DIM),
-        tp=1,
-        cp=1,
-    )
-    geometry = PoolGeometry.of_local(local)
+    g = KVGeometry(LAYERS, HEADS, HEAD_DIM, block_size, "float16")
+    model = ModelIdentity("seed", RopeConfig(10000.0, HEAD_DIM))
     n = -(-TOKENS // block_size)
-    src, dst = KVPool.device_pool(n, geometry), KVPool.device_pool(n, geometry)
-    host = KVPool.host_pool(n, geometry)
-    blocks = src.allocator.allocate(REQ, n)
+    src, dst = g.make_pools(n, device=None), g.make_pools(n, device=None)
+    host = KVPool.host_pool(n, g.rank_pool_geometry())
+    blocks = src.alloc.allocate(REQ, n)
     torch.manual_seed(0)
-    src.kv.copy_(torch.randn(src.kv.shape, dtype=src.kv.dtype, device=src.device))
+    kv = src.pools[0].kv
+    kv.copy_(torch.randn(kv.shape, dtype=kv.dtype, device=kv.device))
     assert blocks == list(range(n))
-    written = tuple(bytes_checksum(v) for v in src.host_bytes(blocks))  # at write time
+    t = InProcessTransport()
     return World(
-        local,
         src,
         dst,
         host,
-        InProcessTransport(),
+        Sender(src, g, t, model),
+        Receiver(dst, g, t, model),
         tuple(range(TOKENS)),
         torch.empty_like(host.kv),
-        torch.empty_like(dst.kv),
-        written,
+        torch.empty_like(dst.pools[0].kv),
     )
 
 
 # ---------------------------------------------------------------- the timed steps
-def handoff_via_primitives(w: World, epoch: int, write_time_checksums: bool = False) -> None:
-    """Prefill -> decode handoff of REQ, every step of the protocol on real bytes.
-
-    ``write_time_checksums``: freeze takes the checksums prefill computed when it wrote
-    the blocks (``w.written_checksums``) instead of hashing the snapshot again; the
-    receiver still hashes every chunk before installing it.
-    """
-    ctrl, data = f"{REQ}/{epoch}/ctrl", f"{REQ}/{epoch}/data"
-    sums = w.written_checksums if write_time_checksums else None
-    snap = chunks.freeze(w.src, REQ, epoch, checksums=sums)  # pin (+ checksum every block)
-    m = chunks.build_manifest(snap, w.local, token_ids=w.token_ids, dst_tp=1, dst_cp=1)
-    chunks.send_manifest(w.transport, ctrl, m)
-    [(header, _)] = w.transport.poll(ctrl)
-    m, _ = chunks.accept_manifest(header, w.local)  # validate + compatibility gate
-    dest = w.dst.allocator.reserve(REQ, len(m.sent_blocks), epoch=epoch)
-    rx = chunks.ChunkReceiver(w.dst, m, dest)
-    chunks.send_chunks(w.transport, data, snap)
-    report = rx.pump(w.transport, data)  # verify each checksum, then one copy_ per block
-    assert len(report.installed) == len(dest), report
-    rx.commit()
-    chunks.release(w.src, snap)  # the source lets go once the receiver committed
+def handoff_via_api(w: World, epoch: int) -> None:
+    """Prefill -> decode handoff of REQ through ``refimpl.api.handoff``, every step of
+    the protocol on real bytes (the receiver hashes every chunk before installing it
+    and every block against the manifest before the commit)."""
+    w.tx.forget(REQ)  # the last attempt ended: this one's epoch is the round's
+    res = handoff(w.tx, w.rx, REQ, w.token_ids, epoch=epoch, free_source=False)
+    assert len(res.received.blocks) == len(w.src.allocator.blocks_of(REQ)), res
 
 
 def undo_handoff(w: World) -> None:
     w.dst.allocator.free(REQ)
 
 
-def handoff_write_time_checksums(w: World, epoch: int) -> None:
-    handoff_via_primitives(w, epoch, write_time_checksums=True)
-
-
-HANDOFFS: dict[str, Callable[[World, int], None]] = {"primitives": handoff_via_primitives}
+HANDOFFS: dict[str, Callable[[World, int], None]] = {"api": handoff_via_api}
 
 
 def offload_reload(w: World, epoch: int) -> None:
@@ -136,16 +114,6 @@ def offload_reload(w: World, epoch: int) -> None:
     copy_blocks(w.host, host_ids, w.src, back, REQ)  # H2D on CUDA
     w.src.allocator.commit(REQ, epoch)
     w.host.allocator.free(REQ)
-
-
-def _again(handoff: Callable[[World, int], None]) -> Callable[[World, int], None]:
-    """Run a second handoff of the same round (the first one's copy is freed first)."""
-
-    def run(w: World, epoch: int) -> None:
-        undo_handoff(w)
-        handoff(w, epoch + 10_000)
-
-    return run
 
 
 def raw_copy(w: World) -> None:
@@ -191,29 +159,28 @@ def run(rounds: int, block_size: int, path: str) -> dict[str, float]:
     handoff = HANDOFFS[path]
     w.host.kv.copy_(w.src.kv)
     samples: dict[str, list[float]] = {
-        k: [] for k in ("copy", "handoff", "handoff_wt", "two_copies", "roundtrip", "xxh3")
+        k: [] for k in ("copy", "handoff", "two_copies", "roundtrip", "xxh3")
     }
-    for epoch in range(rounds + 2):  # two warm-up rounds, then interleaved samples
+    for epoch in range(1, rounds + 3):  # two warm-up rounds, then interleaved samples
         s = {
             "copy": timed(cuda, raw_copy, w),
             "handoff": timed(cuda, handoff, w, epoch),
-            "handoff_wt": timed(cuda, _again(handoff_write_time_checksums), w, epoch),
             "two_copies": timed(cuda, raw_two_copies, w),
             "roundtrip": timed(cuda, offload_reload, w, epoch),
             "xxh3": timed(False, checksum_all, w),
         }
         undo_handoff(w)
-        if epoch >= 2:
+        if epoch > 2:
             for k, v in s.items():
                 samples[k].append(v)
     assert torch.equal(w.dst.kv.cpu(), w.src.kv.cpu()), "handoff bytes differ"
     for pool in (w.src, w.dst, w.host):
         pool.allocator.check_integrity()
+    assert w.tx.held() == {} and w.rx.held() == {}
     med = {k: statistics.median(v) for k, v in samples.items()}
     payload = w.src.kv.nbytes
     out = {
         "handoff_over_copy": med["copy"] / med["handoff"],
-        "handoff_write_time_checksums_over_copy": med["copy"] / med["handoff_wt"],
         "roundtrip_over_copy": med["two_copies"] / med["roundtrip"],
         "checksum_gib_s": payload / 2**30 / med["xxh3"],
         "payload_bytes": payload,
@@ -230,7 +197,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the ratios as JSON")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    ap.add_argument("--path", choices=sorted(HANDOFFS), default="primitives")
+    ap.add_argument("--path", choices=sorted(HANDOFFS), default="api")
     args = ap.parse_args()
     with torch.inference_mode():
         out = run(args.rounds, args.block_size, args.path)
@@ -246,7 +213,6 @@ def main() -> None:
     print(f"{'metric':<22}{'value':>10}  goal")
     goals = {
         "handoff_over_copy": ">= 0.8 (CPU)",
-        "handoff_write_time_checksums_over_copy": ">= 0.8 (CPU)",
         "checksum_gib_s": ">= 10",
     }
     for k, v in out.items():

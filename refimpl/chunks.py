@@ -1,46 +1,29 @@
-"""The chunked data path: freeze a snapshot, send it block by block, verify, install.
-
-Sender                                      Receiver (blocks already reserved)
-  snap = freeze(pool, req, epoch)             m, verdict = accept_manifest(hdr, local)
-  send_manifest(t, ch, build_manifest(..))    rx = ChunkReceiver(pool, m, dest_blocks)
-  send_chunks(t, ch, snap)                    rx.pump(t, ch, is_cancelled)  # verify+install
-  ... commit acknowledged ...                 rx.commit()                   # RESERVED->OWNED
-  release(pool, snap)
+"""The sender's half of the whole-block data path, under ``refimpl.api.Sender``: freeze a
+snapshot (``freeze``: pinned, read-only, one xxh3-64 per block), build its manifest
+(``build_manifest``: the one manifest builder), send it block by block (``send_chunks``),
+release it (``release``).
 
 ``freeze`` pins the source blocks (``allocator.incref`` under the holder ``pin_name``), so
 they are read-only and outlive a ``free`` by the request until ``release``; the payloads
 are zero-copy byte views of those blocks on CPU (one staged D2H copy on CUDA), each with
 its xxh3-64. A chunk header carries request_id, epoch, block index, rank and checksum.
 
-The receiver installs a chunk only when its request and epoch are this attempt's (else
-``StaleError``, dropped by ``pump``), its checksum equals both the header's and the
-manifest's (else ``ChecksumError``, nothing written), and the request is not cancelled
-(checked between chunks; sticky). Install is one ``copy_`` from the payload into the
-reserved block, and a block counts as installed only once that copy returned. Commit
-requires every sent block installed; zero sent blocks (a full prefix hit) commits at once.
-The receiver's side lives in ``refimpl.chunk_receiver`` (re-exported here). A corrupt
-chunk that was never replaced by a good one fails the commit with
-``ChecksumError`` naming the block; ``abort()`` gives the reserved blocks back to the pool.
+The receiving end is ``refimpl.api.Receiver`` (the one receive path: the manifest gate,
+the reservation, each chunk verified, then installed, then counted, the commit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from refimpl.checksum import bytes_checksum
-from refimpl.chunk_receiver import CHUNK as CHUNK
-from refimpl.chunk_receiver import ChunkReceiver as ChunkReceiver
-from refimpl.chunk_receiver import PumpReport as PumpReport
-from refimpl.errors import ChunkError, ManifestError
+from refimpl.errors import ChunkError
 from refimpl.pool import KVPool
 from refimpl.transport import Transport
-from spec.manifest import MANIFEST_VERSION, LocalConfig, Manifest, Verdict, check_compatible
-from spec.manifest import ManifestError as SpecManifestError
-from spec.manifest import from_json_dict as manifest_from_json_dict
+from spec.manifest import MANIFEST_VERSION, LocalConfig, Manifest
 
-MANIFEST = "manifest"
+CHUNK = "chunk"  # a chunk message's type (``refimpl.api.wire`` names it from here)
 
 
 def pin_name(request_id: str, epoch: int) -> str:
@@ -141,25 +124,6 @@ def build_manifest(
     )
 
 
-def send_manifest(transport: Transport, channel: str, m: Manifest) -> None:
-    transport.send(channel, {"type": MANIFEST, "manifest": m.to_json_dict()})
-
-
-def accept_manifest(header: Mapping[str, Any], local: LocalConfig) -> tuple[Manifest, Verdict]:
-    """Parse an untrusted manifest message and apply the compatibility rule.
-
-    Raises refimpl's ManifestError listing every reason (validation or compatibility).
-    """
-    try:
-        m = manifest_from_json_dict(header.get("manifest"))
-    except SpecManifestError as e:
-        raise ManifestError.from_spec(e) from None
-    verdict = check_compatible(m, local)
-    if not verdict.ok:
-        raise ManifestError(list(verdict.reasons))
-    return m, verdict
-
-
 def send_chunks(
     transport: Transport,
     channel: str,
@@ -184,3 +148,6 @@ def send_chunks(
         transport.send(channel, header, payload)
         sent += 1
     return sent
+
+
+__all__ = ["CHUNK", "Snapshot", "build_manifest", "freeze", "pin_name", "release", "send_chunks"]

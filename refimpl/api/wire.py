@@ -50,9 +50,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from refimpl.chunks import CHUNK as CHUNK
 from refimpl.transport import epoch_of as epoch_of
 
-MANIFEST, CHUNK, READY, NACK, ACK, ABORT = "manifest", "chunk", "ready", "nack", "ack", "abort"
+MANIFEST, READY, NACK, ACK, ABORT = "manifest", "ready", "nack", "ack", "abort"
 SEAL = "seal"  # a source rank's per-block digests, after its last layer (streamed offers)
 
 

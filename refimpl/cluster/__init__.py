@@ -1,17 +1,18 @@
 """A prefill/decode cluster of separate processes on torch.distributed (``kvown cluster``).
 
 One router (the calling process), one process per prefill TP rank and a decode worker.
-KV bytes go point to point over torch.distributed (gloo on loopback or across hosts: the
-processes join through a TCP init method); control messages (Handoff manifest, Ready,
-RankDone, Ack, Nack, cancel) go through the router's TCPStore, so a dead peer never hangs
-anyone; every wait is bounded. The protocol is the refimpl's: freeze with pins, a JSON
-manifest with per-block xxh3, epochs that fence stale attempts, commit then Ack then
-release (``kvpath`` is the seam onto ``refimpl.chunks``/``blocks``/``checksum``/
-``reshard``).
+Each prefill rank is a ``refimpl.api`` ``Sender(..., rank=r)`` and each decode worker a
+``Receiver``: the handoff (manifest gate, reservation, per-chunk checksums, seals, commit,
+Ack/Nack, epochs that fence stale attempts) is the public API's, the one receive path.
+Its messages ride ``link.Link``, an API ``Transport`` over the cluster's two planes: KV
+bytes point to point over torch.distributed (gloo pair groups), headers and the
+cluster's own control messages (admit, handoff, go, cancel, drop) through the router's
+TCPStore, so a dead peer never hangs anyone; every wait is bounded.
 
 Files, one idea each: ``router`` (workload, faults, dead peers, outcomes, the checks at
 the end), ``worker`` (the process entry and what both roles share), ``prefill`` and
-``decode`` (the two roles), ``kvpath`` (the KV data path), ``control`` (the TCPStore
+``decode`` (the two roles), ``ends`` (their Sender and Receiver), ``link`` (the API
+transport over both planes), ``control`` (the TCPStore
 channel, delays and drops, heartbeats), ``eventlog`` (per-process JSONL with Lamport
 clocks, the causal merge, per-request conformance), ``faults`` (kill specs, cancels),
 ``workload`` (prompts with a shared prefix, the reference decode), ``procs`` (processes

@@ -100,7 +100,7 @@ def test_the_receiver_ends_at_every_point(end: str, point: int) -> None:
     before = p.dst.pools[0].kv[torch.tensor(targets)].clone()
     deliver(p, chunks)  # every chunk again, those installed before the end included
     assert p.rx.state("r") is State.ABORTED and held(p.dst) == {}
-    assert torch.equal(p.dst.pools[0].kv[torch.tensor(targets)], before)  # nothing landed after the end
+    assert torch.equal(p.dst.pools[0].kv[torch.tensor(targets)], before)  # nothing landed
     with pytest.raises(CancelledError):
         p.rx.result("r")
 

@@ -48,7 +48,8 @@ def test_1_a_failed_install_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> N
         deliver(p, chunks)
         assert p.rx.state("r") is State.DONE, p.rx.error("r")
         got = p.rx.result("r")
-        assert torch.equal(read_kv(p.dst, got.blocks, 12), read_kv(p.src, p.src.alloc.blocks_of("r"), 12))
+        want = read_kv(p.src, p.src.alloc.blocks_of("r"), 12)
+        assert torch.equal(read_kv(p.dst, got.blocks, 12), want)
     else:  # ended on it: everything given back
         assert p.rx.state("r") is State.ABORTED and held(p.dst) == {}
 
