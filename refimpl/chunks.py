@@ -1,6 +1,7 @@
 """The sender's half of the whole-block data path, under ``refimpl.api.Sender``: freeze a
 snapshot (``freeze``: pinned, read-only, one xxh3-64 per block), build its manifest
-(``build_manifest``: the one manifest builder), send it block by block (``send_chunks``),
+(``build_manifest``: the one manifest builder, its checksums by ``manifest_checksums``:
+the one convention), send it block by block (``send_chunks``),
 release it (``release``).
 
 ``freeze`` pins the source blocks (``allocator.incref`` under the holder ``pin_name``), so
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from refimpl.checksum import bytes_checksum
+import torch
+
+from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.errors import ChunkError
 from refimpl.pool import KVPool
 from refimpl.transport import Transport
@@ -87,6 +91,28 @@ def release(pool: KVPool, snap: Snapshot) -> list[int]:
     return pool.allocator.decref(snap.pin, snap.block_ids)
 
 
+class CanonicalSource(Protocol):
+    """Pools that can say whether one rank's block is the canonical block, and gather the
+    canonical blocks otherwise (``refimpl.engine.data.RankPools``)."""
+
+    @property
+    def canonical(self) -> bool: ...
+
+    def gather(self, block_ids: Sequence[int]) -> torch.Tensor: ...
+
+
+def manifest_checksums(
+    pools: CanonicalSource, blocks: Sequence[int], rank_sums: Sequence[str]
+) -> tuple[str, ...]:
+    """The manifest's checksum of each of ``blocks``: the xxh3-64 of the whole canonical
+    block (every head, heads_major), the one convention of every sender. ``rank_sums``
+    are one rank's per-block checksums: when that rank's block is the canonical block
+    (``pools.canonical``) they are the manifest's, and nothing is hashed again."""
+    if pools.canonical:
+        return tuple(rank_sums)
+    return tuple(block_checksum(full) for full in pools.gather(list(blocks)))
+
+
 def build_manifest(
     snap: Snapshot,
     source: LocalConfig,
@@ -150,4 +176,14 @@ def send_chunks(
     return sent
 
 
-__all__ = ["CHUNK", "Snapshot", "build_manifest", "freeze", "pin_name", "release", "send_chunks"]
+__all__ = [
+    "CHUNK",
+    "CanonicalSource",
+    "Snapshot",
+    "build_manifest",
+    "freeze",
+    "manifest_checksums",
+    "pin_name",
+    "release",
+    "send_chunks",
+]

@@ -54,8 +54,14 @@ from refimpl.api.wire import (
     peer_failed,
     reasons_of,
 )
-from refimpl.checksum import block_checksum
-from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
+from refimpl.chunks import (
+    Snapshot,
+    build_manifest,
+    freeze,
+    manifest_checksums,
+    release,
+    send_chunks,
+)
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChunkError, InUseError
 from refimpl.transport import Transport
@@ -208,10 +214,7 @@ class Sender:
                         blocks=sent,
                     )
                 )
-            if self.pools.canonical:
-                sums = snaps[0].checksums  # the rank's block is the canonical block
-            else:
-                sums = tuple(block_checksum(full) for full in self.pools.gather(sent))
+            sums = manifest_checksums(self.pools, sent, snaps[0].checksums)
             snap = Snapshot(request_id, epoch, tuple(sent), prefix_blocks, sums, ())
             m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
         except Exception:

@@ -9,7 +9,7 @@ names the same property the spec's refusal names.
 from __future__ import annotations
 
 from refimpl.checksum import bytes_checksum
-from refimpl.chunks import Snapshot, build_manifest, pin_name
+from refimpl.chunks import Snapshot, build_manifest, manifest_checksums, pin_name
 from refimpl.engine.base import (
     LoadStoreError,
     NotEnabled,
@@ -226,8 +226,8 @@ class PrefillActions(CopyBase):
         self.frozen_truth[i] = self.truth[i]  # shared until the next write
         r.payloads = [[self.P.shard_bytes(k, b) for b in blocks] for k in range(self.P.tp)]
         r.checksums = [[bytes_checksum(p) for p in rank] for rank in r.payloads]
-        full = r.checksums[0] if self.P.canonical else [self.P.block_checksum(b) for b in blocks]
-        snap = Snapshot(rid, e, blocks, 0, tuple(full), ())
+        full = manifest_checksums(self.P, blocks, r.checksums[0])  # the API's convention
+        snap = Snapshot(rid, e, blocks, 0, full, ())
         m = build_manifest(snap, self.p_local, token_ids=self.tokens[i], dst_tp=c.dst_tp, dst_cp=1)
         self.send(i, "Handoff", e, manifest=m.to_json_dict())
         self.frozen_manifest[i] = m
