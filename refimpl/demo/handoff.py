@@ -28,9 +28,8 @@ import torch
 
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender
 from refimpl.api import handoff as api_handoff
-from refimpl.engine.data import RankPools, token_chain
+from refimpl.engine.data import token_chain
 from refimpl.model import PagedKV, RopeConfig, TinyDecoder
-from refimpl.pool import PoolGeometry
 from refimpl.reshard import ReshardStats, ShardedKV
 from refimpl.transport import InProcessTransport
 from spec import shardmap as sm
@@ -42,13 +41,6 @@ PREFIX_CACHE = "prefix-cache"
 
 def manifest_rope(rope: RopeConfig) -> RopeConfig:
     return rope  # the model's RoPE type is the manifest's
-
-
-def pool_geometry(
-    layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, tp: int, bs: int, layout: str
-) -> PoolGeometry:
-    """One TP rank's block: its local heads (replicated when kv_heads < tp)."""
-    return PoolGeometry(layers, 2, sm.tp_local_heads(kv_heads, tp), bs, head_dim, dtype, layout)
 
 
 class Worker:
@@ -89,12 +81,9 @@ class Worker:
             * cfg.head_dim
             * DTYPE_BYTES[cfg.dtype],
         )
-        geo = pool_geometry(
-            cfg.layers, cfg.kv_heads, cfg.head_dim, cfg.torch_dtype, tp, block_size, layout
-        )
-        self.rp = RankPools(tp, cfg.kv_heads, geo, capacity, device="cpu")
+        self.geometry = KVGeometry.from_local_config(self.local)  # the one geometry type
+        self.rp = self.geometry.make_pools(capacity, device="cpu")
         self.decl = cfg.kv_layout(layout, block_size, tp)
-        self.geometry = KVGeometry.from_local_config(self.local)
         self.identity = ModelIdentity(self.local.model_id, self.local.rope, adapter_id)
         self.cache: dict[str, int] = {}  # token-chain hash of a full block -> physical block
 
