@@ -54,14 +54,8 @@ from refimpl.api.wire import (
     peer_failed,
     reasons_of,
 )
-from refimpl.chunks import (
-    Snapshot,
-    build_manifest,
-    freeze,
-    manifest_checksums,
-    release,
-    send_chunks,
-)
+from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
+from refimpl.chunks import manifest_checksums as canonical_sums
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChunkError, InUseError
 from refimpl.transport import Transport
@@ -214,7 +208,7 @@ class Sender:
                         blocks=sent,
                     )
                 )
-            sums = manifest_checksums(self.pools, sent, snaps[0].checksums)
+            sums = canonical_sums(self.pools, sent, snaps[0].checksums)  # the one convention
             snap = Snapshot(request_id, epoch, tuple(sent), prefix_blocks, sums, ())
             m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
         except Exception:
