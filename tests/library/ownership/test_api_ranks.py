@@ -130,7 +130,7 @@ def test_a_failed_decode_rank_after_a_sibling_committed_gives_back_every_block()
 def test_ranks_at_different_epochs_are_refused_by_name() -> None:
     g = Group(2, 2)
     g.epochs.open(RID)
-    for d, rx in enumerate(g.rx):
+    for rx in g.rx:
         rx.expect(RID)
     g.tx[0].offer(RID, list(range(N)), blocks=g.blocks[0])
     g.epochs.open(RID)  # a retry opened between the ranks' offers: rank 1 reads epoch 2
