@@ -11,8 +11,9 @@ one tag:
 
 where the header is ``{"ch": channel, "h": header}`` for one message, or
 ``{"batch": [{"ch", "h", "n": payload bytes}, ...]}`` for several, their payloads
-concatenated in order (at most ``MAX_BATCH_BYTES``, else the next batch): a layer's
-chunks queued together cost three frames, not three per chunk (each blocking frame is a
+concatenated in order (at most ``MAX_BATCH_BYTES``, else the next batch; a payload of
+``ALONE`` bytes or more goes alone, uncopied): a layer's small chunks queued together
+cost three frames, not three per chunk (each blocking frame is a
 hand-off of the GIL between threads; per chunk they were most of the time).
 
 ``send`` queues them and returns (it never waits for the peer): one thread per peer sends
@@ -62,6 +63,7 @@ MAX_HEADER = 1 << 22  # bytes of one JSON header frame, at most (a manifest of 1
 MAX_PAYLOAD = 1 << 34  # bytes of one payload frame, at most
 MAX_BATCH_BYTES = 1 << 26  # payload bytes one batch gathers, at most (one message may be more)
 MAX_BATCH = 4096  # messages in one batch, at most
+ALONE = 1 << 20  # a payload this large goes alone (its own frames, no copy into a batch)
 
 
 class DistTransport:
@@ -247,12 +249,17 @@ def _gather(q: queue.SimpleQueue[Any], first: Any) -> tuple[list[Any], Any]:
     """``first`` and the messages queued behind it, up to the batch's bounds; returns
     them and the next item (not taken in: a frame list, the end, or past the bounds)."""
     batch, size = [first], first[2]
-    while len(batch) < MAX_BATCH:
+    while len(batch) < MAX_BATCH and size < ALONE:
         try:
             item = q.get_nowait()
         except queue.Empty:
             return batch, None
-        if item is None or isinstance(item, list) or size + item[2] > MAX_BATCH_BYTES:
+        if (
+            item is None
+            or isinstance(item, list)
+            or size + item[2] > MAX_BATCH_BYTES
+            or item[2] >= ALONE
+        ):
             return batch, item
         batch.append(item)
         size += item[2]
