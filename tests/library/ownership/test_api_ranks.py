@@ -153,3 +153,24 @@ def test_epochs_choose_one_epoch_for_every_rank_restart_included() -> None:
     assert e.open("q") == 1 and e.current("q") == 1
     again = Epochs(e.store)  # a restarted rank, the same store
     assert again.current("q") == 1 and again.open("q") == 2 and e.current("q") == 2
+
+
+def test_a_restarted_rank_offers_the_retry_its_siblings_offer() -> None:
+    g = Group(2, 2)
+    g.run(upto=1)
+    g.tx[1].abort(RID, "process restarting")  # rank 1 goes down; every rank hears it
+    g.poll()
+    assert all(x.state(RID) is State.ABORTED for x in [*g.tx, *g.rx])
+    g.sp[1] = g.src.make_rank_pools(1, 16)  # its new incarnation: empty pools, no records
+    g.tx[1] = RankSender(
+        g.sp[1], g.src, g.t, MODEL, rank=1, dst_tp=2, epochs=Epochs(g.epochs.store)
+    )
+    g.blocks[1] = g.sp[1].alloc.allocate(RID, g.src.blocks_for(N))
+    for x in [g.tx[0], *g.rx]:
+        x.forget(RID)
+    g.run()  # the router opens the retry (epoch 2): both ranks offer it
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2
+    h = g.dst.kv_heads_per_rank
+    for d, (rx, p) in enumerate(zip(g.rx, g.dp, strict=True)):
+        assert rx.ready(RID), rx.reasons(RID)
+        assert torch.equal(read_kv(p, rx.blocks(RID), N), g.kv[:, :, d * h : (d + 1) * h])
