@@ -148,6 +148,7 @@ class DistTransport:
                 else:
                     batch, item = _gather(q, item)
                     frames = _frames(batch)
+                    self.stats["batches"] += 1  # messages sent / batches: how well they batch
                 for t in frames:
                     dist.send(t.to(self.device), peer, self.group, tag=TAG)
         except Exception as e:  # the link is gone: the protocol's timeouts take over
