@@ -149,6 +149,15 @@ class _Member:
         f = getattr(self.transport, "failed", None)
         return next((w for c in self._others(rid) if (w := f(c))), "") if f is not None else ""
 
+    def _done(self, rid: str, g: _Group) -> None:
+        """Every rank is through: the attempt is done here; its late messages are void."""
+        g.state = State.DONE
+        fence(self.transport, group_channel(rid, self.side, self.rank), g.epoch)
+
+    def _drop(self, rid: str) -> None:
+        """Forget: whatever still waits on this rank's group channel goes too."""
+        self.transport.abort(group_channel(rid, self.side, self.rank))
+
     def _end_group(self, rid: str, g: _Group, reasons: list[str], tell: bool) -> None:
         g.state, g.reasons = State.ABORTED, reasons
         for e in sorted({g.epoch, g.other or g.epoch}) if tell else ():  # both attempts end

@@ -122,7 +122,7 @@ class RankReceiver(_Member):
             g.installed.add(self.rank)
             self._say(request_id, {"type": INSTALLED, "epoch": g.epoch, "rank": self.rank})
         if g.state is State.RECEIVING and len(g.installed) == self.dst_tp:
-            g.state = State.DONE
+            self._done(request_id, g)
         return n + len(heard)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
@@ -148,4 +148,5 @@ class RankReceiver(_Member):
             raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
         self.rx.forget(sub_id(request_id, self.rank))
         self._g.pop(request_id, None)
+        self._drop(request_id)
         self._early.pop(request_id, None)

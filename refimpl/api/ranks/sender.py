@@ -159,7 +159,7 @@ class RankSender(_Member):
         elif len(g.installed) == self.dst_tp and all(
             tx.state(sub_id(request_id, d)) is State.DONE for d, (tx, _, _) in self._subs.items()
         ):
-            g.state = State.DONE
+            self._done(request_id, g)
             self._release(request_id)
         return n + len(heard)
 
@@ -188,4 +188,5 @@ class RankSender(_Member):
         for d, (tx, _, _) in self._subs.items():
             tx.forget(sub_id(request_id, d))
         self._g.pop(request_id, None)
+        self._drop(request_id)
         self._blocks.pop(request_id, None)
