@@ -106,14 +106,17 @@ def test_a_decode_side_prefix_is_skipped_at_decode_tp_2() -> None:
     assert sent == 2 * 3 * (g.src.blocks_for(N) - 1)  # per rank and layer, not the prefix
 
 
-def test_one_ranks_abort_ends_every_rank_of_both_sides_with_its_reason() -> None:
+@pytest.mark.parametrize("who", ["prefill 1", "decode 0"])
+def test_one_ranks_abort_ends_every_rank_of_both_sides_with_its_reason(who: str) -> None:
     g = Group(2, 2)
-    g.run(upto=1)  # layer 0 out, then prefill rank 1 is cancelled
-    g.tx[1].abort(RID, "the router cancelled")
+    g.run(upto=1)  # layer 0 out, then one rank is cancelled
+    side, rank = who.split()
+    (g.tx if side == "prefill" else g.rx)[int(rank)].abort(RID, "the router cancelled")
     g.poll()
     for x in [*g.tx, *g.rx]:
         assert x.state(RID) is State.ABORTED, x.state(RID)
-        assert any("prefill rank 1 aborted: the router cancelled" in r for r in x.reasons(RID))
+        want = f"{side} rank {rank} aborted: the router cancelled"
+        assert any(want in r for r in x.reasons(RID)), (x, x.reasons(RID))
     assert g.leftover() == [] and all(not rx.held() for rx in g.rx)
 
 
