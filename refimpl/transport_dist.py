@@ -3,13 +3,21 @@ point-to-point (gloo on CPU, NCCL on CUDA: the same code, tensors on ``device``)
 
 One process per side (or per TP rank) joins one process group; ``route(channel)`` names
 the process a channel's messages go to (``handoff_route``: a request's ``to_receiver``
-channel to the receiver's process, each ``to_rank(r)`` channel to source rank r's). Each
-message is up to three P2P frames to that process, in order on one tag:
+channel to the receiver's process, each ``to_rank(r)`` channel to source rank r's). The
+messages queued for one peer leave as one batch of up to three P2P frames, in order on
+one tag:
 
     int64[2] (header bytes, payload bytes) | uint8 JSON header | uint8 payload (if any)
 
+where the header is ``{"ch": channel, "h": header}`` for one message, or
+``{"batch": [{"ch", "h", "n": payload bytes}, ...]}`` for several, their payloads
+concatenated in order (at most ``MAX_BATCH_BYTES``, else the next batch; a payload of
+``ALONE`` bytes or more goes alone, uncopied): a layer's small chunks queued together
+cost three frames, not three per chunk (each blocking frame is a
+hand-off of the GIL between threads; per chunk they were most of the time).
+
 ``send`` queues them and returns (it never waits for the peer): one thread per peer sends
-its frames in order with blocking ``dist.send``, and one thread per peer receives with
+its batches in order with blocking ``dist.send``, and one thread per peer receives with
 blocking ``dist.recv`` (gloo's ``irecv`` cannot be polled: its ``is_completed`` turns true
 only in ``wait``) and files each message under its channel; ``poll`` takes what arrived
 and never blocks. ``abort(channel)`` drops what arrived and was not polled;
@@ -18,7 +26,8 @@ on arrival (a cancelled request's late chunks are not kept). What is not polled 
 bounded (``refimpl.transport.Inbox``: channels, messages, bytes; past a cap a message is
 dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not JSON,
 not ``{"ch": str, "h": object}``, or on a channel that does not route here is dropped and
-counted (``route`` must be the same function in every process; ``stats["malformed"]``,
+counted (a batch whose sizes do not add up to its payload frame is dropped whole;
+``route`` must be the same function in every process; ``stats["malformed"]``,
 ``stats["misrouted"]``, the last reasons in
 ``dropped``), and the link goes on serving; only a size frame out of bounds ends it (the
 frames after it cannot be told apart), as a crash does.
@@ -52,6 +61,9 @@ TAG = 7301  # the one tag of the transport's frames (gloo keeps a pair's frames 
 _CLOSE = -1  # a size frame (-1, 0): the peer sends nothing more
 MAX_HEADER = 1 << 22  # bytes of one JSON header frame, at most (a manifest of 100k tokens)
 MAX_PAYLOAD = 1 << 34  # bytes of one payload frame, at most
+MAX_BATCH_BYTES = 1 << 26  # payload bytes one batch gathers, at most (one message may be more)
+MAX_BATCH = 4096  # messages in one batch, at most
+ALONE = 1 << 20  # a payload this large goes alone (its own frames, no copy into a batch)
 
 
 class DistTransport:
@@ -80,7 +92,7 @@ class DistTransport:
         self.errors: list[str] = []  # a peer's link failed (a crash): its messages stop
         self.dropped: deque[str] = deque(maxlen=16)  # why the last dropped frames were
         self._failed: dict[int, str] = {}  # peer -> why its link failed
-        self._outq: dict[int, queue.SimpleQueue[list[torch.Tensor] | None]] = {
+        self._outq: dict[int, queue.SimpleQueue[Any]] = {  # (json, payload, n) | frames
             p: queue.SimpleQueue() for p in self.peers
         }
         self._threads = [
@@ -96,13 +108,10 @@ class DistTransport:
         dst = self.route(channel)
         if dst not in self._outq:
             raise ValueError(f"channel {channel!r} routes to rank {dst}, not a peer {self.peers}")
-        text = json.dumps({"ch": channel, "h": header}, allow_nan=False, separators=(",", ":"))
-        head = text.encode()
         n = memoryview(payload).nbytes
-        frames = [torch.tensor([len(head), n], dtype=torch.int64), _u8(head)]
-        if n:
-            frames.append(_u8(payload))
-        self._outq[dst].put(frames)
+        entry = {"ch": channel, "h": header, "n": n}
+        text = json.dumps(entry, allow_nan=False, separators=(",", ":"))  # raises here
+        self._outq[dst].put((text, payload, n))
         self.stats["sent"] += 1
         self.stats["bytes_sent"] += n
 
@@ -131,9 +140,15 @@ class DistTransport:
     # ------------------------------------------------------------ the frames
     def _send_loop(self, peer: int) -> None:
         """Send ``peer``'s frames in order (blocking here, never in ``send``)."""
-        q = self._outq[peer]
+        q, item = self._outq[peer], None
         try:
-            while (frames := q.get()) is not None:
+            while (item := q.get() if item is None else item) is not None:
+                if isinstance(item, list):  # frames as they are (a close frame)
+                    frames, item = item, None
+                else:
+                    batch, item = _gather(q, item)
+                    frames = _frames(batch)
+                    self.stats["batches"] += 1  # messages sent / batches: how well they batch
                 for t in frames:
                     dist.send(t.to(self.device), peer, self.group, tag=TAG)
         except Exception as e:  # the link is gone: the protocol's timeouts take over
@@ -151,7 +166,8 @@ class DistTransport:
                     raise ValueError(f"size frame ({hlen}, {plen}) out of bounds")
                 head = self._recv(peer, hlen, torch.uint8)
                 payload = byte_view(self._recv(peer, plen, torch.uint8)) if plen else b""
-                self._file(peer, bytes(byte_view(head)), payload)
+                for h, p in self._unbatch(peer, bytes(byte_view(head)), payload):
+                    self._file(peer, h, p)
         except Exception as e:
             self.errors.append(f"recv from {peer}: {type(e).__name__}: {e}")
             self._failed[peer] = f"peer {peer} failed: {type(e).__name__}: {e!s:.200}"
@@ -165,17 +181,41 @@ class DistTransport:
         except Exception:
             return ""
 
-    def _file(self, peer: int, head: bytes, payload: Payload) -> None:
-        """File one message under its channel, or drop it (counted) if it is malformed,
-        routed elsewhere, fenced or past the inbox's caps."""
+    def _unbatch(self, peer: int, head: bytes, payload: Payload) -> list[tuple[Any, Payload]]:
+        """The (message, payload) pairs of one frame set: one message, or a batch whose
+        payloads are cut from the payload frame (views, no copy). A header that is not
+        JSON, or a batch whose sizes do not add up, is dropped whole (counted)."""
         try:
             msg = json.loads(head)
-            ch, h = (msg.get("ch"), msg.get("h")) if isinstance(msg, dict) else (None, None)
-            if not isinstance(ch, str) or not isinstance(h, dict):
-                raise ValueError("not {'ch': str, 'h': object}")
+            if not (isinstance(msg, dict) and "batch" in msg):
+                return [(msg, payload)]
+            entries, sizes = msg["batch"], []
+            if not isinstance(entries, list) or not 0 < len(entries) <= MAX_BATCH:
+                raise ValueError("batch is not a list of 1..MAX_BATCH messages")
+            for e in entries:
+                n = e.get("n") if isinstance(e, dict) else None
+                if type(n) is not int or n < 0:
+                    raise ValueError(f"a batch entry's size {n!r:.20} is not an int >= 0")
+                sizes.append(n)
+            if sum(sizes) != memoryview(payload).nbytes:
+                raise ValueError(f"batch sizes add up to {sum(sizes)}, not the payload's")
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             self.stats["malformed"] += 1
             self.dropped.append(f"from {peer}: malformed header: {e!s:.100}")
+            return []
+        view, out, at = memoryview(payload), [], 0
+        for e, n in zip(entries, sizes, strict=True):
+            out.append((e, view[at : at + n] if n else b""))
+            at += n
+        return out
+
+    def _file(self, peer: int, msg: Any, payload: Payload) -> None:
+        """File one message under its channel, or drop it (counted) if it is malformed,
+        routed elsewhere, fenced or past the inbox's caps."""
+        ch, h = (msg.get("ch"), msg.get("h")) if isinstance(msg, dict) else (None, None)
+        if not isinstance(ch, str) or not isinstance(h, dict):
+            self.stats["malformed"] += 1
+            self.dropped.append(f"from {peer}: malformed header: not {{'ch': str, 'h': object}}")
             return
         try:
             mine = self.route(ch) == self.me
@@ -204,6 +244,43 @@ class DistTransport:
             th.join(max(0.0, end - time.monotonic()))
         if alive := [th.name for th in self._threads if th.is_alive()]:
             raise TimeoutError(f"DistTransport.close: still waiting after {timeout_s}s: {alive}")
+
+
+def _gather(q: queue.SimpleQueue[Any], first: Any) -> tuple[list[Any], Any]:
+    """``first`` and the messages queued behind it, up to the batch's bounds; returns
+    them and the next item (not taken in: a frame list, the end, or past the bounds)."""
+    batch, size = [first], first[2]
+    while len(batch) < MAX_BATCH and size < ALONE:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return batch, None
+        if (
+            item is None
+            or isinstance(item, list)
+            or size + item[2] > MAX_BATCH_BYTES
+            or item[2] >= ALONE
+        ):
+            return batch, item
+        batch.append(item)
+        size += item[2]
+    return batch, None
+
+
+def _frames(batch: list[Any]) -> list[torch.Tensor]:
+    """The frames of a batch: sizes, the JSON header, the payloads (concatenated)."""
+    if len(batch) == 1:
+        text, payload, n = batch[0]
+        head = text.encode()  # one message: {"ch", "h", "n"} (the "n" is ignored)
+    else:
+        head = ('{"batch":[' + ",".join(text for text, _, _ in batch) + "]}").encode()
+        n = sum(m[2] for m in batch)
+        parts = [_u8(p) for _, p, k in batch if k]
+        payload = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else b""
+    frames = [torch.tensor([len(head), n], dtype=torch.int64), _u8(head)]
+    if n:
+        frames.append(payload if isinstance(payload, torch.Tensor) else _u8(payload))
+    return frames
 
 
 def _u8(data: Payload) -> torch.Tensor:

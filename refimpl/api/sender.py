@@ -161,7 +161,7 @@ class Sender:
         if self.rank is not None and epoch is None:
             raise ValueError(
                 f"{request_id!r}: a Sender of one rank (rank={self.rank}) needs epoch=: every "
-                "rank of an attempt offers the same one (the router's attempt number)"
+                "rank of an attempt offers the same one (refimpl.api.ranks.Epochs chooses it)"
             )
         old = self._offers.get(request_id)
         if old is not None and not old.state.final:

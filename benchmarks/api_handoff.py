@@ -1,0 +1,227 @@
+"""The public API's data path against raw copies, side by side in one run (issue #30).
+
+256 MiB of KV: 32 layers, 8 KV heads, head dim 128, bfloat16, 2,048 tokens in blocks of
+16 (128 blocks of 2 MiB). Each figure is a path's median time over the raw operation's
+median, from interleaved rounds (drift on a busy machine hits both alike); lower is
+better, the goal is "at most":
+
+    in one process (``InProcessTransport``):
+      whole     ``handoff()`` pool -> pool             vs ``copy_`` of the same bytes (1.25)
+      layers    ``handoff(..., layered=True)``          vs ``copy_``                   (1.5)
+    across two OS processes (gloo, loopback; ``DistTransport`` on its own group):
+      dist      ``Sender``/``Receiver`` whole-block     vs one ``dist.send``/``recv``   (1.3)
+      dist_l    ``offer(layers=L)`` + ``send_layer``    vs one send per layer           (1.3)
+
+Every timed handoff is checked bit-exact against the source (outside the timer). The
+two-process figures time the sender from a barrier to the receiver's ack; the raw ones
+from the same barrier to a one-element reply after the last ``recv``.
+
+    python benchmarks/api_handoff.py [--rounds 5] [--json] [--skip-dist]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State, handoff  # noqa: E402
+from refimpl.transport import InProcessTransport  # noqa: E402
+from spec.manifest import RopeConfig  # noqa: E402
+
+# isort: split
+import torch  # noqa: E402
+
+G = KVGeometry(num_layers=32, kv_heads=8, head_dim=128, block_size=16, dtype="bfloat16")
+TOKENS = 2048
+NBLOCKS = G.blocks_for(TOKENS)
+MODEL = ModelIdentity("bench", RopeConfig(theta=10000.0, rotary_dim=128))
+POLL_S = 0.0002  # an engine's loop between polls (a spin would starve the transport's threads)
+GOALS = {"whole": 1.25, "layers": 1.5, "dist": 1.3, "dist_l": 1.3}
+
+
+def _fill(pools: Any, rid: str) -> list[int]:
+    blocks = pools.alloc.allocate(rid, NBLOCKS)
+    kv = pools.pools[0].kv
+    idx = torch.as_tensor(blocks)
+    kv[idx] = torch.randn(kv[idx].shape, generator=torch.Generator().manual_seed(7)).to(kv.dtype)
+    return blocks
+
+
+def _same(src: Any, sb: list[int], dst: Any, db: tuple[int, ...]) -> None:
+    a, b = src.pools[0].kv[torch.as_tensor(sb)], dst.pools[0].kv[torch.as_tensor(db[:NBLOCKS])]
+    assert torch.equal(a, b), "not bit-exact"
+
+
+def in_process(rounds: int) -> dict[str, list[float]]:
+    src, dst = G.make_pools(NBLOCKS), G.make_pools(NBLOCKS)
+    t = InProcessTransport()
+    tx, rx = Sender(src, G, t, MODEL), Receiver(dst, G, t, MODEL)
+    a, b = torch.empty_like(src.pools[0].kv), torch.empty_like(src.pools[0].kv)
+    a.copy_(torch.randn(a.shape).to(a.dtype))
+    b.copy_(a)  # both touched once: the copy_ is warm, as the pools are
+    times: dict[str, list[float]] = {"copy": [], "whole": [], "layers": []}
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        times["copy"].append(time.perf_counter() - t0)
+        for name, layered in (("whole", False), ("layers", True)):
+            rid = f"{name}-{i}"
+            blocks = _fill(src, rid)
+            t0 = time.perf_counter()
+            got = handoff(tx, rx, rid, range(TOKENS), blocks=blocks, layered=layered,
+                          free_source=False)  # fmt: skip
+            times[name].append(time.perf_counter() - t0)
+            _same(src, blocks, dst, got.received.blocks)
+            src.alloc.free(rid)
+            dst.alloc.free(rid)
+            tx.forget(rid)
+            rx.forget(rid)
+    return times
+
+
+def _dist_worker(rank: int, port: int, rounds: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from refimpl.transport_dist import DistTransport, handoff_route
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=300))  # fmt: skip
+    group = dist.new_group([0, 1])  # the transport's frames apart from the raw sends
+    t = DistTransport(handoff_route(1, [0]), group=group)
+    pools = G.make_pools(NBLOCKS)
+    one = torch.zeros(1)
+    raw = torch.empty(NBLOCKS * G.rank_pool_geometry().block_bytes, dtype=torch.uint8)
+    times: dict[str, list[float]] = {"raw": [], "raw_l": [], "dist": [], "dist_l": []}
+    layer_bytes = raw.numel() // G.num_layers
+
+    def raw_send(per_layer: bool) -> None:
+        parts = raw.split(layer_bytes) if per_layer else [raw]
+        if rank == 0:
+            for p in parts:
+                dist.send(p, 1)
+            dist.recv(one, 1)
+        else:
+            for p in parts:
+                dist.recv(p, 0)
+            dist.send(one, 0)
+
+    def api(rid: str, layered: bool) -> None:
+        if rank == 0:
+            tx = Sender(pools, G, t, MODEL, rank=0 if layered else None)
+            blocks = _fill(pools, rid)
+            dist.barrier()
+            t0 = time.perf_counter()
+            tx.offer(rid, range(TOKENS), blocks=blocks, epoch=1,
+                     layers=G.num_layers if layered else None)  # fmt: skip
+            for layer in range(G.num_layers if layered else 0):
+                tx.send_layer(rid, layer)
+                tx.poll(rid)
+            while not tx.state(rid).final:
+                tx.poll(rid)
+                time.sleep(POLL_S)
+            took = time.perf_counter() - t0
+            assert tx.state(rid) is State.DONE, tx.reasons(rid)
+            times["dist_l" if layered else "dist"].append(took)
+            digest = pools.pools[0].kv[torch.as_tensor(blocks)].float().sum()
+            dist.send(digest.reshape(1), 1)
+            pools.alloc.free(rid)
+        else:
+            rx = Receiver(pools, G, t, MODEL)
+            rx.expect(rid)
+            dist.barrier()
+            while not rx.state(rid).final:
+                rx.poll(rid)
+                time.sleep(POLL_S)
+            got = rx.result(rid)  # raises the failure, if any
+            mine = pools.pools[0].kv[torch.as_tensor(got.blocks)].float().sum().reshape(1)
+            theirs = torch.zeros(1)
+            dist.recv(theirs, 0)
+            assert torch.equal(mine, theirs), "not bit-exact"
+            pools.alloc.free(rid)
+            rx.forget(rid)
+
+    for i in range(rounds):
+        for name, per_layer in (("raw", False), ("raw_l", True)):
+            dist.barrier()
+            t0 = time.perf_counter()
+            raw_send(per_layer)
+            times[name].append(time.perf_counter() - t0)
+        api(f"w{i}", False)
+        api(f"l{i}", True)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    t.close()
+    dist.destroy_process_group()
+
+
+def two_processes(rounds: int) -> dict[str, list[float]]:
+    import multiprocessing as mp
+    import tempfile
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.path.join(tempfile.mkdtemp(prefix="kvown-bench-"), "dist.json")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_dist_worker, args=(r, port, rounds, out)) for r in (0, 1)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(900)
+    finally:
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(5)
+    if any(p.exitcode != 0 for p in procs):
+        raise SystemExit(f"a worker failed: exit codes {[p.exitcode for p in procs]}")
+    return json.loads(Path(out).read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--skip-dist", action="store_true", help="only the in-process figures")
+    ns = ap.parse_args()
+    torch.set_num_threads(1)
+    load = [round(x, 2) for x in os.getloadavg()]
+    times = in_process(ns.rounds)
+    if not ns.skip_dist:
+        times.update(two_processes(ns.rounds))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = {"whole": "copy", "layers": "copy", "dist": "raw", "dist_l": "raw_l"}
+    ratios = {k: med[k] / med[b] for k, b in base.items() if k in med}
+    report = {
+        "mib": NBLOCKS * G.rank_pool_geometry().block_bytes / 2**20,
+        "rounds": ns.rounds,
+        "load_before": load,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "median_ms": {k: round(v * 1e3, 1) for k, v in med.items()},
+        "ratio": {k: round(v, 2) for k, v in ratios.items()},
+        "goal": {k: GOALS[k] for k in ratios},
+        "met": {k: ratios[k] <= GOALS[k] for k in ratios},
+    }
+    if ns.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in report.items():
+            print(f"{k:12} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""``RankReceiver``: one decode TP rank in its own process, a ``Receiver`` of its own
+heads; its request is ready only once every decode rank installed its part
+(``refimpl.api.ranks.group`` says how the ranks agree)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.ranks.group import (
+    ABORT,
+    INSTALLED,
+    MAX_EARLY,
+    _Group,
+    _Member,
+    epoch_of,
+    reasons_of,
+    sub_id,
+)
+from refimpl.api.receiver import Receiver
+from refimpl.api.wire import State
+from refimpl.engine.data import RankPools
+from refimpl.transport import Transport
+
+__all__ = ["RankReceiver"]
+
+
+def _epoch(rx: Receiver, sid: str) -> int | None:
+    a = rx._att.get(sid)  # the attempt's epoch (read only, as refimpl.api.abstract does)
+    return a.m.epoch if a is not None else None
+
+
+class RankReceiver(_Member):
+    """One decode TP rank (its own process): a ``Receiver`` of its heads, and the group."""
+
+    def __init__(
+        self,
+        pools: RankPools,
+        geometry: KVGeometry,
+        transport: Transport,
+        model: ModelIdentity,
+        *,
+        rank: int,
+        src_tp: int,
+        **receiver_options: Any,
+    ) -> None:
+        """``geometry``: the decode side's (tp = D), ``pools`` rank ``rank``'s alone;
+        ``src_tp``: the prefill side's TP. ``receiver_options`` go to the Receiver."""
+        geometry.check_rank_pools(pools, rank)
+        self.rx = Receiver(pools, geometry.rank_view(rank), transport, model, **receiver_options)
+        self.pools, self.transport = pools, transport
+        self.rank, self.src_tp, self.dst_tp, self.side = rank, src_tp, geometry.tp, "d"
+        self._g: dict[str, _Group] = {}
+        self._early: dict[str, list[dict[str, Any]]] = {}  # group messages before the attempt
+
+    def expect(self, request_id: str, **kw: Any) -> None:
+        """As ``Receiver.expect`` (decode room, this rank's prefix blocks and tokens)."""
+        self.rx.expect(sub_id(request_id, self.rank), **kw)
+
+    def state(self, request_id: str) -> State:
+        """DONE only once every decode rank installed (``ready``); else the sub-handoff's
+        state, or ABORTED with the group's reasons."""
+        g = self._g.get(request_id)
+        if g is not None and g.state.final:
+            return g.state
+        st = self.rx.state(sub_id(request_id, self.rank))
+        return State.RECEIVING if st is State.DONE else st
+
+    def ready(self, request_id: str) -> bool:
+        """The request may run: every decode rank committed its heads."""
+        g = self._g.get(request_id)
+        return g is not None and g.state is State.DONE
+
+    def reasons(self, request_id: str) -> list[str]:
+        g = self._g.get(request_id)
+        return list(g.reasons) if g is not None else []
+
+    def blocks(self, request_id: str) -> tuple[int, ...]:
+        """This rank's blocks of a ready request (held as ``sub_id(rid, rank)``)."""
+        if not self.ready(request_id):
+            raise ValueError(f"{request_id!r} is not ready here ({self.state(request_id).value})")
+        return self.rx.result(sub_id(request_id, self.rank)).blocks
+
+    def held(self) -> dict[str, tuple[int, ...]]:
+        return self.rx.held()
+
+    def poll(self, request_id: str) -> int:
+        """The sub-handoff's messages and the group's; returns the messages read."""
+        sid = sub_id(request_id, self.rank)
+        n = self.rx.poll(sid)
+        g, e = self._g.get(request_id), _epoch(self.rx, sid)
+        if g is not None and g.state.final and (e is None or e <= g.epoch):
+            if not self.rx.state(sid).final:  # the group ended before this rank's manifest
+                self.rx.abort(sid, g.reasons[0] if g.reasons else "aborted")
+            return n
+        heard = self._heard(request_id)
+        if e is None:  # no attempt here yet: an abort or a failed peer ends it now
+            why = next((reasons_of(h) for h in heard if h.get("type") == ABORT), None)
+            why = why or ([w] if (w := self._failed(request_id)) else None)
+            if why is not None:
+                ended = max((epoch_of(h) or 0 for h in heard), default=0)
+                self._g[request_id] = _Group(ended, State.ABORTED, why)
+                self._early.pop(request_id, None)
+            else:  # the others may be ahead: their messages wait for the attempt (bounded)
+                self._early.setdefault(request_id, []).extend(heard)
+                del self._early[request_id][:-MAX_EARLY]
+            return n + len(heard)
+        if g is None or g.epoch < e:
+            g = self._g[request_id] = _Group(e, State.RECEIVING)
+            heard = self._early.pop(request_id, []) + heard
+        for h in heard:
+            if (why := self._hear(request_id, g, h)) is not None:
+                self._stop(request_id, g, why, tell=h.get("type") != ABORT)
+                return n + len(heard)
+        st = self.rx.state(sid)
+        if st.final and st is not State.DONE:
+            self._stop(request_id, g, [f"decode rank {self.rank}: {self.rx.error(sid)}"], tell=True)
+        elif why_gone := self._failed(request_id):
+            self._stop(request_id, g, [why_gone], tell=True)
+        elif st is State.DONE and not g.told:
+            g.told = True
+            g.installed.add(self.rank)
+            self._say(request_id, {"type": INSTALLED, "epoch": g.epoch, "rank": self.rank})
+        if g.state is State.RECEIVING and len(g.installed) == self.dst_tp:
+            self._done(request_id, g)
+        return n + len(heard)
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        """End the attempt on this rank (its blocks given back) and tell every rank."""
+        g = self._g.get(request_id)
+        if g is not None and not g.state.final:
+            self._stop(request_id, g, [f"decode rank {self.rank} aborted: {reason}"], tell=True)
+        elif g is None:
+            self.rx.abort(sub_id(request_id, self.rank), reason)
+
+    def _stop(self, rid: str, g: _Group, reasons: list[str], *, tell: bool) -> None:
+        sid = sub_id(rid, self.rank)
+        if self.rx.state(sid) is State.DONE:
+            self.pools.alloc.free(sid)  # committed, but another rank did not: give it back
+        else:
+            self.rx.abort(sid, reasons[0] if reasons else "aborted")
+        self._end_group(rid, g, reasons, tell)
+
+    def forget(self, request_id: str) -> None:
+        """Drop an ended attempt's records here (the Receiver's too)."""
+        g = self._g.get(request_id)
+        if g is not None and not g.state.final:
+            raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
+        self.rx.forget(sub_id(request_id, self.rank))
+        self._g.pop(request_id, None)
+        self._drop(request_id)
+        self._early.pop(request_id, None)

@@ -1,0 +1,192 @@
+"""``RankSender``: one prefill TP rank in its own process, offering each decode rank
+only its slice of that rank's heads, at the epoch ``Epochs`` chose for the group
+(``refimpl.api.ranks.group`` says how the ranks agree)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.ranks.group import ABORT, OFFER, Epochs, _Group, _Member, _pieces, sub_id
+from refimpl.api.sender import Sender
+from refimpl.api.wire import State
+from refimpl.engine.data import RankPools
+from refimpl.transport import Transport
+
+__all__ = ["RankSender"]
+
+
+class RankSender(_Member):
+    """One prefill TP rank (its own process): its slice of each decode rank's heads."""
+
+    def __init__(
+        self,
+        pools: RankPools,
+        geometry: KVGeometry,
+        transport: Transport,
+        model: ModelIdentity,
+        *,
+        rank: int,
+        dst_tp: int,
+        epochs: Epochs,
+    ) -> None:
+        """``geometry``: the prefill side's (tp = P), ``pools`` rank ``rank``'s alone
+        (``geometry.make_rank_pools``); ``dst_tp``: the decode side's TP."""
+        geometry.check_rank_pools(pools, rank)
+        self.pools, self.geometry, self.transport, self.epochs = pools, geometry, transport, epochs
+        self.rank, self.src_tp, self.dst_tp, self.side = rank, geometry.tp, dst_tp, "p"
+        own = geometry.kv_heads_per_rank
+        self._subs: dict[int, tuple[Sender, int, RankPools | None]] = {}  # d -> (tx, lo, pool)
+        for d in range(dst_tp):
+            pieces = _pieces(geometry.kv_heads, geometry.tp, dst_tp, d)
+            mine = [i for i, p in enumerate(pieces) if p.src_rank == rank]
+            if not mine:
+                continue
+            p = pieces[mine[0]]
+            sub_geo = geometry.with_(kv_heads=sum(q.src_stop - q.src_start for q in pieces),
+                                     tp=len(pieces))  # fmt: skip
+            sliced = p.src_stop - p.src_start != own  # a narrower decode rank: a slice
+            sub_pools = sub_geo.make_rank_pools(mine[0], pools.alloc.capacity) if sliced else None
+            tx = Sender(sub_pools or pools, sub_geo, transport, model, rank=mine[0])
+            self._subs[d] = (tx, p.src_start, sub_pools)
+        self._g: dict[str, _Group] = {}
+        self._blocks: dict[str, list[int]] = {}
+
+    def state(self, request_id: str) -> State:
+        return self._g[request_id].state
+
+    def reasons(self, request_id: str) -> list[str]:
+        return list(self._g[request_id].reasons)
+
+    def stats(self, request_id: str) -> dict[int, tuple[int, int]]:
+        """Per decode rank this rank sends to: (chunks, payload bytes) of the attempt."""
+        return {d: tx.stats(sub_id(request_id, d)) for d, (tx, _, _) in self._subs.items()}
+
+    def held(self) -> dict[str, tuple[int, ...]]:
+        """Blocks this rank's live sub-handoffs hold (their slices' copies)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for rid, g in self._g.items():
+            for d, (_, _, sp) in self._subs.items():
+                if sp is not None and not g.state.final and sp.alloc.blocks_of(sub_id(rid, d)):
+                    out[sub_id(rid, d)] = sp.alloc.blocks_of(sub_id(rid, d))
+        return out
+
+    def offer(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        *,
+        blocks: Sequence[int],
+        prefix_blocks: int = 0,
+    ) -> int:
+        """Offer the request's current attempt (``Epochs.current``), layer by layer;
+        returns its epoch. ``blocks``: the request's blocks holding ``token_ids``."""
+        g = self._g.get(request_id)
+        if g is not None and not g.state.final:
+            raise ValueError(f"{request_id!r} already has an attempt in state {g.state.value}")
+        e = self.epochs.current(request_id)
+        self._g[request_id] = _Group(e, State.OFFERED)
+        self._blocks[request_id] = list(blocks)
+        for d, (tx, _, sp) in self._subs.items():
+            sid = sub_id(request_id, d)
+            tx.forget(sid)
+            use = self._hold(request_id, d, sp)
+            try:
+                tx.offer(sid, token_ids, blocks=use, epoch=e, dst_tp=1,
+                         prefix_blocks=prefix_blocks, layers=self.geometry.num_layers)  # fmt: skip
+            finally:
+                if sp is None:
+                    self.pools.alloc.free(sid)
+        self._say(request_id, {"type": OFFER, "epoch": e, "rank": self.rank})
+        return e
+
+    def _hold(self, rid: str, d: int, sp: RankPools | None) -> list[int]:
+        """The blocks sub-handoff d reads: the request's own (a reference for the call:
+        the Sender checks its holder), or its copies of the slice."""
+        sid, blocks = sub_id(rid, d), self._blocks[rid]
+        if sp is None:
+            self.pools.alloc.incref(sid, blocks)
+            return blocks
+        if not sp.alloc.blocks_of(sid):
+            sp.alloc.allocate(sid, len(blocks))
+        return list(sp.alloc.blocks_of(sid))
+
+    def send_layer(self, request_id: str, layer: int) -> None:
+        """Layer ``layer`` is written in the request's blocks here: send each decode
+        rank its slice of it (copied now: the blocks may be reused after this returns)."""
+        g = self._g[request_id]
+        if g.state.final:
+            return
+        blocks = self._blocks[request_id]
+        for d, (tx, lo, sp) in self._subs.items():
+            sid = sub_id(request_id, d)
+            use = self._hold(request_id, d, sp)
+            try:
+                if sp is not None:
+                    n = sp.kv_heads
+                    for b, c in zip(blocks, use, strict=True):
+                        src = self.pools.hm_block(0, b)[layer][:, lo : lo + n]
+                        sp.hm_block(0, c)[layer].copy_(src)
+                tx.send_layer(sid, layer)
+            finally:
+                if sp is None:
+                    self.pools.alloc.free(sid)
+        if g.state is State.OFFERED:
+            g.state = State.SENDING
+
+    def poll(self, request_id: str) -> int:
+        """The sub-handoffs' replies and the group's messages; returns messages read."""
+        g = self._g[request_id]
+        n = 0
+        for d, (tx, _, _) in self._subs.items():
+            n += tx.poll(sub_id(request_id, d))
+        heard = self._heard(request_id)
+        if g.state.final:
+            return n + len(heard)
+        for h in heard:
+            if (why := self._hear(request_id, g, h)) is not None:
+                self._stop(request_id, g, why, tell=h.get("type") != ABORT)
+                return n + len(heard)
+        for d, (tx, _, _) in self._subs.items():
+            st = tx.state(sub_id(request_id, d))
+            if st.final and st is not State.DONE:
+                why = [f"prefill rank {self.rank} to decode rank {d}: {r}"
+                       for r in tx.reasons(sub_id(request_id, d))]  # fmt: skip
+                self._stop(request_id, g, why or [f"sub-handoff {st.value}"], tell=True)
+                return n + len(heard)
+        if why_gone := self._failed(request_id):
+            self._stop(request_id, g, [why_gone], tell=True)
+        elif len(g.installed) == self.dst_tp and all(
+            tx.state(sub_id(request_id, d)) is State.DONE for d, (tx, _, _) in self._subs.items()
+        ):
+            self._done(request_id, g)
+            self._release(request_id)
+        return n + len(heard)
+
+    def abort(self, request_id: str, reason: str = "cancelled") -> None:
+        """End the attempt on this rank and tell every rank of both sides why."""
+        g = self._g.get(request_id)
+        if g is not None and not g.state.final:
+            self._stop(request_id, g, [f"prefill rank {self.rank} aborted: {reason}"], tell=True)
+
+    def _stop(self, rid: str, g: _Group, reasons: list[str], *, tell: bool) -> None:
+        for d, (tx, _, _) in self._subs.items():
+            tx.abort(sub_id(rid, d), reasons[0] if reasons else "aborted")
+        self._end_group(rid, g, reasons, tell)
+        self._release(rid)
+
+    def _release(self, rid: str) -> None:
+        for d, (_, _, sp) in self._subs.items():
+            if sp is not None:
+                sp.alloc.free(sub_id(rid, d))
+
+    def forget(self, request_id: str) -> None:
+        """Drop an ended attempt's records here (its sub-handoffs' too)."""
+        g = self._g.get(request_id)
+        if g is not None and not g.state.final:
+            raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
+        for d, (tx, _, _) in self._subs.items():
+            tx.forget(sub_id(request_id, d))
+        self._g.pop(request_id, None)
+        self._drop(request_id)
+        self._blocks.pop(request_id, None)
