@@ -56,10 +56,9 @@ def test_round_trip_across_geometries_is_bit_exact(tmp_path: Path) -> None:
     other = KVGeometry(2, 4, 8, 2, "bfloat16")  # tp=1, another block size and layout
     dst = other.make_pools(16)
     back = reload(DiskTier(tmp_path, MODEL), None, dst, other, "r1", TOKENS, decode_room=4)
-    assert (
-        len(back.received.blocks) == 7 and back.checks == 3 + 6
-    )  # the file's 3 blocks, then per chunk and per block
-    assert torch.equal(_per_token(dst, list(back.received.blocks), len(TOKENS)), want)
+    assert len(back.blocks) == 7 and back.checks == 3  # the file's 3 blocks, verified once
+    assert back.num_tokens == len(TOKENS) and dst.alloc.blocks_of("r1") == back.blocks
+    assert torch.equal(_per_token(dst, list(back.blocks), len(TOKENS)), want)
     assert not st.path.exists()  # free_host: the file is unpublished after the commit
 
 
