@@ -77,10 +77,13 @@ def chunk_data(
         kv = pools.pools[0].kv
         views = [byte_view(kv[b]) for b in blocks]
         return views, [bytes_checksum(v) for v in views]
+    perm = _to_hm(pools)
     for r in pools.primaries:
         h = pools.heads[r]
-        for k, b in enumerate(blocks):
-            staging[k, :, :, h.start : h.stop].copy_(pools.hm_block(r, b))
+        for k, b, n in _runs(blocks):  # one strided copy per run: per block is 10x slower
+            staging[k : k + n, :, :, h.start : h.stop].copy_(
+                pools.pools[r].kv[b : b + n].permute(perm)
+            )
     views = [byte_view(staging[k]) for k in range(len(blocks))]
     return views, [bytes_checksum(v) for v in views]
 
@@ -142,4 +145,24 @@ def _install(pools: RankPools, blocks: Sequence[int], buf: torch.Tensor, n: int)
         m = min(n, len(blocks) * bs)
         out[:, :, :, :m] = tok[:, :, :, :m]
         buf = out.view(layers, fields, heads, len(blocks), bs, dim).permute(3, 0, 1, 2, 4, 5)
-    pools.write_full_raw(blocks, buf)
+    perm = _to_hm(pools)
+    for r in range(pools.tp):
+        h = pools.heads[r]
+        for k, b, n in _runs(blocks):
+            pools.pools[r].kv[b : b + n].permute(perm).copy_(buf[k : k + n, :, :, h.start : h.stop])
+
+
+def _to_hm(pools: RankPools) -> tuple[int, ...]:
+    """The permutation of ``kv[b:b+n]`` (a run of blocks) to heads_major."""
+    return (0, *(p + 1 for p in pools.to_hm))
+
+
+def _runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(index, first block, length)`` of each run of consecutive block ids."""
+    out: list[tuple[int, int, int]] = []
+    for k, b in enumerate(blocks):
+        if out and out[-1][1] + out[-1][2] == b:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((k, b, 1))
+    return out
