@@ -25,17 +25,15 @@ its header fits the file's size, the manifest parses (the strict parser), passes
 ``check_compatible`` against this tier's model and the reader's geometry, holds exactly
 the tokens of that chunk at that position, names the chunk before it, and the tensor's
 dtype and shape are the manifest's; all of it before anything is allocated. Then every
-block must hash to its checksum while it is read, else the whole load is a ``Miss`` and
-the blocks taken for it are given back.
+block must hash to its checksum while it is read, else the whole load is a ``Miss``, the
+blocks taken for it are given back and that chunk's file is unpublished (the next lookup
+stops before it instead of failing again).
 
-A reader pins what it reads: the chunk files stay open from the lookup to the end of the
-read (an unpublished name keeps its bytes for an open reader, POSIX), and ``remove`` of a
-key this process is reading unpublishes it only when the last reader is done.
-
-The files themselves (temp name per writer, fsync, atomic rename, orphan sweep, regular
-files only) are ``refimpl.tiers.files``; a request's chunks are renamed in order after
-every one of them is flushed, so a store publishes all of its chunks or none, and a crash
-among the renames leaves a leading run of whole chunks: a shorter stored prefix.
+A reader pins what it reads: its chunk files stay open from the lookup to the end of the
+read, and ``remove`` of a key this process reads unpublishes it when the last reader is
+done. The files (temp name per writer, fsync, atomic rename, orphan sweep, regular files
+only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all are
+flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
 
 In the spec's vocabulary: writing the temp files is ``PrefillOffloadCopy``, the renames
 ``PrefillOffloadCommit`` (``PublishAfterCommit``); a load is ``PrefillReloadBegin`` /
@@ -47,8 +45,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,25 +68,24 @@ from refimpl.tiers.files import (
     write_batch,
 )
 from refimpl.tiers.kvio import TENSOR, Staging, read_chunk
-from refimpl.tiers.records import Chunk, Loaded, Miss, Prefix, Stored, TierPathError
+from refimpl.tiers.records import (
+    HEADS_MAJOR,
+    Chunk,
+    Loaded,
+    Miss,
+    Pins,
+    Prefix,
+    Stored,
+    TierPathError,
+    file_manifest,
+)
 from spec.manifest import Manifest, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
 from spec.manifest import from_json as manifest_from_json
 
 FORMAT_KEY, MANIFEST_KEY, PARENT_KEY = "kvown.format", "kvown.manifest", "kvown.parent"
-HEADS_MAJOR = "heads_major"
 
 __all__ = ["DiskTier", "Loaded", "Miss", "Prefix", "Stored", "TierPathError", "file_manifest"]
-
-
-def file_manifest(m: Manifest) -> Manifest:
-    """The manifest of canonical blocks: the same KV, as one tp=1 heads_major source."""
-    if m.prefix_blocks:
-        raise ValueError(
-            f"{m.request_id!r}: a file holds every block; prefix_blocks={m.prefix_blocks}"
-        )
-    canon = {"layout": HEADS_MAJOR, "src_tp": 1, "src_cp": 1, "dst_tp": 1, "dst_cp": 1}
-    return Manifest.from_json_dict({**m.to_json_dict(), **canon})
 
 
 class DiskTier:
@@ -106,9 +101,7 @@ class DiskTier:
         chunk_spans(0, chunk_tokens)  # ValueError unless an int >= 1
         self.directory, self.model, self.chunk_tokens = Path(directory), model, chunk_tokens
         self.staging = Staging()  # reused by every transfer of this tier
-        self._lock = threading.Lock()
-        self._pins: Counter[str] = Counter()
-        self._doomed: set[str] = set()
+        self._pins = Pins(self._unlink)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.directory.is_dir():
@@ -155,16 +148,13 @@ class DiskTier:
 
     def pinned(self, key: str) -> int:
         """Readers of this process holding ``key`` open now."""
-        with self._lock:
-            return self._pins[key]
+        return self._pins.count(key)
 
     def remove(self, key: str) -> bool:
         """Unpublish ``key`` (once no reader of this process holds it); an open reader
         keeps its bytes (POSIX). False: nothing was published under it."""
-        with self._lock:
-            if self._pins[key]:
-                self._doomed.add(key)
-                return self.path(key).exists()
+        if self._pins.defer(key):
+            return self.path(key).exists()
         return self._unlink(key)
 
     def _unlink(self, key: str) -> bool:
@@ -173,19 +163,6 @@ class DiskTier:
         except FileNotFoundError:
             return False
         return True
-
-    def _unpin(self, keys: Iterable[str]) -> None:
-        drop = []
-        with self._lock:
-            for k in keys:
-                self._pins[k] -= 1
-                if not self._pins[k]:
-                    del self._pins[k]
-                    if k in self._doomed:
-                        self._doomed.discard(k)
-                        drop.append(k)
-        for k in drop:
-            self._unlink(k)
 
     # ------------------------------------------------------------ store
     def pending(
@@ -259,7 +236,7 @@ class DiskTier:
             chunks.append(got)
         if not chunks:
             return Miss(keys[0], why)
-        return Prefix(chunks, why, self._unpin)
+        return Prefix(chunks, why, self._pins.unpin)
 
     def _open_chunk(
         self,
@@ -286,8 +263,7 @@ class DiskTier:
         except (OSError, ValueError, MemoryError) as e:  # an unreadable or strange file
             f.close()
             return f"{type(e).__name__}: {str(e)[:200]}"
-        with self._lock:
-            self._pins[key] += 1
+        self._pins.pin(key)
         return Chunk(key, span, f, header, m)
 
     def read(
@@ -309,11 +285,27 @@ class DiskTier:
             s, e = c.span
             mine = blocks[s // bs : -(-e // bs)]
             m = c.manifest
-            checks += read_chunk(
-                c.file, c.header, m.block_checksums, e - s, m.block_size, pools, mine,
-                self.staging, stop,
-            )  # fmt: skip
+            try:
+                checks += read_chunk(
+                    c.file, c.header, m.block_checksums, e - s, m.block_size, pools, mine,
+                    self.staging, stop,
+                )  # fmt: skip
+            except TornFileError:
+                self._unpublish_bad(c)
+                raise
         return checks
+
+    def _unpublish_bad(self, c: Chunk) -> None:
+        """A hit whose bytes failed their checksum: unpublish that file, so the next
+        lookup misses instead of failing again (HostLoadFail; vLLM #49176 kept the hit).
+        Only when the name still is the file read (a writer may have renamed a whole one
+        over it since)."""
+        try:
+            mine, now = os.fstat(c.file.fileno()), os.lstat(self.path(c.key))
+        except OSError:
+            return
+        if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+            self._unlink(c.key)
 
     def load(
         self,

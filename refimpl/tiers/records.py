@@ -1,10 +1,13 @@
 """What a ``DiskTier`` hands out: a store's published chunks (``Stored``), a verified
 hit (``Loaded``), a miss with its reason (``Miss``), and a reader's open, pinned run of
 chunk files (``Prefix`` of ``Chunk``); ``TierPathError`` for a folder that cannot be a
-tier. The tier itself is ``refimpl.api.disk``."""
+tier; ``file_manifest``: a manifest as canonical blocks; ``Pins``: a tier's readers.
+The tier itself is ``refimpl.api.disk``."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +17,12 @@ from refimpl.engine.data import RankPools
 from refimpl.tiers.files import Header
 from spec.manifest import Manifest
 
-__all__ = ["Chunk", "Loaded", "Miss", "Prefix", "Stored", "TierPathError"]
+HEADS_MAJOR = "heads_major"
+
+__all__ = [
+    "HEADS_MAJOR", "Chunk", "Loaded", "Miss", "Pins", "Prefix", "Stored", "TierPathError",
+    "file_manifest",
+]  # fmt: skip
 
 
 class TierPathError(ValueError):
@@ -101,3 +109,53 @@ class Prefix:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def file_manifest(m: Manifest) -> Manifest:
+    """The manifest of canonical blocks: the same KV, as one tp=1 heads_major source."""
+    if m.prefix_blocks:
+        raise ValueError(
+            f"{m.request_id!r}: a file holds every block; prefix_blocks={m.prefix_blocks}"
+        )
+    canon = {"layout": HEADS_MAJOR, "src_tp": 1, "src_cp": 1, "dst_tp": 1, "dst_cp": 1}
+    return Manifest.from_json_dict({**m.to_json_dict(), **canon})
+
+
+class Pins:
+    """A tier's readers in this process, per key; a key removed while read is unlinked
+    (``unlink(key)``) when its last reader is done."""
+
+    def __init__(self, unlink: Callable[[str], object]) -> None:
+        self._unlink = unlink
+        self._lock = threading.Lock()
+        self._pins: Counter[str] = Counter()
+        self._doomed: set[str] = set()
+
+    def count(self, key: str) -> int:
+        with self._lock:
+            return self._pins[key]
+
+    def pin(self, key: str) -> None:
+        with self._lock:
+            self._pins[key] += 1
+
+    def defer(self, key: str) -> bool:
+        """True: ``key`` is read now, its removal waits for the last reader."""
+        with self._lock:
+            if self._pins[key]:
+                self._doomed.add(key)
+                return True
+            return False
+
+    def unpin(self, keys: list[str]) -> None:
+        drop = []
+        with self._lock:
+            for k in keys:
+                self._pins[k] -= 1
+                if not self._pins[k]:
+                    del self._pins[k]
+                    if k in self._doomed:
+                        self._doomed.discard(k)
+                        drop.append(k)
+        for k in drop:
+            self._unlink(k)

@@ -127,9 +127,11 @@ def test_a_damaged_chunk_is_a_miss_with_nothing_allocated(tmp_path: Path) -> Non
         reload(tier, None, dst, CANON, "r2", A)
     assert dst.alloc.num_free == 32 and dst.alloc.holders() == ()
     dst.alloc.check_integrity()
-    assert len(tier.keys()) == 3  # a miss unpublishes nothing
+    assert tier.keys() == sorted([st.keys[0], st.keys[2]])  # the bad chunk unpublished
+    assert tier.lookup(DEV, A) == 16  # the next lookup stops before it: no second failure
+    _flip_last_data_byte(st.paths[0])
     got = tier.load(DEV, A, "r3")
-    assert not isinstance(got, Loaded) and "block 3" in got.reason
+    assert isinstance(got, Miss) and "block 3" in got.reason and tier.lookup(DEV, A) == 0
 
 
 def test_a_torn_header_ends_the_run_before_it(tmp_path: Path) -> None:

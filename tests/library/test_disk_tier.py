@@ -222,8 +222,9 @@ def test_a_load_into_reused_staging_gives_its_blocks_back_on_a_miss(
     got = tier.load(DEV, TOKENS, "r2", into=staging)
     assert isinstance(got, Loaded) and got.pools is staging and len(got.blocks) == 3
     staging.alloc.free("r2")
+    with pytest.raises(ValueError, match="do not match"):
+        tier.load(DEV, TOKENS, "r2", into=DEV.make_pools(8))  # not the file's geometry
     _rewrite(st.path, TORN["a data byte flipped"])  # the last block's bytes
     got = tier.load(DEV, TOKENS, "r2", into=staging)
     assert isinstance(got, Miss) and "block 2" in got.reason and staging.alloc.num_free == 8
-    with pytest.raises(ValueError, match="do not match"):
-        tier.load(DEV, TOKENS, "r2", into=DEV.make_pools(8))  # not the file's geometry
+    assert not st.path.exists()  # a hit that failed its checksum is unpublished
