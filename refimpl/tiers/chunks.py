@@ -8,8 +8,9 @@ database; no code of it).
 
 ``root_key`` digests the identity the caller gives (model, the KV's meaning) with the
 chunk size and this format, so different models, geometries or chunkings never share a
-key. ``chain_keys``: ``h_0 = root``, ``h_{i+1} = xxh3(h_i ":" tokens of chunk i as int64
-little-endian)``, the project's one checksum (``refimpl.checksum.bytes_checksum``); a
+key. ``chain_keys``: ``h_0 = root``, ``h_{i+1} = xxh3(h_i ":" tokens of chunk i as int64,
+native order)`` (a host of the other byte order computes other keys: it misses, never
+mis-hits), the project's one checksum (``refimpl.checksum.bytes_checksum``); a
 chunk's key therefore depends on every token before it, so a hit on chunk ``i`` means the
 whole prefix ``[0, end_i)`` is the one asked for (up to a 64-bit collision of the chain).
 

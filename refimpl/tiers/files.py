@@ -7,7 +7,8 @@ the name appears only with every byte behind it, and survives a power loss once
 ``write_published`` returned. Two writers of one name never share a temp file (LMCache
 #2517: a shared temp name let one writer's rename take the other's file away); the last
 rename wins, and both files are whole. A writer killed at any point leaves at most its
-own temp file, never a published name with partial bytes.
+own temp files, never a published name with partial bytes. ``write_batch`` writes several
+files, flushes them all, then renames them in order (one fsync of the directory).
 
 Read (``read_header`` then ``read_into``): the 8-byte header length, the header (strict
 JSON, capped), every tensor entry (known dtype, shape, offsets) and the sum of the
