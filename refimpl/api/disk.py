@@ -79,7 +79,7 @@ from refimpl.tiers.records import (
     TierPathError,
     file_manifest,
 )
-from spec.manifest import Manifest, check_compatible
+from spec.manifest import LocalConfig, Manifest, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
 from spec.manifest import from_json as manifest_from_json
 
@@ -102,6 +102,7 @@ class DiskTier:
         self.directory, self.model, self.chunk_tokens = Path(directory), model, chunk_tokens
         self.staging = Staging()  # reused by every transfer of this tier
         self._pins = Pins(self._unlink)
+        self._locals: dict[tuple[KVGeometry, int], LocalConfig] = {}
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.directory.is_dir():
@@ -195,7 +196,7 @@ class DiskTier:
         """Publish ``kv`` ``[blocks, *block_shape]`` (canonical, CPU, from position 0)."""
         m = manifest
         geo = KVGeometry.from_manifest_source(m)
-        problems = self._reasons(m, geo, m.token_ids, (0, m.num_tokens))
+        problems = self._reasons(m, self._local(geo, m.block_size), m.token_ids, (0, m.num_tokens))
         want = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
         if kv.dtype != geo.torch_dtype or tuple(kv.shape) != want:
             problems.append(f"kv is {kv.dtype}{tuple(kv.shape)}, the manifest says {want}")
@@ -352,8 +353,7 @@ class DiskTier:
             raise TornFileError(f"metadata: not a {FORMAT} file")
         m = manifest_from_json(meta[MANIFEST_KEY])
         geo = KVGeometry.from_manifest_source(m)
-        local = geometry.with_(tp=1, cp=1, layout=HEADS_MAJOR, block_size=m.block_size)
-        reasons = self._reasons(m, local, token_ids, span)
+        reasons = self._reasons(m, self._local(geometry, m.block_size), token_ids, span)
         if meta.get(PARENT_KEY) != parent:
             reasons.append(f"parent: the file follows {meta.get(PARENT_KEY)!r}, not {parent!r}")
         if self.chunk_tokens % m.block_size:
@@ -368,11 +368,19 @@ class DiskTier:
             raise SpecManifestError(reasons)
         return m
 
+    def _local(self, geometry: KVGeometry, block_size: int) -> LocalConfig:
+        """The reader's config for a file of ``block_size`` (one per geometry and size)."""
+        key = (geometry, block_size)
+        if (got := self._locals.get(key)) is None:
+            local = geometry.with_(tp=1, cp=1, layout=HEADS_MAJOR, block_size=block_size)
+            got = self._locals[key] = local.to_local_config(self.model)
+        return got
+
     def _reasons(
-        self, m: Manifest, local: KVGeometry, token_ids: Sequence[int], span: tuple[int, int]
+        self, m: Manifest, local: LocalConfig, token_ids: Sequence[int], span: tuple[int, int]
     ) -> list[str]:
         """Why ``m`` is not this tier's file of tokens ``span`` of ``token_ids`` (empty: it is)."""
-        out = list(check_compatible(m, local.to_local_config(self.model)).reasons)
+        out = list(check_compatible(m, local).reasons)
         canon = (m.layout, m.src_tp, m.src_cp, m.dst_tp, m.dst_cp, m.prefix_blocks)
         if canon != (HEADS_MAJOR, 1, 1, 1, 1, 0):
             out.append(f"not canonical blocks (layout, tp, cp, prefix): {canon}")
