@@ -24,7 +24,9 @@ heads_major source) and the key of the chunk before it. A chunk reads as a hit o
 its header fits the file's size, the manifest parses (the strict parser), passes
 ``check_compatible`` against this tier's model and the reader's geometry, holds exactly
 the tokens of that chunk at that position, names the chunk before it, and the tensor's
-dtype and shape are the manifest's; all of it before anything is allocated. Then every
+dtype and shape are the manifest's; all of it before anything is allocated (a file's
+header is parsed once per version: device, inode, size, mtime, ctime; a stale entry could
+only name checksums the bytes must still match). Then every
 block must hash to its checksum while it is read, else the whole load is a ``Miss``, the
 blocks taken for it are given back and that chunk's file is unpublished (the next lookup
 stops before it instead of failing again).
@@ -67,7 +69,7 @@ from refimpl.tiers.files import (
     sweep_orphans,
     write_batch,
 )
-from refimpl.tiers.kvio import TENSOR, Staging, read_chunk
+from refimpl.tiers.kvio import Staging, read_chunk
 from refimpl.tiers.records import (
     HEADS_MAJOR,
     Chunk,
@@ -79,11 +81,19 @@ from refimpl.tiers.records import (
     TierPathError,
     file_manifest,
 )
-from spec.manifest import LocalConfig, Manifest, check_compatible
+from refimpl.tiers.validate import (
+    FORMAT_KEY,
+    MANIFEST_KEY,
+    PARENT_KEY,
+    TENSOR,
+    chunk_reasons,
+    manifest_reasons,
+    parse_manifest,
+)
+from spec.manifest import LocalConfig, Manifest
 from spec.manifest import ManifestError as SpecManifestError
-from spec.manifest import from_json as manifest_from_json
 
-FORMAT_KEY, MANIFEST_KEY, PARENT_KEY = "kvown.format", "kvown.manifest", "kvown.parent"
+PARSED_CAP = 4096  # parsed headers kept (the oldest goes first)
 
 __all__ = ["DiskTier", "Loaded", "Miss", "Prefix", "Stored", "TierPathError", "file_manifest"]
 
@@ -103,6 +113,9 @@ class DiskTier:
         self.staging = Staging()  # reused by every transfer of this tier
         self._pins = Pins(self._unlink)
         self._locals: dict[tuple[KVGeometry, int], LocalConfig] = {}
+        # key -> (file version, header, manifest): a file's header is parsed once per
+        # version (device, inode, size, mtime, ctime); its bytes are verified every read
+        self._parsed: dict[str, tuple[tuple[int, ...], Header, Manifest]] = {}
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.directory.is_dir():
@@ -196,7 +209,8 @@ class DiskTier:
         """Publish ``kv`` ``[blocks, *block_shape]`` (canonical, CPU, from position 0)."""
         m = manifest
         geo = KVGeometry.from_manifest_source(m)
-        problems = self._reasons(m, self._local(geo, m.block_size), m.token_ids, (0, m.num_tokens))
+        local = self._local(geo, m.block_size)
+        problems = manifest_reasons(m, local, m.token_ids, (0, m.num_tokens))
         want = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
         if kv.dtype != geo.torch_dtype or tuple(kv.shape) != want:
             problems.append(f"kv is {kv.dtype}{tuple(kv.shape)}, the manifest says {want}")
@@ -256,8 +270,20 @@ class DiskTier:
         except OSError as e:
             return f"cannot read: {e.strerror or e}"
         try:
-            header = read_header(f)
-            m = self._check(header, geometry, token_ids, span, parent)
+            st = os.fstat(f.fileno())
+            version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            seen = self._parsed.get(key)
+            if seen is not None and seen[0] == version:  # parsed before: the same file
+                header, m = seen[1], seen[2]
+            else:
+                header = read_header(f)
+                m = parse_manifest(header)
+                if len(self._parsed) >= PARSED_CAP:
+                    self._parsed.pop(next(iter(self._parsed)))
+                self._parsed[key] = (version, header, m)
+            local = self._local(geometry, m.block_size)
+            if why := chunk_reasons(header, m, local, token_ids, span, parent, self.chunk_tokens):
+                raise SpecManifestError(why)
         except (TornFileError, SpecManifestError) as e:
             f.close()
             return f"{type(e).__name__}: {e}"
@@ -340,34 +366,6 @@ class DiskTier:
                 return Miss(got.chunks[-1].key, f"{type(e).__name__}: {e}")
             return Loaded(got.chunks[-1].key, got.num_tokens, pools, blocks, checks)
 
-    def _check(
-        self,
-        header: Header,
-        geometry: KVGeometry,
-        token_ids: Sequence[int],
-        span: tuple[int, int],
-        parent: str,
-    ) -> Manifest:
-        meta = header.metadata
-        if meta.get(FORMAT_KEY) != FORMAT or MANIFEST_KEY not in meta:
-            raise TornFileError(f"metadata: not a {FORMAT} file")
-        m = manifest_from_json(meta[MANIFEST_KEY])
-        geo = KVGeometry.from_manifest_source(m)
-        reasons = self._reasons(m, self._local(geometry, m.block_size), token_ids, span)
-        if meta.get(PARENT_KEY) != parent:
-            reasons.append(f"parent: the file follows {meta.get(PARENT_KEY)!r}, not {parent!r}")
-        if self.chunk_tokens % m.block_size:
-            reasons.append(f"block size {m.block_size} does not divide {self.chunk_tokens}")
-        e = header.entries.get(TENSOR)
-        want = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
-        if set(header.entries) != {TENSOR} or e is None:
-            reasons.append(f"tensors {sorted(header.entries)}; a file holds {TENSOR!r} alone")
-        elif e.dtype != geo.torch_dtype or e.shape != want:
-            reasons.append(f"tensor {TENSOR!r} is {e.dtype}{e.shape}, the manifest says {want}")
-        if reasons:
-            raise SpecManifestError(reasons)
-        return m
-
     def _local(self, geometry: KVGeometry, block_size: int) -> LocalConfig:
         """The reader's config for a file of ``block_size`` (one per geometry and size)."""
         key = (geometry, block_size)
@@ -375,18 +373,3 @@ class DiskTier:
             local = geometry.with_(tp=1, cp=1, layout=HEADS_MAJOR, block_size=block_size)
             got = self._locals[key] = local.to_local_config(self.model)
         return got
-
-    def _reasons(
-        self, m: Manifest, local: LocalConfig, token_ids: Sequence[int], span: tuple[int, int]
-    ) -> list[str]:
-        """Why ``m`` is not this tier's file of tokens ``span`` of ``token_ids`` (empty: it is)."""
-        out = list(check_compatible(m, local).reasons)
-        canon = (m.layout, m.src_tp, m.src_cp, m.dst_tp, m.dst_cp, m.prefix_blocks)
-        if canon != (HEADS_MAJOR, 1, 1, 1, 1, 0):
-            out.append(f"not canonical blocks (layout, tp, cp, prefix): {canon}")
-        if len(m.block_checksums) != m.num_blocks:
-            out.append(f"{len(m.block_checksums)} checksums for {m.num_blocks} blocks")
-        s, e = span
-        if m.start_pos != s or m.token_ids != tuple(token_ids[s:e]):
-            out.append(f"token_ids: the file's are not tokens [{s}, {e}) of the ones asked for")
-        return out

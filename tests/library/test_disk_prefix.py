@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from refimpl.api import DiskTier, KVGeometry, offload, reload
+from refimpl.api import DiskTier, KVGeometry, disk, offload, reload
 from refimpl.api.disk import Loaded, Miss
 from refimpl.api.offload import offload_async, reload_async
 from refimpl.blocks import BlockStatus
@@ -246,3 +246,20 @@ def test_concurrent_writers_of_one_prefix_end_with_whole_files(tmp_path: Path) -
     assert tier.keys() == sorted(stored[0].keys) and not list(tmp_path.glob(".*"))
     got = tier.load(DEV, A, "r2")
     assert isinstance(got, Loaded) and got.num_tokens == 40 and got.checks == 10
+
+
+def test_a_header_parsed_once_is_parsed_again_for_another_version_of_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier, st, _ = _stored(tmp_path)
+    parses = []
+    real = disk.parse_manifest
+    monkeypatch.setattr(disk, "parse_manifest", lambda h: parses.append(1) or real(h))
+    assert tier.lookup(DEV, A) == 40 and len(parses) == 3
+    assert tier.lookup(DEV, A) == 40 and len(parses) == 3  # the same files: parsed once
+    data = bytearray(st.paths[1].read_bytes())
+    data[40] ^= 0xFF  # a header byte, in a new file renamed over the chunk
+    fresh = tmp_path / "fresh"
+    fresh.write_bytes(bytes(data))
+    fresh.replace(st.paths[1])
+    assert tier.lookup(DEV, A) == 16  # read again, not the parse kept for the old inode
