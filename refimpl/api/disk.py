@@ -58,10 +58,12 @@ from refimpl.checksum import byte_view
 from refimpl.engine.data import RankPools
 from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chain_keys, chunk_spans, root_key
 from refimpl.tiers.files import (
+    Entry,
     Header,
     Pending,
     Stopped,
     TornFileError,
+    header_bytes,
     open_published,
     published_names,
     published_path,
@@ -197,13 +199,30 @@ class DiskTier:
         shape = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
         parent = keys[index - 1] if index else ""
         meta = {FORMAT_KEY: FORMAT, MANIFEST_KEY: m.to_json(), PARENT_KEY: parent}
-        return Pending(keys[index], meta, [(TENSOR, geo.torch_dtype, shape)], data), m
+        return Pending(keys[index], meta, [(TENSOR, geo.torch_dtype, shape)], data, m), m
 
     def publish(
         self, files: Iterable[Pending], stop: Callable[[], bool] | None = None
     ) -> list[Path]:
         """Write, flush, then rename ``files`` in order (``files.write_batch``)."""
-        return write_batch(self.directory, files, stop)
+        return write_batch(self.directory, files, stop, self._remember)
+
+    def _remember(self, p: Pending, st: os.stat_result) -> None:
+        """A chunk this tier just published: its header and manifest are what it wrote,
+        kept for that inode's version (a reader of another file parses its own)."""
+        if not isinstance(p.note, Manifest):
+            return
+        (name, dtype, shape), size = p.entries[0], st.st_size
+        start = len(header_bytes(p.metadata, p.entries))
+        entry = Entry(name, dtype, tuple(shape), 0, size - start)
+        header = Header(dict(p.metadata), {name: entry}, start, size)
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self._keep(p.name, version, header, p.note)
+
+    def _keep(self, key: str, version: tuple[int, ...], header: Header, m: Manifest) -> None:
+        if len(self._parsed) >= PARSED_CAP:
+            self._parsed.pop(next(iter(self._parsed)))
+        self._parsed[key] = (version, header, m)
 
     def store(self, manifest: Manifest, kv: torch.Tensor) -> Stored:
         """Publish ``kv`` ``[blocks, *block_shape]`` (canonical, CPU, from position 0)."""
@@ -278,9 +297,7 @@ class DiskTier:
             else:
                 header = read_header(f)
                 m = parse_manifest(header)
-                if len(self._parsed) >= PARSED_CAP:
-                    self._parsed.pop(next(iter(self._parsed)))
-                self._parsed[key] = (version, header, m)
+                self._keep(key, version, header, m)
             local = self._local(geometry, m.block_size)
             if why := chunk_reasons(header, m, local, token_ids, span, parent, self.chunk_tokens):
                 raise SpecManifestError(why)

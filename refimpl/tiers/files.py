@@ -158,6 +158,7 @@ class Pending:
     metadata: Mapping[str, str]
     entries: Sequence[tuple[str, torch.dtype, Sequence[int]]]
     data: Sequence[memoryview]
+    note: object = None  # the caller's, handed back to ``seen``
 
 
 class Stopped(Exception):
@@ -165,36 +166,39 @@ class Stopped(Exception):
 
 
 def write_batch(
-    directory: Path, files: Iterable[Pending], stop: Callable[[], bool] | None = None
+    directory: Path,
+    files: Iterable[Pending],
+    stop: Callable[[], bool] | None = None,
+    seen: Callable[[Pending, os.stat_result], None] | None = None,
 ) -> list[Path]:
     """Publish ``files`` (consumed one at a time, so a caller may reuse one buffer for
     the next file's data once the previous file was yielded): each is written to a temp
     name unique to this writer; every temp file is fsynced; then the names are published
     by ``os.replace`` in the order given, and the directory is fsynced once. Until the
     renames begin, a failure or ``stop()`` removes every temp file and publishes nothing;
-    a crash during the renames leaves a leading run of them published, each file whole."""
-    temps: list[tuple[int, Path, Path]] = []
+    a crash during the renames leaves a leading run of them published, each file whole.
+    ``seen(file, stat)``: each published file's own inode, stated after its rename."""
+    temps: list[tuple[int, Path, Path, Pending]] = []
     out: list[Path] = []
-    closed = False
     try:
         for p in files:
             if stop is not None and stop():
                 raise Stopped(f"stopped before {p.name!r}")
-            temps.append(_write_temp(directory, p))
-        for fd, _, _ in temps:
+            temps.append((*_write_temp(directory, p), p))
+        for fd, *_ in temps:
             os.fsync(fd)  # every byte on the device before any name can appear
-        closed = True
-        for fd, _, _ in temps:
-            os.close(fd)
-        for _, tmp, final in temps:
+        for _, tmp, final, _ in temps:
             os.replace(tmp, final)  # the publish: atomic within one directory
             out.append(final)
+        for fd, _, _, p in temps if seen is not None else ():
+            seen(p, os.fstat(fd))
     except BaseException:
-        for fd, _, _ in temps if not closed else ():
-            os.close(fd)
-        for _, tmp, _ in temps[len(out) :]:
+        for _, tmp, _, _ in temps[len(out) :]:
             tmp.unlink(missing_ok=True)
         raise
+    finally:
+        for fd, *_ in temps:
+            os.close(fd)
     if out:
         fsync_dir(directory)  # the renames themselves survive a power loss
     return out
