@@ -190,8 +190,9 @@ def write_batch(
         for _, tmp, final, _ in temps:
             os.replace(tmp, final)  # the publish: atomic within one directory
             out.append(final)
-        for fd, _, _, p in temps if seen is not None else ():
-            seen(p, os.fstat(fd))
+        for fd, _, _, p in temps:
+            if seen is not None:
+                seen(p, os.fstat(fd))
     except BaseException:
         for _, tmp, _, _ in temps[len(out) :]:
             tmp.unlink(missing_ok=True)
