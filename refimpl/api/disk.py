@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ class DiskTier:
         # key -> (file version, header, manifest): a file's header is parsed once per
         # version (device, inode, size, mtime, ctime); its bytes are verified every read
         self._parsed: dict[str, tuple[tuple[int, ...], Header, Manifest]] = {}
+        self._parsed_lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.directory.is_dir():
@@ -220,9 +222,10 @@ class DiskTier:
         self._keep(p.name, version, header, p.note)
 
     def _keep(self, key: str, version: tuple[int, ...], header: Header, m: Manifest) -> None:
-        if len(self._parsed) >= PARSED_CAP:
-            self._parsed.pop(next(iter(self._parsed)))
-        self._parsed[key] = (version, header, m)
+        with self._parsed_lock:  # an offload's thread and the engine's may both keep
+            if len(self._parsed) >= PARSED_CAP:
+                self._parsed.pop(next(iter(self._parsed)))
+            self._parsed[key] = (version, header, m)
 
     def store(self, manifest: Manifest, kv: torch.Tensor) -> Stored:
         """Publish ``kv`` ``[blocks, *block_shape]`` (canonical, CPU, from position 0)."""
