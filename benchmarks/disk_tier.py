@@ -9,6 +9,18 @@
                     ``disk_over_raw_given_checksums``: the same with the manifest's
                     checksums already at hand (an offload: the handoff's sender hashed
                     them), the load still verifying every block.
+(c) reload_over_load_file  ``reload`` (a DiskTier's chunks of 256 tokens: the longest
+                    prefix opened and checked, every block read into the device pools
+                    and verified) against ``safetensors.torch.load_file`` of one file of
+                    the same bytes + ``copy_`` into the same device blocks; tier time /
+                    library time (lower is better; goal <= 1.5). By the tier that wrote
+                    the chunks (their headers kept as written) and by a fresh
+                    ``DiskTier`` of the folder (another process: every header parsed).
+    offload_over_save_file  ``offload`` (each block hashed once, the chunks written,
+                    fsynced, renamed, the folder fsynced) against ``save_file`` of the
+                    request's blocks + ``fsync``; tier / library (goal <= 1.3).
+                    Both for a canonical device (tp=1 heads_major: direct reads and
+                    writes) and a tp=2 tokens_major one (one staging copy each way).
 (b) --kills N       ``refimpl.testing.crash.disk.kill_rounds``: N rounds of one writer and
                     N of two writers of the same keys, each killed with SIGKILL at a random
                     point, then a restart: kills survived, orphans removed, reported keys
@@ -18,6 +30,7 @@ Both run in the directory given (default: a fresh temp directory on the disk of
 ``$TMPDIR``); reads come from the page cache on both sides.
 
     python benchmarks/disk_tier.py [--json] [--rounds 5] [--kills 0] [--dir DIR]
+                                   [--only round_trip,library]
 """
 
 from __future__ import annotations
@@ -35,7 +48,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from refimpl.api import DiskTier, KVGeometry  # noqa: E402
+import safetensors.torch  # noqa: E402
+
+from refimpl.api import DiskTier, KVGeometry, offload, reload  # noqa: E402
 from refimpl.api.disk import Loaded  # noqa: E402
 from refimpl.checksum import block_checksum, byte_view, writable_byte_view  # noqa: E402
 from refimpl.engine.data import RankPools, gen  # noqa: E402
@@ -108,15 +123,107 @@ def round_trip(directory: Path, rounds: int) -> dict[str, float]:
     }
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _library_round(
+    path: Path, kv: list[torch.Tensor], dst: list[torch.Tensor]
+) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    safetensors.torch.save_file({f"kv{r}": t for r, t in enumerate(kv)}, str(path))
+    _fsync(path)
+    t1 = time.perf_counter()
+    got = safetensors.torch.load_file(str(path))
+    for r, t in enumerate(dst):
+        t.copy_(got[f"kv{r}"])
+    t2 = time.perf_counter()
+    path.unlink()
+    return t1 - t0, t2 - t1
+
+
+def _tier_round(
+    tier: DiskTier, dev: RankPools, geo: KVGeometry, tokens: list[int]
+) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    st = offload(dev, geo, tier, None, "src", tokens)
+    t1 = time.perf_counter()
+    back = reload(tier, None, dev, geo, "dst", tokens, free_host=False)
+    t2 = time.perf_counter()
+    dev.alloc.free("dst")
+    reader = DiskTier(tier.directory, MODEL)  # another process's view: parses every header
+    t3 = time.perf_counter()
+    again = reload(reader, None, dev, geo, "dst", tokens, free_host=False)
+    t4 = time.perf_counter()
+    for b in (back, again):
+        if b.num_tokens != len(tokens):
+            raise SystemExit(f"reload hit {b.num_tokens} of {len(tokens)} tokens")
+    dev.alloc.free("dst")
+    for k in st.keys:
+        tier.remove(k)
+    return t1 - t0, t2 - t1, t4 - t3
+
+
+def against_library(directory: Path, rounds: int, geo: KVGeometry) -> dict[str, float]:
+    """Tier offload/reload vs save_file + fsync / load_file + copy_, same bytes, same run."""
+    n = 64  # 64 blocks of 16 tokens = 1024 tokens = 64 MiB: 4 chunk files
+    tokens = list(range(n * geo.block_size))
+    dev = geo.make_pools(2 * n)
+    src = dev.alloc.allocate("src", n)  # blocks 0..63, then "dst" gets 64..127
+    for p in dev.pools:
+        p.kv[src] = gen(p.kv[src].shape, p.kv.dtype, "bench", id(p) % 7)
+    # the library saves each rank's contiguous run (no gather: its best case, the same
+    # bytes) and copies them back into the blocks the tier reloads into
+    kv = [p.kv[:n] for p in dev.pools]
+    out = [p.kv[n : 2 * n] for p in dev.pools]
+    tier = DiskTier(directory, MODEL)
+    _library_round(directory / "lib.safetensors", kv, out)  # untimed: files, pages, caches
+    _tier_round(tier, dev, geo, tokens)
+    lib_w, lib_r, tier_w, tier_r, fresh_r = [], [], [], [], []
+    for _ in range(rounds):  # interleaved: drift hits both sides alike
+        w, r = _library_round(directory / "lib.safetensors", kv, out)
+        lib_w.append(w)
+        lib_r.append(r)
+        w, r, f = _tier_round(tier, dev, geo, tokens)
+        tier_w.append(w)
+        tier_r.append(r)
+        fresh_r.append(f)
+    med = statistics.median
+    return {
+        "mib": n * geo.canonical_block_bytes / 2**20,
+        "save_file_fsync_s": med(lib_w),
+        "offload_s": med(tier_w),
+        "load_file_copy_s": med(lib_r),
+        "reload_s": med(tier_r),
+        "offload_over_save_file": med(tier_w) / med(lib_w),
+        "reload_over_load_file": med(tier_r) / med(lib_r),
+        # the writer's tier keeps each chunk's header as written; another reader parses it
+        "reload_fresh_reader_s": med(fresh_r),
+        "reload_fresh_reader_over_load_file": med(fresh_r) / med(lib_r),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--kills", type=int, default=0, help="kill rounds per writer count")
     p.add_argument("--dir", type=Path, default=None)
+    p.add_argument("--only", default="round_trip,library", help="comma-separated parts")
     a = p.parse_args(argv)
+    only = set(a.only.split(","))
     with tempfile.TemporaryDirectory(prefix="kvown-disk-bench-", dir=a.dir) as d:
-        out: dict[str, object] = {"round_trip": round_trip(Path(d) / "rt", a.rounds)}
+        out: dict[str, object] = {}
+        if "round_trip" in only:
+            out["round_trip"] = round_trip(Path(d) / "rt", a.rounds)
+        if "library" in only:
+            out["library_canonical"] = against_library(Path(d) / "lc", a.rounds, GEO)
+            tp2 = GEO.with_(tp=2, layout="tokens_major")
+            out["library_tp2_tokens_major"] = against_library(Path(d) / "lt", a.rounds, tp2)
         for writers in (1, 2) if a.kills else ():
             t0 = time.perf_counter()
             rep = kill_rounds(Path(d) / f"kill{writers}", a.kills, seed=writers, writers=writers)

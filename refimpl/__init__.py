@@ -21,7 +21,7 @@ Built on it: ``engine`` (one method per spec action, ``abstract()`` to a spec st
 ``testing`` (the Hypothesis machines, parametrised by your implementation), ``demo``
 (handoff paths on the tiny model), ``replay`` (counterexamples on real tensors),
 ``cluster`` (prefill and decode as separate processes on torch.distributed), ``tiers``
-(crash-safe safetensors files for the disk tier, ``DiskTier`` in the API).
+(the disk tier's files, chunk keys and transfers, ``DiskTier`` in the API).
 
 The API names load on first use, so ``import refimpl.blocks`` stays torch-light.
 """

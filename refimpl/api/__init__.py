@@ -12,8 +12,11 @@ TP rank's Sender in its own process (every rank offers the same ``epoch=``). ``f
 on both ends drops an ended request's records. ``mutants=`` on ``Sender``/``Receiver``
 re-enables one fixed silent-corruption bug by name (``refimpl.api.switches``), for tours
 and tests only. ``DiskTier`` (a directory of crash-safe safetensors
-files) is a tier ``offload``/``reload`` take in place of host pools (``Stored``: a
-published file; a torn or mismatched file is a miss, ``MissError``).
+chunk files keyed by chained prefix hashes) is a tier ``offload``/``reload`` take in place
+of host pools (``Stored``: the published chunks; ``Reloaded``: the longest stored prefix,
+verified; nothing stored or a bad first chunk is a miss, ``MissError``);
+``refimpl.api.offload.offload_async``/``reload_async`` return a ``Transfer`` to poll,
+wait on or cancel.
 """
 
 from refimpl.api.disk import DiskTier, Stored

@@ -1,132 +1,125 @@
-"""``DiskTier``: a directory of KV files, one per content key, crash-safe.
+"""``DiskTier``: a directory of KV chunk files keyed by chained prefix hashes, crash-safe.
 
     tier = DiskTier("/var/kv", model)               # a restart: orphans removed, files adopted
     off = offload(device, geo, tier, None, "req-1", token_ids)   # -> Stored (published)
-    back = reload(tier, None, device, geo, "req-1", token_ids)   # verified, else MissError
+    back = reload(tier, None, device, geo, "req-2", longer_ids)  # the longest stored prefix
+    tier.lookup(geo, longer_ids)                                 # its length in tokens
 
-One file holds one request's KV as whole canonical blocks (every head, heads_major, the
-writer's block size): the tensor ``kv`` of shape ``[blocks, *block_shape]`` and, in the
-safetensors metadata, its manifest: the spec's one ``Manifest`` (model identity, RoPE,
-geometry, token ids, per-block xxh3 checksums of ``refimpl.checksum``) stating a tp=1,
-heads_major source, so ``KVGeometry.from_manifest_source`` is the file's geometry. The
-file's name is a content key: xxh3 of the model identity, the KV's meaning (dtype,
-layers, heads, head dim, cache fields) and the token ids; block size, layout and TP are
-not in it, so a file written from a TP=2 worker reloads onto a TP=1 one.
+A request's KV is stored in chunks of ``chunk_tokens`` tokens (default 256, a multiple of
+the writer's block size), one file per chunk, named by ``refimpl.tiers.chunks``: the
+chained hash of every token up to the chunk's end, rooted in the model identity, the KV's
+meaning (dtype, layers, heads, head dim, cache fields) and the chunk size. Another model,
+dtype, head count or chunking roots another chain, so it never shares a key. Block size,
+layout and TP are not in the key: a file holds canonical blocks (every head, heads_major,
+the writer's block size) and states them, so a file written from a TP=2 worker reloads
+onto a TP=1 one with another block size. A lookup hits the longest run of chunks from
+the first that are published and whole; a longer prompt hits the chunks of a shorter one
+it starts with. A partial trailing chunk is stored under its own key (the rule is in
+``refimpl.tiers.chunks``): the same prompt again hits it, a longer one stops before it.
 
-``load`` reads a file as a hit only when the header fits the file's size, the manifest
-parses (the strict parser of ``spec.manifest``), is a canonical file manifest, passes
-``check_compatible`` against this tier's model, holds exactly the token ids asked for,
-and the tensor's dtype and shape are the manifest's; all of it before anything is
-allocated. Then the bytes are read and every block must hash to the manifest's checksum.
-Anything else is a ``Miss`` with its reason, never a partial hit.
+One file: the tensor ``kv`` ``[blocks, *block_shape]`` and, in the safetensors metadata,
+the chunk's manifest (the spec's one ``Manifest``: model identity, RoPE, geometry, the
+chunk's token ids and start position, per-block xxh3 of ``refimpl.checksum``, a tp=1
+heads_major source) and the key of the chunk before it. A chunk reads as a hit only when
+its header fits the file's size, the manifest parses (the strict parser), passes
+``check_compatible`` against this tier's model and the reader's geometry, holds exactly
+the tokens of that chunk at that position, names the chunk before it, and the tensor's
+dtype and shape are the manifest's; all of it before anything is allocated (a file's
+header is parsed once per version: device, inode, size, mtime, ctime; a stale entry could
+only name checksums the bytes must still match). Then every
+block must hash to its checksum while it is read, else the whole load is a ``Miss``, the
+blocks taken for it are given back and that chunk's file is unpublished (the next lookup
+stops before it instead of failing again).
 
-The files themselves (temp name per writer, fsync, atomic rename, orphan sweep) are
-``refimpl.tiers.files``: a load opens only a regular file of the tier's own folder (no
-symlink, FIFO, device or folder at the name: a miss saying which), the header's size and
-member count are checked before it is parsed, and ``DiskTier(path)`` opens any folder a
-crash or another program left (the sweep skips what is not a writer's temp file; a path
-that is no usable folder is one ``TierPathError``).
+A reader pins what it reads: its chunk files stay open from the lookup to the end of the
+read, and ``remove`` of a key this process reads unpublishes it when the last reader is
+done. The files (temp name per writer, fsync, atomic rename, orphan sweep, regular files
+only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all are
+flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
 
-In the spec's vocabulary: writing the temp file is the store's
-``PrefillOffloadCopy`` steps, the rename is ``PrefillOffloadCommit`` (a file is visible
-only once every block is in it: ``PublishAfterCommit``); a load is ``PrefillReloadBegin``
-/ ``Copy`` / ``Commit`` (a block counts only once verified: ``NoPartialUse``), and a miss
-is the failed load that falls back to recompute.
+In the spec's vocabulary: writing the temp files is ``PrefillOffloadCopy``, the renames
+``PrefillOffloadCommit`` (``PublishAfterCommit``); a load is ``PrefillReloadBegin`` /
+``Copy`` / ``Commit`` (a block counts only once verified: ``NoPartialUse``); a miss is the
+failed load that falls back to recompute.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.checksum import block_checksum, bytes_checksum
+from refimpl.checksum import byte_view
 from refimpl.engine.data import RankPools
+from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chain_keys, chunk_spans, root_key
 from refimpl.tiers.files import (
+    Entry,
     Header,
+    Pending,
+    Stopped,
     TornFileError,
+    header_bytes,
     open_published,
     published_names,
     published_path,
     read_header,
-    read_into,
     sweep_orphans,
-    write_published,
+    write_batch,
 )
-from spec.manifest import Manifest, check_compatible
+from refimpl.tiers.kvio import Staging, read_chunk
+from refimpl.tiers.records import (
+    HEADS_MAJOR,
+    Chunk,
+    Loaded,
+    Miss,
+    Pins,
+    Prefix,
+    Stored,
+    TierPathError,
+    file_manifest,
+)
+from refimpl.tiers.validate import (
+    FORMAT_KEY,
+    MANIFEST_KEY,
+    PARENT_KEY,
+    TENSOR,
+    chunk_reasons,
+    manifest_reasons,
+    parse_manifest,
+)
+from spec.manifest import LocalConfig, Manifest
 from spec.manifest import ManifestError as SpecManifestError
-from spec.manifest import from_json as manifest_from_json
 
-FORMAT = "kvown-disk-kv/1"
-FORMAT_KEY, MANIFEST_KEY, TENSOR = "kvown.format", "kvown.manifest", "kv"
-HEADS_MAJOR = "heads_major"
+PARSED_CAP = 4096  # parsed headers kept (the oldest goes first)
 
-
-class TierPathError(ValueError):
-    """A tier folder that cannot be used (not a folder, cannot be created, not readable
-    and writable): one clear error, from ``DiskTier(path)``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """A published file: its key, path, manifest, and the bytes of KV it holds."""
-
-    key: str
-    path: Path
-    manifest: Manifest
-    nbytes: int
-    checks: int = 0  # checksum comparisons that passed on the way to the file
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    """A verified hit: the request owns ``blocks`` of ``pools`` (the file's geometry)."""
-
-    key: str
-    manifest: Manifest
-    pools: RankPools
-    blocks: tuple[int, ...]
-    checks: int  # blocks whose bytes hashed to the manifest's checksum
-
-
-@dataclass(frozen=True, slots=True)
-class Miss:
-    """No whole, matching file for the key; ``reason`` says why."""
-
-    key: str
-    reason: str
-
-
-def file_manifest(m: Manifest) -> Manifest:
-    """The manifest of canonical blocks: the same KV, as one tp=1 heads_major source."""
-    if m.prefix_blocks:
-        raise ValueError(
-            f"{m.request_id!r}: a file holds every block; prefix_blocks={m.prefix_blocks}"
-        )
-    return Manifest.from_json_dict(
-        {
-            **m.to_json_dict(),
-            "layout": HEADS_MAJOR,
-            "src_tp": 1,
-            "src_cp": 1,
-            "dst_tp": 1,
-            "dst_cp": 1,
-        }
-    )
+__all__ = ["DiskTier", "Loaded", "Miss", "Prefix", "Stored", "TierPathError", "file_manifest"]
 
 
 class DiskTier:
-    """A directory of published KV files for one model; construction is a restart."""
+    """A directory of published KV chunk files for one model; construction is a restart."""
 
-    def __init__(self, directory: str | os.PathLike[str], model: ModelIdentity) -> None:
-        self.directory = Path(directory)
-        self.model = model
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        model: ModelIdentity,
+        *,
+        chunk_tokens: int = CHUNK_TOKENS,
+    ) -> None:
+        chunk_spans(0, chunk_tokens)  # ValueError unless an int >= 1
+        self.directory, self.model, self.chunk_tokens = Path(directory), model, chunk_tokens
+        self.staging = Staging()  # reused by every transfer of this tier
+        self._pins = Pins(self._unlink)
+        self._locals: dict[tuple[KVGeometry, int], LocalConfig] = {}
+        # key -> (file version, header, manifest): a file's header is parsed once per
+        # version (device, inode, size, mtime, ctime); its bytes are verified every read
+        self._parsed: dict[str, tuple[tuple[int, ...], Header, Manifest]] = {}
+        self._parsed_lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.directory.is_dir():
@@ -140,15 +133,21 @@ class DiskTier:
             raise TierPathError(f"DiskTier: {str(self.directory)[:200]!r}: {why}") from None
 
     # ------------------------------------------------------------ names
-    def key(self, geometry: KVGeometry, token_ids: Sequence[int]) -> str:
-        """The content key: this model, the KV's meaning, the token ids."""
+    def chunk_keys(self, geometry: KVGeometry, token_ids: Sequence[int]) -> list[str]:
+        """The key of each chunk of ``token_ids`` (the KV ``geometry`` means)."""
         g, mi = geometry, self.model
         ident = [
             mi.model_id, mi.adapter_id, mi.quantization, mi.rope.to_json_dict(),
             g.dtype, g.num_layers, g.kv_heads, g.head_dim, list(g.cache_fields),
-            [int(t) for t in token_ids],
         ]  # fmt: skip
-        return "kv-" + bytes_checksum(json.dumps(ident, separators=(",", ":")).encode())
+        root = root_key(ident, self.chunk_tokens)
+        return chain_keys(root, token_ids, chunk_spans(len(token_ids), self.chunk_tokens))
+
+    def key(self, geometry: KVGeometry, token_ids: Sequence[int]) -> str:
+        """The key of the last chunk: it names the whole of ``token_ids``."""
+        if not token_ids:
+            raise ValueError("key: no token ids")
+        return self.chunk_keys(geometry, token_ids)[-1]
 
     def path(self, key: str) -> Path:
         return published_path(self.directory, key)
@@ -156,8 +155,27 @@ class DiskTier:
     def keys(self) -> list[str]:
         return published_names(self.directory)
 
+    def lookup(self, geometry: KVGeometry, token_ids: Sequence[int]) -> int:
+        """Tokens of the longest whole stored prefix of ``token_ids`` (headers checked,
+        nothing allocated, nothing kept open)."""
+        got = self.open_prefix(geometry, token_ids)
+        if isinstance(got, Miss):
+            return 0
+        with got:
+            return got.num_tokens
+
+    def pinned(self, key: str) -> int:
+        """Readers of this process holding ``key`` open now."""
+        return self._pins.count(key)
+
     def remove(self, key: str) -> bool:
-        """Unpublish: the name goes at once; an open reader keeps its bytes (POSIX)."""
+        """Unpublish ``key`` (once no reader of this process holds it); an open reader
+        keeps its bytes (POSIX). False: nothing was published under it."""
+        if self._pins.defer(key):
+            return self.path(key).exists()
+        return self._unlink(key)
+
+    def _unlink(self, key: str) -> bool:
         try:
             self.path(key).unlink()
         except FileNotFoundError:
@@ -165,22 +183,177 @@ class DiskTier:
         return True
 
     # ------------------------------------------------------------ store
+    def pending(
+        self,
+        base: dict[str, Any],
+        token_ids: Sequence[int],
+        index: int,
+        keys: Sequence[str],
+        data: list[memoryview],
+        checksums: list[str],
+    ) -> tuple[Pending, Manifest]:
+        """The file of chunk ``index`` of ``token_ids``: ``base`` (a canonical manifest's
+        JSON dict, from position 0) narrowed to the chunk, with its data and checksums."""
+        s, e = chunk_spans(len(token_ids), self.chunk_tokens)[index]
+        d = {**base, "token_ids": list(token_ids[s:e]), "num_tokens": e - s}
+        m = Manifest.from_json_dict({**d, "start_pos": s, "block_checksums": checksums})
+        geo = KVGeometry.from_manifest_source(m)
+        shape = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
+        parent = keys[index - 1] if index else ""
+        meta = {FORMAT_KEY: FORMAT, MANIFEST_KEY: m.to_json(), PARENT_KEY: parent}
+        return Pending(keys[index], meta, [(TENSOR, geo.torch_dtype, shape)], data, m), m
+
+    def publish(
+        self, files: Iterable[Pending], stop: Callable[[], bool] | None = None
+    ) -> list[Path]:
+        """Write, flush, then rename ``files`` in order (``files.write_batch``)."""
+        return write_batch(self.directory, files, stop, self._remember)
+
+    def _remember(self, p: Pending, st: os.stat_result) -> None:
+        """A chunk this tier just published: its header and manifest are what it wrote,
+        kept for that inode's version (a reader of another file parses its own)."""
+        if not isinstance(p.note, Manifest):
+            return
+        (name, dtype, shape), size = p.entries[0], st.st_size
+        start = len(header_bytes(p.metadata, p.entries))
+        entry = Entry(name, dtype, tuple(shape), 0, size - start)
+        header = Header(dict(p.metadata), {name: entry}, start, size)
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self._keep(p.name, version, header, p.note)
+
+    def _keep(self, key: str, version: tuple[int, ...], header: Header, m: Manifest) -> None:
+        with self._parsed_lock:  # an offload's thread and the engine's may both keep
+            if len(self._parsed) >= PARSED_CAP:
+                self._parsed.pop(next(iter(self._parsed)))
+            self._parsed[key] = (version, header, m)
+
     def store(self, manifest: Manifest, kv: torch.Tensor) -> Stored:
-        """Publish ``kv`` ``[blocks, *block_shape]`` (canonical, CPU) under its key."""
+        """Publish ``kv`` ``[blocks, *block_shape]`` (canonical, CPU, from position 0)."""
         m = manifest
         geo = KVGeometry.from_manifest_source(m)
-        problems = self._reasons(m, geo, m.token_ids)
+        local = self._local(geo, m.block_size)
+        problems = manifest_reasons(m, local, m.token_ids, (0, m.num_tokens))
         want = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
         if kv.dtype != geo.torch_dtype or tuple(kv.shape) != want:
             problems.append(f"kv is {kv.dtype}{tuple(kv.shape)}, the manifest says {want}")
+        if self.chunk_tokens % m.block_size:
+            problems.append(f"chunk_tokens {self.chunk_tokens} is no multiple of {m.block_size}")
         if problems:
             raise ValueError(f"DiskTier.store {m.request_id!r}: " + "; ".join(problems))
-        key = self.key(geo, m.token_ids)
-        meta = {FORMAT_KEY: FORMAT, MANIFEST_KEY: m.to_json()}
-        path = write_published(self.directory, key, meta, [(TENSOR, kv.contiguous())])
-        return Stored(key, path, m, kv.numel() * kv.element_size())
+        keys = self.chunk_keys(geo, m.token_ids)
+        base = m.to_json_dict()
+        per = self.chunk_tokens // m.block_size
+        kv = kv.contiguous()
+        out = []
+        for i in range(len(keys)):
+            mine = range(i * per, min((i + 1) * per, m.num_blocks))
+            sums = list(m.block_checksums[mine.start : mine.stop])
+            out.append(
+                self.pending(base, m.token_ids, i, keys, [byte_view(kv[b]) for b in mine], sums)
+            )
+        paths = self.publish(p for p, _ in out)
+        nbytes = kv.numel() * kv.element_size()
+        return Stored(tuple(keys), tuple(paths), tuple(mm for _, mm in out), nbytes)
 
     # ------------------------------------------------------------ load
+    def open_prefix(self, geometry: KVGeometry, token_ids: Sequence[int]) -> Prefix | Miss:
+        """The longest run of whole chunks of ``token_ids`` from the first, open and
+        pinned (close it), else a Miss saying why the first chunk is not one."""
+        if not token_ids:
+            return Miss("", "no token ids")
+        keys = self.chunk_keys(geometry, token_ids)
+        spans = chunk_spans(len(token_ids), self.chunk_tokens)
+        chunks: list[Chunk] = []
+        why = ""
+        for i, (key, span) in enumerate(zip(keys, spans, strict=True)):
+            got = self._open_chunk(key, geometry, token_ids, span, keys[i - 1] if i else "")
+            if isinstance(got, str):
+                why = got
+                break
+            chunks.append(got)
+        if not chunks:
+            return Miss(keys[0], why)
+        return Prefix(chunks, why, self._pins.unpin)
+
+    def _open_chunk(
+        self,
+        key: str,
+        geometry: KVGeometry,
+        token_ids: Sequence[int],
+        span: tuple[int, int],
+        parent: str,
+    ) -> Chunk | str:
+        try:
+            f = open_published(self.path(key))  # a regular file of the tier, or refused
+        except FileNotFoundError:
+            return "not published"
+        except TornFileError as e:
+            return f"TornFileError: {e}"
+        except OSError as e:
+            return f"cannot read: {e.strerror or e}"
+        try:
+            st = os.fstat(f.fileno())
+            version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            seen = self._parsed.get(key)
+            if seen is not None and seen[0] == version:  # parsed before: the same file
+                header, m = seen[1], seen[2]
+            else:
+                header = read_header(f)
+                m = parse_manifest(header)
+                self._keep(key, version, header, m)
+            local = self._local(geometry, m.block_size)
+            if why := chunk_reasons(header, m, local, token_ids, span, parent, self.chunk_tokens):
+                raise SpecManifestError(why)
+        except (TornFileError, SpecManifestError) as e:
+            f.close()
+            return f"{type(e).__name__}: {e}"
+        except (OSError, ValueError, MemoryError) as e:  # an unreadable or strange file
+            f.close()
+            return f"{type(e).__name__}: {str(e)[:200]}"
+        self._pins.pin(key)
+        return Chunk(key, span, f, header, m)
+
+    def read(
+        self,
+        prefix: Prefix,
+        pools: RankPools,
+        blocks: Sequence[int],
+        stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """Read ``prefix`` into ``blocks`` (the destination's logical blocks from token 0)
+        of ``pools``, verifying every block; returns the blocks verified. Raises
+        TornFileError or OSError on a bad block (the caller gives ``blocks`` back),
+        ``files.Stopped`` when ``stop()`` turned true."""
+        bs = pools.geometry.block_size
+        if self.chunk_tokens % bs:
+            raise ValueError(f"block size {bs} does not divide chunk_tokens {self.chunk_tokens}")
+        checks = 0
+        for c in prefix.chunks:
+            s, e = c.span
+            mine = blocks[s // bs : -(-e // bs)]
+            m = c.manifest
+            try:
+                checks += read_chunk(
+                    c.file, c.header, m.block_checksums, e - s, m.block_size, pools, mine,
+                    self.staging, stop,
+                )  # fmt: skip
+            except TornFileError:
+                self._unpublish_bad(c)
+                raise
+        return checks
+
+    def _unpublish_bad(self, c: Chunk) -> None:
+        """A hit whose bytes failed their checksum: unpublish that file, so the next
+        lookup misses instead of failing again (HostLoadFail; vLLM #49176 kept the hit).
+        Only when the name still is the file read (a writer may have renamed a whole one
+        over it since)."""
+        try:
+            mine, now = os.fstat(c.file.fileno()), os.lstat(self.path(c.key))
+        except OSError:
+            return
+        if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+            self._unlink(c.key)
+
     def load(
         self,
         geometry: KVGeometry,
@@ -189,76 +362,34 @@ class DiskTier:
         *,
         into: RankPools | None = None,
     ) -> Loaded | Miss:
-        """The verified file for ``token_ids`` (the KV ``geometry`` means), else a Miss.
+        """The verified longest stored prefix of ``token_ids``, else a Miss.
 
-        ``into``: staging pools of the file's geometry to load into (a reused buffer);
-        default fresh ones. Blocks are read and verified one at a time, so a corrupt block
-        stops the read; on a miss the blocks taken in ``into`` are given back."""
-        key = self.key(geometry, token_ids)
-        try:
-            f = open_published(self.path(key))  # a regular file of the tier, or refused
-        except FileNotFoundError:
-            return Miss(key, "not published")
-        except TornFileError as e:
-            return Miss(key, f"TornFileError: {e}")
-        except OSError as e:
-            return Miss(key, f"cannot read: {e.strerror or e}")
-        with f:
-            try:
-                header = read_header(f)
-                m, geo = self._check(header, geometry, token_ids)
-            except (TornFileError, SpecManifestError) as e:
-                return Miss(key, f"{type(e).__name__}: {e}")
-            except (OSError, ValueError, MemoryError) as e:  # an unreadable or strange file
-                return Miss(key, f"{type(e).__name__}: {str(e)[:200]}")
+        ``into``: canonical pools of the first chunk's geometry (a reused buffer);
+        default fresh ones, allocated once every header checked. On a miss the blocks
+        taken are given back."""
+        got = self.open_prefix(geometry, token_ids)
+        if isinstance(got, Miss):
+            return got
+        with got:
+            geo = KVGeometry.from_manifest_source(got.chunks[0].manifest)
+            n = geo.blocks_for(got.num_tokens)
             if into is None:
-                pools = geo.make_pools(m.num_blocks)  # allocated only now, to the size checked
+                pools = geo.make_pools(n)  # allocated only now, to the size checked
             else:
                 geo.check_pools(into, "DiskTier.load into")
                 pools = into
-            blocks = tuple(pools.alloc.allocate(request_id, m.num_blocks, epoch=m.epoch))
-            kv, size = pools.pools[0].kv, geo.rank_pool_geometry().block_bytes
+            blocks = tuple(pools.alloc.allocate(request_id, n, epoch=got.chunks[0].manifest.epoch))
             try:
-                for i, b in enumerate(blocks):  # read one block, verify it while it is hot
-                    read_into(f, header, TENSOR, kv[b], offset=i * size)
-                    if (got := block_checksum(kv[b])) != m.block_checksums[i]:
-                        want = m.block_checksums[i]
-                        raise TornFileError(
-                            f"block {i}: bytes hash to {got}, the manifest says {want}"
-                        )
-            except (TornFileError, OSError) as e:
+                checks = self.read(got, pools, blocks)
+            except (TornFileError, OSError, Stopped) as e:
                 pools.alloc.free(request_id)
-                return Miss(key, f"{type(e).__name__}: {e}")
-        return Loaded(key, m, pools, blocks, len(blocks))
+                return Miss(got.chunks[-1].key, f"{type(e).__name__}: {e}")
+            return Loaded(got.chunks[-1].key, got.num_tokens, pools, blocks, checks)
 
-    def _check(
-        self, header: Header, geometry: KVGeometry, token_ids: Sequence[int]
-    ) -> tuple[Manifest, KVGeometry]:
-        meta = header.metadata
-        if meta.get(FORMAT_KEY) != FORMAT or MANIFEST_KEY not in meta:
-            raise TornFileError(f"metadata: not a {FORMAT} file")
-        m = manifest_from_json(meta[MANIFEST_KEY])
-        geo = KVGeometry.from_manifest_source(m)
-        local = geometry.with_(tp=1, cp=1, layout=HEADS_MAJOR, block_size=m.block_size)
-        reasons = self._reasons(m, local, token_ids)
-        e = header.entries.get(TENSOR)
-        want = (m.num_blocks, *geo.rank_pool_geometry().block_shape)
-        if set(header.entries) != {TENSOR} or e is None:
-            reasons.append(f"tensors {sorted(header.entries)}; a file holds {TENSOR!r} alone")
-        elif e.dtype != geo.torch_dtype or e.shape != want:
-            reasons.append(f"tensor {TENSOR!r} is {e.dtype}{e.shape}, the manifest says {want}")
-        if reasons:
-            raise SpecManifestError(reasons)
-        return m, geo
-
-    def _reasons(self, m: Manifest, local: KVGeometry, token_ids: Sequence[int]) -> list[str]:
-        """Why ``m`` is not this tier's file of ``token_ids`` (empty: it is)."""
-        out = list(check_compatible(m, local.to_local_config(self.model)).reasons)
-        canon = (m.layout, m.src_tp, m.src_cp, m.dst_tp, m.dst_cp, m.prefix_blocks)
-        if canon != (HEADS_MAJOR, 1, 1, 1, 1, 0):
-            out.append(f"not canonical blocks (layout, tp, cp, prefix): {canon}")
-        if len(m.block_checksums) != m.num_blocks:
-            out.append(f"{len(m.block_checksums)} checksums for {m.num_blocks} blocks")
-        if m.token_ids != tuple(token_ids):
-            out.append("token_ids: the file's are not the ones asked for")
-        return out
+    def _local(self, geometry: KVGeometry, block_size: int) -> LocalConfig:
+        """The reader's config for a file of ``block_size`` (one per geometry and size)."""
+        key = (geometry, block_size)
+        if (got := self._locals.get(key)) is None:
+            local = geometry.with_(tp=1, cp=1, layout=HEADS_MAJOR, block_size=block_size)
+            got = self._locals[key] = local.to_local_config(self.model)
+        return got

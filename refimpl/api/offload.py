@@ -10,29 +10,37 @@ request keeps its own name on both tiers (no pin-name or channel convention to l
 
 The two geometries may differ (block size, layout, TP), as in any handoff.
 
-The host may be a ``DiskTier`` (a directory, ``refimpl.api.disk``; ``host_geometry``
-None): ``offload`` copies the request's KV through the same verified handoff into a
-private host staging pool of whole canonical blocks, publishes it as one file and returns
-``Stored``; ``free_device`` frees the device blocks only once the file is published.
-``reload`` reads the file as a verified hit (else ``MissError``, nothing allocated) into
-a staging pool and hands it off to the device, so the receiver's gate, reservation,
-checksums and commit are the ones of every handoff; ``free_host`` unpublishes the file
-after the commit. A refusal anywhere leaves the device and the directory as they were.
+The host may be a ``DiskTier`` (a directory of chunk files, ``refimpl.api.disk``;
+``host_geometry`` None). ``offload`` hashes each of the request's blocks once and writes
+the chunk files straight from the device blocks when they are canonical (tp=1,
+heads_major, CPU), else through one staging buffer the tier reuses; every chunk is flushed,
+then all are renamed in order (``Stored``); ``free_device`` frees the device blocks only
+once they are published. ``reload`` hits the longest stored prefix of ``token_ids``
+(else ``MissError``, nothing allocated), reserves the request's device blocks (the prompt
+and ``decode_room``), reads each file block straight into its device block where the
+geometries agree (else through reused staging, one copy), verifies every block, and
+commits (``Reloaded``: the blocks, the tokens hit); a bad block gives every reserved
+block back (``MissError``). ``free_host`` unpublishes the chunks read.
+
+``offload_async`` / ``reload_async`` return a ``Transfer`` (``refimpl.tiers.transfer``):
+the I/O on a thread, the blocks owned by the transfer (pinned, or reserved) until the
+engine's ``poll``/``wait`` settles it on its own thread; ``cancel`` leaves nothing
+half-installed. ``offload``/``reload`` to a tier are the same transfer run in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import overload
 
-from refimpl.api.disk import DiskTier, Miss, Stored, file_manifest
+from refimpl.api.disk import DiskTier, Stored
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.handoff import HandoffResult, handoff
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.engine.data import RankPools
-from refimpl.errors import MissError
+from refimpl.tiers.moves import Reloaded, start_offload, start_reload
+from refimpl.tiers.transfer import Transfer
 from refimpl.transport import InProcessTransport
 from spec.manifest import RopeConfig
 
@@ -113,9 +121,10 @@ def offload(
     To a ``DiskTier``: published as one file (``Stored``)."""
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "offload")
-        return _offload_to_disk(
-            device, device_geometry, host, request_id, token_ids, free_device, epoch
-        )
+        return start_offload(
+            device, device_geometry, host, request_id, token_ids,
+            free_device=free_device, epoch=epoch, background=False,
+        ).wait()  # fmt: skip
     if host_geometry is None:
         raise ValueError("offload: host_geometry is None; only a DiskTier takes none")
     return _move(
@@ -130,6 +139,36 @@ def offload(
     )
 
 
+@overload
+def reload(
+    host: RankPools,
+    host_geometry: KVGeometry,
+    device: RankPools,
+    device_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    decode_room: int = 0,
+    free_host: bool = True,
+    epoch: int = 1,
+) -> HandoffResult: ...
+
+
+@overload
+def reload(
+    host: DiskTier,
+    host_geometry: None,
+    device: RankPools,
+    device_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    decode_room: int = 0,
+    free_host: bool = True,
+    epoch: int = 1,
+) -> Reloaded: ...
+
+
 def reload(
     host: RankPools | DiskTier,
     host_geometry: KVGeometry | None,
@@ -141,29 +180,16 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
-) -> HandoffResult:
+) -> HandoffResult | Reloaded:
     """Copy the request's KV back to ``device`` (verified), with ``decode_room`` tokens.
-    From a ``DiskTier``: a verified hit or ``MissError``; ``free_host`` unpublishes it."""
+    From a ``DiskTier``: the longest stored prefix, verified (``Reloaded``), else
+    ``MissError``; ``free_host`` unpublishes the chunks read."""
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "reload")
-        got = host.load(device_geometry, token_ids, request_id)
-        if isinstance(got, Miss):
-            raise MissError(f"{request_id!r}: {host.path(got.key).name}: {got.reason}")
-        res = _move(
-            got.pools,
-            KVGeometry.from_manifest_source(got.manifest),
-            device,
-            device_geometry,
-            request_id,
-            token_ids,
-            free_source=True,
-            decode_room=decode_room,
-            epoch=epoch,
-            model=host.model,
-        )
-        if free_host:
-            host.remove(got.key)
-        return replace(res, checks=res.checks + got.checks)  # the file's blocks, then the copy
+        return start_reload(
+            host, device, device_geometry, request_id, token_ids,
+            decode_room=decode_room, free_host=free_host, epoch=epoch, background=False,
+        ).wait()  # fmt: skip
     if host_geometry is None:
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
     return _move(
@@ -184,33 +210,39 @@ def _no_geometry(g: KVGeometry | None, what: str) -> None:
         raise ValueError(f"{what}: a DiskTier's file states its own geometry; pass None")
 
 
-def _offload_to_disk(
+def offload_async(
     device: RankPools,
-    geometry: KVGeometry,
+    device_geometry: KVGeometry,
     tier: DiskTier,
     request_id: str,
     token_ids: Sequence[int],
-    free_device: bool,
-    epoch: int,
-) -> Stored:
-    staging_geometry = geometry.with_(tp=1, layout="heads_major")
-    staging = staging_geometry.make_pools(max(1, staging_geometry.blocks_for(len(token_ids))))
-    res = _move(  # the device keeps its blocks until the file is published
-        device,
-        geometry,
-        staging,
-        staging_geometry,
-        request_id,
-        token_ids,
-        free_source=False,
-        epoch=epoch,
-        model=tier.model,
-    )
-    blocks = list(res.received.blocks)
-    run = blocks == list(range(blocks[0], blocks[0] + len(blocks))) if blocks else False
-    kv = staging.pools[0].kv  # whole canonical blocks, in logical order (no copy: a run)
-    kv = kv[blocks[0] : blocks[0] + len(blocks)] if run else kv[blocks]
-    stored = tier.store(file_manifest(res.received.manifest), kv)
-    if free_device:
-        device.alloc.free(request_id)
-    return replace(stored, checks=res.checks)
+    *,
+    free_device: bool = False,
+    epoch: int = 1,
+) -> Transfer[Stored, Stored]:
+    """``offload`` to ``tier`` in the background: poll, wait or cancel the handle. The
+    request's blocks are pinned (read-only) until it is settled."""
+    return start_offload(
+        device, device_geometry, tier, request_id, token_ids,
+        free_device=free_device, epoch=epoch,
+    )  # fmt: skip
+
+
+def reload_async(
+    tier: DiskTier,
+    device: RankPools,
+    device_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    decode_room: int = 0,
+    free_host: bool = True,
+    epoch: int = 1,
+) -> Transfer[int, Reloaded]:
+    """``reload`` from ``tier`` in the background. A miss raises ``MissError`` here,
+    before anything is reserved; the reserved blocks belong to the transfer until it is
+    settled (committed to the request, or given back on a bad block or a cancel)."""
+    return start_reload(
+        tier, device, device_geometry, request_id, token_ids,
+        decode_room=decode_room, free_host=free_host, epoch=epoch,
+    )  # fmt: skip

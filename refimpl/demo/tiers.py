@@ -40,7 +40,7 @@ def disk_round_trip(
     back = reload(
         DiskTier(directory, w.identity), None, w.rp, w.geometry, rid, token_ids, decode_room=room
     )
-    return list(back.received.blocks), stored.checks + back.checks, stored.nbytes
+    return list(back.blocks), stored.checks + back.checks, stored.nbytes
 
 
 def _round_trip_s(kind: str, blocks: int, directory: Path) -> tuple[float, float, int]:

@@ -7,7 +7,8 @@ the name appears only with every byte behind it, and survives a power loss once
 ``write_published`` returned. Two writers of one name never share a temp file (LMCache
 #2517: a shared temp name let one writer's rename take the other's file away); the last
 rename wins, and both files are whole. A writer killed at any point leaves at most its
-own temp file, never a published name with partial bytes.
+own temp files, never a published name with partial bytes. ``write_batch`` writes several
+files, flushes them all, then renames them in order (one fsync of the directory).
 
 Read (``read_header`` then ``read_into``): the 8-byte header length, the header (strict
 JSON, capped), every tensor entry (known dtype, shape, offsets) and the sum of the
@@ -40,7 +41,7 @@ import re
 import secrets
 import stat
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -112,23 +113,25 @@ def published_path(directory: Path, name: str) -> Path:
     return directory / f"{name}{PUBLISHED_SUFFIX}"
 
 
-def _header_bytes(
-    metadata: Mapping[str, str], tensors: Sequence[tuple[str, torch.Tensor]]
+def header_bytes(
+    metadata: Mapping[str, str], entries: Sequence[tuple[str, torch.dtype, Sequence[int]]]
 ) -> bytes:
+    """The 8-byte length and the JSON header of tensors ``(name, dtype, shape)``, stored
+    back to back in that order (the data starts 8-byte aligned)."""
     head: dict[str, object] = {"__metadata__": dict(metadata)}
     off = 0
-    for name, t in tensors:
-        if t.dtype not in ST_DTYPES:
-            raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
-        n = t.numel() * t.element_size()
+    for name, dtype, shape in entries:
+        if dtype not in ST_DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {dtype} has no safetensors name")
+        n = math.prod(shape) * dtype.itemsize
         head[name] = {
-            "dtype": ST_DTYPES[t.dtype],
-            "shape": list(t.shape),
+            "dtype": ST_DTYPES[dtype],
+            "shape": list(shape),
             "data_offsets": [off, off + n],
         }
         off += n
     text = json.dumps(head, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)  # the data starts 8-byte aligned
+    text += b" " * (-(8 + len(text)) % 8)
     return struct.pack("<Q", len(text)) + text
 
 
@@ -146,6 +149,87 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One file to publish: its name, metadata, tensors ``(name, dtype, shape)`` and the
+    data as byte views in file order (views of the caller's memory: no copy is made)."""
+
+    name: str
+    metadata: Mapping[str, str]
+    entries: Sequence[tuple[str, torch.dtype, Sequence[int]]]
+    data: Sequence[memoryview]
+    note: object = None  # the caller's, handed back to ``seen``
+
+
+class Stopped(Exception):
+    """A batch write stopped by its caller (``stop()`` turned true): nothing published."""
+
+
+def write_batch(
+    directory: Path,
+    files: Iterable[Pending],
+    stop: Callable[[], bool] | None = None,
+    seen: Callable[[Pending, os.stat_result], None] | None = None,
+) -> list[Path]:
+    """Publish ``files`` (consumed one at a time, so a caller may reuse one buffer for
+    the next file's data once the previous file was yielded): each is written to a temp
+    name unique to this writer; every temp file is fsynced; then the names are published
+    by ``os.replace`` in the order given, and the directory is fsynced once. Until the
+    renames begin, a failure or ``stop()`` removes every temp file and publishes nothing;
+    a crash during the renames leaves a leading run of them published, each file whole.
+    ``seen(file, stat)``: each published file's own inode, stated after its rename."""
+    temps: list[tuple[int, Path, Path, Pending]] = []
+    out: list[Path] = []
+    try:
+        for p in files:
+            if stop is not None and stop():
+                raise Stopped(f"stopped before {p.name!r}")
+            temps.append((*_write_temp(directory, p), p))
+        for fd, *_ in temps:
+            os.fsync(fd)  # every byte on the device before any name can appear
+        for _, tmp, final, _ in temps:
+            os.replace(tmp, final)  # the publish: atomic within one directory
+            out.append(final)
+        for fd, _, _, p in temps:
+            if seen is not None:
+                seen(p, os.fstat(fd))
+    except BaseException:
+        for _, tmp, _, _ in temps[len(out) :]:
+            tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        for fd, *_ in temps:
+            os.close(fd)
+    if out:
+        fsync_dir(directory)  # the renames themselves survive a power loss
+    return out
+
+
+def _write_temp(directory: Path, p: Pending) -> tuple[int, Path, Path]:
+    final = published_path(directory, p.name)
+    names = [e[0] for e in p.entries]
+    if len(set(names)) != len(names) or "__metadata__" in names:
+        raise ValueError(f"tensor names {names} must be distinct and not '__metadata__'")
+    header = header_bytes(p.metadata, p.entries)
+    want, got = (
+        sum(math.prod(e[2]) * e[1].itemsize for e in p.entries),
+        sum(v.nbytes for v in p.data),
+    )
+    if got != want:
+        raise ValueError(f"{p.name!r}: {got} data bytes for tensors of {want}")
+    tmp = directory / f".{p.name}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        _write_all(fd, memoryview(header))
+        for v in p.data:
+            _write_all(fd, v)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd, tmp, final
+
+
 def write_published(
     directory: Path,
     name: str,
@@ -155,28 +239,9 @@ def write_published(
     """Write ``tensors`` (contiguous, CPU) and ``metadata`` as ``<name>.safetensors``:
     temp file unique to this writer, fsync, atomic rename, fsync of the directory.
     On any failure the temp file is removed and nothing is published."""
-    final = published_path(directory, name)
-    names = [n for n, _ in tensors]
-    if len(set(names)) != len(names) or "__metadata__" in names:
-        raise ValueError(f"tensor names {names} must be distinct and not '__metadata__'")
     views = [byte_view(t) for _, t in tensors]  # raises on a CUDA or strided tensor
-    header = _header_bytes(metadata, tensors)
-    tmp = directory / f".{name}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        try:
-            _write_all(fd, memoryview(header))
-            for v in views:
-                _write_all(fd, v)
-            os.fsync(fd)  # every byte on the device before the name can appear
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)  # the publish: atomic within one directory
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(directory)  # the rename itself survives a power loss
-    return final
+    entries = [(n, t.dtype, tuple(t.shape)) for n, t in tensors]
+    return write_batch(directory, [Pending(name, metadata, entries, views)])[0]
 
 
 def _entry(name: str, v: object, data_bytes: int) -> Entry:

@@ -181,35 +181,44 @@ def _check_all(
     verified: set[str],
     rep: CrashReport,
 ) -> None:
+    """Every published chunk is one a writer wrote, behind its whole prefix, and reads
+    as a verified hit of the bytes written; every reported store is whole."""
     published = set(tier.keys())
-    again = {tier.key(geo, _tokens(base, i)) for i in fresh}  # may have been rewritten
+    chains = {i: tier.chunk_keys(geo, _tokens(base, i)) for i in range(fresh.stop + 1)}
     for i in sorted(reported):
-        if tier.key(geo, _tokens(base, i)) not in published:
+        if chains[i][-1] not in published:
             rep.failures.append(f"key {i} was reported published and is gone")
-    by_key = {tier.key(geo, _tokens(base, i)): i for i in range(fresh.stop + 1)}
-    for key in sorted((published - verified) | (published & again)):
-        if key not in by_key:
-            rep.failures.append(f"{key}: a published file no writer could have written")
+    known = {k for c in chains.values() for k in c}
+    for key in sorted(published - known):
+        rep.failures.append(f"{key}: a published file no writer could have written")
+    for i, chain in chains.items():
+        have = [k in published for k in chain]
+        if any(have[j] and not all(have[:j]) for j in range(len(have))):
+            rep.failures.append(f"key {i}: a chunk published without the chunks before it")
+        if not have[0] or (all(k in verified for k in chain if k in published) and i not in fresh):
             continue
-        got = tier.load(geo, _tokens(base, by_key[key]), "check")
+        got = tier.load(geo, _tokens(base, i), "check")
         if not isinstance(got, Loaded):
-            rep.failures.append(f"{key}: published but a miss ({got.reason})")
+            rep.failures.append(f"key {i}: published but a miss ({got.reason})")
             continue
+        n = geo.blocks_for(got.num_tokens)
         data = got.pools.pools[0].kv[list(got.blocks)]
-        if not torch.equal(data.view(torch.uint8), kv.view(torch.uint8)):
-            rep.failures.append(f"{key}: a hit with bytes other than the ones written")
-            continue
-        rep.hits_verified += 1
-        verified.add(key)
+        if sum(have) != len(tier.chunk_keys(geo, _tokens(base, i)[: got.num_tokens])):
+            rep.failures.append(f"key {i}: {sum(have)} chunks published, {got.num_tokens} hit")
+        elif not torch.equal(data.view(torch.uint8), kv[:n].view(torch.uint8)):
+            rep.failures.append(f"key {i}: a hit with bytes other than the ones written")
+        else:
+            rep.hits_verified += 1
+            verified.update(k for k in chain if k in published)
 
 
-PHASES = ("create", "write", "fsync", "rename", "dirsync")
+PHASES = ("create", "write", "fsync", "rename", "dirsync", "between_renames")
 
 
 def _stall_at(phase: str, fd: int) -> None:
     """In the child: tell the parent, then wait to be killed, at ``phase`` of one store."""
     real = {n: getattr(os, n) for n in ("open", "write", "fsync", "replace")}
-    count = {"write": 0, "fsync": 0}
+    count = {"write": 0, "fsync": 0, "replace": 0}
 
     def stall(*_: object) -> None:
         real["write"](fd, b"!")
@@ -239,8 +248,9 @@ def _stall_at(phase: str, fd: int) -> None:
         real["fsync"](f)
 
     def hook_replace(a: object, b: object) -> None:
-        if phase == "rename":
-            stall()  # flushed, not yet renamed
+        count["replace"] += 1
+        if phase == "rename" or (phase == "between_renames" and count["replace"] == 2):
+            stall()  # flushed, not yet renamed (between: the first chunk renamed)
         real["replace"](a, b)
 
     os.open, os.write, os.fsync, os.replace = hook_open, hook_write, hook_fsync, hook_replace  # type: ignore[assignment]
@@ -252,10 +262,12 @@ class PhaseKill:
     orphans_removed: int  # temp files the restart removed
     published: bool  # the key's file was published when the writer died
     hit: bool  # and it loads as a verified hit with the written bytes
+    prefix_tokens: int = 0  # tokens of the verified hit with the written bytes (0: a miss)
 
 
 def kill_at(directory: str | os.PathLike[str], phase: str, *, blocks: int = 4) -> PhaseKill:
-    """One store killed (SIGKILL) at ``phase`` (of ``PHASES``), then a restart and a load."""
+    """One store killed (SIGKILL) at ``phase`` (of ``PHASES``), then a restart and a load.
+    ``between_renames``: a store of several chunks, killed after its first rename."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}; known: {PHASES}")
     geo = KVGeometry(4, 4, 64, 16, "bfloat16")
@@ -283,7 +295,10 @@ def kill_at(directory: str | os.PathLike[str], phase: str, *, blocks: int = 4) -
     restarted = DiskTier(d, MODEL)
     key = restarted.key(geo, _tokens(base, 0))
     got = restarted.load(geo, _tokens(base, 0), "check")
-    hit = isinstance(got, Loaded) and torch.equal(
-        got.pools.pools[0].kv[list(got.blocks)].view(torch.uint8), kv.view(torch.uint8)
+    same = isinstance(got, Loaded) and torch.equal(
+        got.pools.pools[0].kv[list(got.blocks)].view(torch.uint8),
+        kv[: len(got.blocks)].view(torch.uint8),
     )
-    return PhaseKill(phase, len(restarted.orphans_removed), key in restarted.keys(), hit)
+    n = got.num_tokens if isinstance(got, Loaded) and same else 0
+    whole = n == blocks * geo.block_size
+    return PhaseKill(phase, len(restarted.orphans_removed), key in restarted.keys(), whole, n)
