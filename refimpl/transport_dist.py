@@ -16,7 +16,8 @@ and never blocks. ``abort(channel)`` drops what arrived and was not polled;
 ``fence(channel, epoch)`` also drops every later message of that attempt or an older one
 on arrival (a cancelled request's late chunks are not kept). What is not polled yet is
 bounded (``refimpl.transport.Inbox``: channels, messages, bytes; past a cap a message is
-dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not JSON,
+dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not strict
+JSON (``spec.strict_json.loads_strict``: too deep, a duplicate key, NaN, ...),
 not ``{"ch": str, "h": object}``, or on a channel that does not route here is dropped and
 counted (``route`` must be the same function in every process; ``stats["malformed"]``,
 ``stats["misrouted"]``, the last reasons in
@@ -47,11 +48,15 @@ import torch.distributed as dist
 
 from refimpl.checksum import byte_view, tensor_from_bytes
 from refimpl.transport import Inbox, Message, Payload, epoch_of
+from spec.manifest import MAX_INT_DIGITS, MAX_JSON_DEPTH
+from spec.strict_json import StrictJSONError, loads_strict
 
 TAG = 7301  # the one tag of the transport's frames (gloo keeps a pair's frames in order)
 _CLOSE = -1  # a size frame (-1, 0): the peer sends nothing more
 MAX_HEADER = 1 << 22  # bytes of one JSON header frame, at most (a manifest of 100k tokens)
 MAX_PAYLOAD = 1 << 34  # bytes of one payload frame, at most
+# The frame {"ch", "h"}, its header, the header's manifest (MAX_JSON_DEPTH: rope, arrays).
+MAX_HEADER_DEPTH = MAX_JSON_DEPTH + 2
 
 
 class DistTransport:
@@ -168,12 +173,15 @@ class DistTransport:
     def _file(self, peer: int, head: bytes, payload: Payload) -> None:
         """File one message under its channel, or drop it (counted) if it is malformed,
         routed elsewhere, fenced or past the inbox's caps."""
-        try:
-            msg = json.loads(head)
+        try:  # the one strict reader: a deep frame is refused, not a RecursionError
+            msg = loads_strict(
+                head, max_bytes=MAX_HEADER, max_depth=MAX_HEADER_DEPTH,
+                max_int_digits=MAX_INT_DIGITS, what="header frame",
+            )  # fmt: skip
             ch, h = (msg.get("ch"), msg.get("h")) if isinstance(msg, dict) else (None, None)
             if not isinstance(ch, str) or not isinstance(h, dict):
-                raise ValueError("not {'ch': str, 'h': object}")
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                raise StrictJSONError("not {'ch': str, 'h': object}")
+        except StrictJSONError as e:
             self.stats["malformed"] += 1
             self.dropped.append(f"from {peer}: malformed header: {e!s:.100}")
             return
