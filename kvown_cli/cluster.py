@@ -164,8 +164,12 @@ def _terminate_as_interrupt() -> Iterator[None]:
     sigs = (signal.SIGTERM, signal.SIGHUP)
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        from model_checks import children
+
         for s in sigs:
             signal.signal(s, signal.SIG_IGN)
+        if children.defer_interrupt():  # a worker is starting: popen raises once it is known
+            return
         raise KeyboardInterrupt
 
     old = {s: signal.signal(s, interrupt) for s in sigs}

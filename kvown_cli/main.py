@@ -154,6 +154,10 @@ def _unmute_stderr() -> None:
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    from model_checks import children
+
+    if children.defer_interrupt():  # a child is starting: popen raises once it is known
+        return
     # End the workers first: a process pool's shutdown would otherwise wait for them.
     _mute_stderr()
     _end_children()
