@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -288,17 +289,29 @@ def start_heartbeat(host: str, port: int, name: str, every_s: float, timeout_s: 
 MAX_LOAD_FACTOR = 20.0
 
 
-def load_factor() -> float:
-    """How many times over this machine's CPUs are asked for (1.0 when it is not loaded,
-    the 1-minute load average per CPU otherwise, at most ``MAX_LOAD_FACTOR``). The router
-    scales a heartbeat's timeout by it: on a loaded machine a live worker's beat thread
-    waits for a CPU, and was declared dead (``kvown cluster`` on 2 busy cores exited 1 with
-    no kill injected). A worker that exits is still seen at once (its process is gone)."""
+def runnable_now() -> int:
+    """Threads runnable on the machine at this instant (``/proc/loadavg``'s 4th field, this
+    reader excluded); 0 where it cannot be read."""
     try:
-        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+        return max(0, int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def load_factor() -> float:
+    """How many times over this machine's CPUs are asked for (1.0 when it is not loaded;
+    otherwise the larger of the 1-minute load average and the threads runnable now, per
+    CPU, at most ``MAX_LOAD_FACTOR``). The router scales a heartbeat's timeout by it: on a
+    loaded machine a live worker's beat thread waits for a CPU, and was declared dead
+    (``kvown cluster`` on 2 busy cores exited 1 with no kill injected). The load average
+    alone lags a sudden load by a minute (a hog started 3 s ago adds 5% of itself to
+    it): the runnable count sees it at once. A worker that exits is still seen at once
+    (its process is gone)."""
+    try:
+        load = max(os.getloadavg()[0], float(runnable_now()))
     except OSError:
         return 1.0
-    return min(MAX_LOAD_FACTOR, max(1.0, per_cpu))
+    return min(MAX_LOAD_FACTOR, max(1.0, load / (os.cpu_count() or 1)))
 
 
 def heartbeats(store: Store, names: Iterable[str]) -> dict[str, int]:
