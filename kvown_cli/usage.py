@@ -9,10 +9,10 @@ stdout) and exits 2. Every message cuts the offending value to a short printable
 
 The command's clock (``start_clock``, ``started``, ``since_start``): a time budget counts
 from the command's start, which for the ``kvown`` executable is the process's own start
-(``process_started``: the interpreter's start-up and the imports of torch count too; a
-``--seconds 5`` run took 16.9 s when it counted from the hunt, 12 s of it importing torch
-on a loaded machine); ``main`` called in a process that does other work starts it at the
-call.
+(``process_started``: the interpreter's start-up and the imports of torch count too;
+``fuzz --mutant release_keeps_wait --seconds 5`` took 16.9 s when it counted from the
+hunt, 12 s of it importing torch on a loaded machine); ``main`` called in a process that
+does other work starts it at the call.
 """
 
 from __future__ import annotations

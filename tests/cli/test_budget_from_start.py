@@ -1,8 +1,9 @@
 """A time budget counts from the command's start, imports included (issue #35, What to
-build 1): ``kvown fuzz --seconds 5`` took 16.9 s when the budget started at the hunt, 12 s
-of it importing torch on a loaded machine. No timed assert: each test makes the start-up
-longer than the budget and reads the command's own accounting (``budget`` in its JSON):
-the start-up is counted, and the hunt stops at once and says the budget ran out."""
+build 1): ``kvown fuzz --mutant release_keeps_wait --seconds 5`` took 16.9 s when the
+budget started at the hunt, 12 s of it importing torch on a loaded machine. No timed
+assert: each test makes the start-up longer than the budget and reads the command's own
+accounting (``budget`` in its JSON): the start-up is counted, and the hunt stops at once
+and says the budget ran out."""
 
 from __future__ import annotations
 
