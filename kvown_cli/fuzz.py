@@ -81,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         metavar="S",
         help="a hard time budget, finite and > 0: in all when fuzzing or touring, per switch"
-        " with --mutant/--all-mutants; what was done when it runs out is reported (default:"
-        " none, the examples bound the work)",
+        " with --mutant/--all-mutants, counted from the command's start (imports included);"
+        " what was done when it runs out is reported (default: none, the examples bound the"
+        " work)",
     )
     p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
     p.add_argument(
