@@ -192,8 +192,12 @@ def run(args: argparse.Namespace) -> int:
     from refimpl.cluster.router import run_cluster
 
     with Progress("cluster", cfg.requests, "requests") as bar:
+        serving: list[bool] = []
 
         def progress(done: int, total: int, counts: dict[str, int]) -> None:
+            if not serving:  # the workers are up: the rate is the requests' from here
+                serving.append(True)
+                bar.start_work()
             line = " ".join(f"{k}={v}" for k, v in counts.items() if k != "lost")
             bar.update(done, note=line)
 
