@@ -45,7 +45,9 @@ from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
 _STOP = threading.Event()
-_LOCK = threading.Lock()
+# Reentrant: the interrupt handler (``end_all``) runs in the main thread, which may hold it
+# (in ``release``, ``_tell``) when the signal lands; a plain lock hung Ctrl-C there.
+_LOCK = threading.RLock()
 _GROUPS: dict[int, subprocess.Popen[bytes]] = {}
 _WATCHDOG: list[subprocess.Popen[str]] = []
 _PIPE: list[IO[str]] = []
@@ -89,7 +91,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 def _in_forked_child() -> None:
     global _LOCK
-    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    _LOCK = threading.RLock()  # another thread may have held it at the fork
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its workers itself
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # multiprocessing's terminate()

@@ -151,3 +151,23 @@ def test_ctrl_c_while_a_child_starts_ends_that_child(
         kvown_main._unmute_stderr()
     (p,) = signalled
     assert _ended(p.pid), "the child started as Ctrl-C came outlived the interrupt"
+
+
+def test_the_interrupt_handler_ends_the_children_while_the_main_thread_holds_their_lock() -> None:
+    """A Ctrl-C that lands while the main thread is inside ``children.release`` (or a
+    registration) runs ``end_all`` in that same thread: with a plain lock it waited on
+    itself for ever. In a child process, so that the old code's hang ends at the timeout."""
+    code = (
+        "from model_checks import children\n"
+        "with children._LOCK:\n"
+        "    children.end_all()\n"
+        "print('ended')\n"
+    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:  # run() has killed it by its pid
+        pytest.fail("end_all waited for ever on the lock its own thread held")
+    assert r.returncode == 0 and r.stdout == "ended\n", r.stderr[-2000:]
