@@ -164,8 +164,12 @@ def _terminate_as_interrupt() -> Iterator[None]:
     sigs = (signal.SIGTERM, signal.SIGHUP)
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        from model_checks import children
+
         for s in sigs:
             signal.signal(s, signal.SIG_IGN)
+        if children.defer_interrupt():  # a worker is starting: popen raises once it is known
+            return
         raise KeyboardInterrupt
 
     old = {s: signal.signal(s, interrupt) for s in sigs}
@@ -188,8 +192,12 @@ def run(args: argparse.Namespace) -> int:
     from refimpl.cluster.router import run_cluster
 
     with Progress("cluster", cfg.requests, "requests") as bar:
+        serving: list[bool] = []
 
         def progress(done: int, total: int, counts: dict[str, int]) -> None:
+            if not serving:  # the workers are up: the rate is the requests' from here
+                serving.append(True)
+                bar.start_work()
             line = " ".join(f"{k}={v}" for k, v in counts.items() if k != "lost")
             bar.update(done, note=line)
 

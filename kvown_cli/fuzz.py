@@ -38,11 +38,14 @@ from kvown_cli.usage import (
     output_path,
     positive_seconds,
     refuse,
+    since_start,
+    started,
 )
 from refimpl.testing import EngineAdapter
 from refimpl.testing.harness import NONTRIVIAL, Coverage
 from refimpl.testing.run import (
     PROFILES,
+    Deadline,
     Kill,
     RunResult,
     hunt,
@@ -78,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         metavar="S",
         help="a hard time budget, finite and > 0: in all when fuzzing or touring, per switch"
-        " with --mutant/--all-mutants; what was done when it runs out is reported (default:"
-        " none, the examples bound the work)",
+        " with --mutant/--all-mutants, counted from the command's start (imports included);"
+        " what was done when it runs out is reported (default: none, the examples bound the"
+        " work)",
     )
     p.add_argument("--profile", default="ci", help=f"one of {', '.join(PROFILES)} (default ci)")
     p.add_argument(
@@ -136,24 +140,28 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------- fuzzing
 def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     names = (args.config,) if args.config else FUZZ_WORLDS
-    seconds = args.seconds / len(names) if args.seconds is not None else None
+    # The budget counts from the command's start (imports included); each config gets an
+    # equal share of what is left when it starts.
+    budget = Deadline(args.seconds, since=started())
+    startup_s = since_start()
     total = Coverage()
     results: list[RunResult] = []
     shares: dict[str, tuple[int, int]] = {}
     graph: dict[str, dict[str, Any]] = {}
     err = Console(stderr=True)
     with Progress("fuzz", len(names), "configs") as bar:
-        for name in names:
+        for i, name in enumerate(names):
             cov = Coverage(states=set(), edges=set())
             bar.update(note=f"fuzzing {name}")
             if not args.json:
                 err.print(f"fuzzing {name} ...", highlight=False)
+            left = budget.left()
             res = hunt(
                 adapter,
                 name,
                 profile=args.profile,
                 examples=args.examples,
-                seconds=seconds,
+                deadline=Deadline(None if left is None else left / (len(names) - i)),
                 coverage=cov,
             )
             results.append(res)
@@ -182,12 +190,25 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
             for r in results
         ]
         write_junit(args.junit, "kvown fuzz", cases)
+    spent = {
+        "seconds": args.seconds,  # the budget, from the command's start
+        "startup_s": round(startup_s, 2),  # start-up and imports, before the first hunt
+        "elapsed_s": round(since_start(), 2),  # the whole command, to its report
+        "out_of_time": any(r.out_of_time for r in results),
+    }
     if args.json:
         out = _fuzz_json(results, total, shares, detail)
         out["coverage"]["graph"] = graph
+        out["budget"] = spent
         print(json.dumps(out))
     else:
         _print_fuzz(results, total, shares, detail)
+        if args.seconds is not None:
+            print(
+                f"budget {args.seconds:g} s from the command's start: {spent['startup_s']:.1f} s"
+                f" starting up, {spent['elapsed_s']:.1f} s in all"
+                + (" (the budget ran out)" if spent["out_of_time"] else "")
+            )
         for g in graph.values():
             print(
                 f"graph of {g['config']}: edges {g['edges_covered']}/{g['edges']},"
@@ -295,11 +316,14 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
             f" ({late} out of time)" if late else ""
         )
 
+    startup_s = since_start()
     with Progress("fuzz", len(names), "switches", summary=so_far) as bar:
-        for name in names:
+        for i, name in enumerate(names):
             bar.update(note=f"hunting {name}")
             if not args.json:
                 err.print(f"hunting {name} ...", highlight=False)
+            # The first switch's budget counts from the command's start (imports included).
+            first = i == 0 and args.seconds is not None
             kills.append(
                 kill(
                     adapter,
@@ -307,6 +331,7 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
                     profile=args.profile,
                     examples=args.examples,
                     seconds=args.seconds,
+                    deadline=Deadline(args.seconds, since=started()) if first else None,
                 )
             )
             bar.advance()
@@ -314,7 +339,9 @@ def _matrix(args: argparse.Namespace, adapter: EngineAdapter, names: list[str]) 
     if args.junit:
         write_junit(args.junit, "kvown fuzz --mutant", [_kill_case(k) for k in kills])
     if args.json:
-        print(json.dumps({"mutants": [k.to_json() for k in kills]}))
+        spent = {"seconds": args.seconds, "startup_s": round(startup_s, 2),
+                 "elapsed_s": round(since_start(), 2)}  # fmt: skip
+        print(json.dumps({"mutants": [k.to_json() for k in kills], "budget": spent}))
         return 0 if ok else 1
     t = Table(title="kill matrix (the machine against each bug switch)")
     for col in ("mutant", "config", "killed", "steps", "examples", "seconds", "caught by"):

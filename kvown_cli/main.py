@@ -154,6 +154,10 @@ def _unmute_stderr() -> None:
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    from model_checks import children
+
+    if children.defer_interrupt():  # a child is starting: popen raises once it is known
+        return
     # End the workers first: a process pool's shutdown would otherwise wait for them.
     _mute_stderr()
     _end_children()
@@ -225,7 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = saved
 
 
+_ENTRY_START: list[float] = []  # the executable's process start (``entry``)
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    # A budget counts from here: the process's start for the executable, else this call.
+    outcome.start_clock(_ENTRY_START[0] if _ENTRY_START else None)
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
         print(_usage())
@@ -324,6 +333,7 @@ def entry() -> None:
     ended, and the interpreter's teardown of torch and Hypothesis would take a second)."""
     global _KEEP_MUTED
     _KEEP_MUTED = True
+    _ENTRY_START[:] = [outcome.process_started()]
     rc = main()
     if rc == EXIT_INTERRUPTED:
         for stream in (sys.stdout, sys.stderr):

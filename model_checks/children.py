@@ -13,6 +13,12 @@ repro --all, cluster).
 - ``end_all()`` (the interrupt handler calls it) sets ``stopping()`` (a loop that starts
   work checks it and starts no more), kills every registered group and terminates the
   multiprocessing children.
+- ``defer_interrupt()`` (each interrupt handler asks it first): while the main thread is
+  inside ``popen``, a child may exist that is not registered yet (``subprocess.Popen``
+  waits for the child's exec after the fork: an exception raised there leaves the child
+  running, known to no one: a cluster worker outlived its router that way). The handler
+  then returns at once, and ``popen`` raises the interrupt itself once the child is
+  registered, after ``end_all``.
 
 The watchdog is one small process per command, in its own session, started at the first
 ``popen`` or ``temp_dir``. It reads the registrations on a pipe whose write end only this
@@ -39,11 +45,15 @@ from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
 _STOP = threading.Event()
-_LOCK = threading.Lock()
+# Reentrant: the interrupt handler (``end_all``) runs in the main thread, which may hold it
+# (in ``release``, ``_tell``) when the signal lands; a plain lock hung Ctrl-C there.
+_LOCK = threading.RLock()
 _GROUPS: dict[int, subprocess.Popen[bytes]] = {}
 _WATCHDOG: list[subprocess.Popen[str]] = []
 _PIPE: list[IO[str]] = []
 _INSTALLED: list[bool] = []
+_STARTING = threading.Event()  # the main thread is inside ``popen``
+_DEFERRED = threading.Event()  # an interrupt came meanwhile: ``popen`` raises it
 
 _WATCHDOG_SOURCE = """
 import json, os, shutil, signal, sys
@@ -81,11 +91,13 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 def _in_forked_child() -> None:
     global _LOCK
-    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    _LOCK = threading.RLock()  # another thread may have held it at the fork
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its workers itself
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # multiprocessing's terminate()
     _STOP.clear()
+    _STARTING.clear()
+    _DEFERRED.clear()
     _GROUPS.clear()  # the parent's registrations are the parent's
     _WATCHDOG.clear()
     _PIPE.clear()
@@ -130,15 +142,38 @@ def _tell(op: str, what: int | str) -> None:
             pass
 
 
+def defer_interrupt() -> bool:
+    """In a signal handler, before it raises: True when the main thread is inside
+    ``popen`` (the handler must then return; ``popen`` raises ``KeyboardInterrupt`` once
+    its child is registered and every registered group is ended)."""
+    if not _STARTING.is_set():
+        return False
+    _DEFERRED.set()
+    return True
+
+
 def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """``subprocess.Popen`` in a new process group, registered (ended by ``end_all``, by
-    the watchdog when this process dies); ``release`` it once reaped."""
+    the watchdog when this process dies); ``release`` it once reaped. An interrupt that
+    comes while it starts is raised here once the child is registered and ended."""
     if _STOP.is_set():
         raise KeyboardInterrupt
-    p: subprocess.Popen[bytes] = subprocess.Popen(argv, start_new_session=True, **kwargs)
-    with _LOCK:
-        _GROUPS[p.pid] = p
-    _tell("+g", p.pid)
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _DEFERRED.clear()
+        _STARTING.set()
+    try:
+        p: subprocess.Popen[bytes] = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        with _LOCK:
+            _GROUPS[p.pid] = p
+        _tell("+g", p.pid)
+    finally:
+        if main:
+            _STARTING.clear()
+            if _DEFERRED.is_set():
+                _DEFERRED.clear()
+                end_all()
+                raise KeyboardInterrupt
     return p
 
 

@@ -24,7 +24,8 @@ and never blocks. ``abort(channel)`` drops what arrived and was not polled;
 ``fence(channel, epoch)`` also drops every later message of that attempt or an older one
 on arrival (a cancelled request's late chunks are not kept). What is not polled yet is
 bounded (``refimpl.transport.Inbox``: channels, messages, bytes; past a cap a message is
-dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not JSON,
+dropped and counted in ``stats``). A peer's frame is untrusted: a header that is not strict
+JSON (``spec.strict_json.loads_strict``: too deep, a duplicate key, NaN, ...),
 not ``{"ch": str, "h": object}``, or on a channel that does not route here is dropped and
 counted (a batch whose sizes do not add up to its payload frame is dropped whole;
 ``route`` must be the same function in every process; ``stats["malformed"]``,
@@ -56,6 +57,8 @@ import torch.distributed as dist
 
 from refimpl.checksum import byte_view, tensor_from_bytes
 from refimpl.transport import Inbox, Message, Payload, epoch_of
+from spec.manifest import MAX_INT_DIGITS, MAX_JSON_DEPTH
+from spec.strict_json import StrictJSONError, loads_strict
 
 TAG = 7301  # the one tag of the transport's frames (gloo keeps a pair's frames in order)
 _CLOSE = -1  # a size frame (-1, 0): the peer sends nothing more
@@ -64,6 +67,9 @@ MAX_PAYLOAD = 1 << 34  # bytes of one payload frame, at most
 MAX_BATCH_BYTES = 1 << 26  # payload bytes one batch gathers, at most (one message may be more)
 MAX_BATCH = 4096  # messages in one batch, at most
 ALONE = 1 << 20  # a payload this large goes alone (its own frames, no copy into a batch)
+# A batch {"batch": [...]}, its entry {"ch", "h", "n"}, the header, the header's manifest
+# (MAX_JSON_DEPTH: rope, arrays).
+MAX_HEADER_DEPTH = MAX_JSON_DEPTH + 4
 
 
 class DistTransport:
@@ -184,22 +190,25 @@ class DistTransport:
     def _unbatch(self, peer: int, head: bytes, payload: Payload) -> list[tuple[Any, Payload]]:
         """The (message, payload) pairs of one frame set: one message, or a batch whose
         payloads are cut from the payload frame (views, no copy). A header that is not
-        JSON, or a batch whose sizes do not add up, is dropped whole (counted)."""
+        strict JSON, or a batch whose sizes do not add up, is dropped whole (counted)."""
         try:
-            msg = json.loads(head)
+            msg = loads_strict(  # the one strict reader: a deep frame is refused
+                head, max_bytes=MAX_HEADER, max_depth=MAX_HEADER_DEPTH,
+                max_int_digits=MAX_INT_DIGITS, what="header frame",
+            )  # fmt: skip
             if not (isinstance(msg, dict) and "batch" in msg):
                 return [(msg, payload)]
             entries, sizes = msg["batch"], []
             if not isinstance(entries, list) or not 0 < len(entries) <= MAX_BATCH:
-                raise ValueError("batch is not a list of 1..MAX_BATCH messages")
+                raise StrictJSONError("batch is not a list of 1..MAX_BATCH messages")
             for e in entries:
                 n = e.get("n") if isinstance(e, dict) else None
                 if type(n) is not int or n < 0:
-                    raise ValueError(f"a batch entry's size {n!r:.20} is not an int >= 0")
+                    raise StrictJSONError(f"a batch entry's size {n!r:.20} is not an int >= 0")
                 sizes.append(n)
             if sum(sizes) != memoryview(payload).nbytes:
-                raise ValueError(f"batch sizes add up to {sum(sizes)}, not the payload's")
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                raise StrictJSONError(f"batch sizes add up to {sum(sizes)}, not the payload's")
+        except StrictJSONError as e:
             self.stats["malformed"] += 1
             self.dropped.append(f"from {peer}: malformed header: {e!s:.100}")
             return []

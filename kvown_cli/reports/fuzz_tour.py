@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvown_cli.progress import Progress, console
+from kvown_cli.usage import started
 from refimpl.testing import EngineAdapter
 from refimpl.testing.run import Deadline
 from refimpl.testing.worlds import get_world as get_config
@@ -24,7 +25,7 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     from spec.config import DEFAULT_SUITE
 
     names = (args.config,) if args.config else (*DEFAULT_SUITE, *EDGE_TOURS[2:])
-    deadline = Deadline(args.seconds)
+    deadline = Deadline(args.seconds, since=started())  # from the command's start
     rows: list[dict[str, Any]] = []
     failure: str | None = None
     err = Console(stderr=True)

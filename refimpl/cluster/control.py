@@ -19,6 +19,12 @@ growing. Nothing waits without a timeout; the store's own timeout bounds every c
 Each message carries the sender's Lamport clock (``lc``); ``Channel.poll`` advances the
 receiver's clock past it, which is how the merged event log is ordered by causality.
 
+A message is read by ``read_message`` (``spec.strict_json.loads_strict``, the project's one
+reader of untrusted JSON, under ``MAX_MESSAGE_BYTES`` and ``MAX_MESSAGE_DEPTH``; then an
+object with a string ``kind`` and an int ``lc``): a peer's malformed message is taken out
+of its mailbox, counted in ``malformed`` with its reason kept (the last
+``KEEP_REFUSALS``), and the channel goes on serving; it never raises out of ``poll``.
+
 Faults (``ControlFaults``): a message may be held back for ``delay_s`` (sent later, by
 ``flush``, from the same loop; later messages to the same peer wait behind it, as on a
 slow TCP link, so each pair stays FIFO) or dropped. Only the kinds named in ``droppable`` can be
@@ -38,14 +44,49 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import xxhash
 
+from spec.manifest import MAX_INT_DIGITS, MAX_JSON_CHARS, MAX_JSON_DEPTH
+from spec.strict_json import StrictJSONError, loads_strict
+
 Store = Any  # torch.distributed.TCPStore (torch's stubs do not export it)
 
 Message = dict[str, Any]
+
+# A message holds at most one manifest (capped at MAX_JSON_CHARS) and a few short fields.
+MAX_MESSAGE_BYTES = MAX_JSON_CHARS + (1 << 16)
+# The message, then a manifest (MAX_JSON_DEPTH) or a list of lists (``raw`` sizes).
+MAX_MESSAGE_DEPTH = MAX_JSON_DEPTH + 1
+MAX_LC = 1 << 62  # a Lamport clock past this is a peer's garbage, not a count of events
+KEEP_REFUSALS = 16  # reasons of malformed messages kept (``Channel.refused``)
+
+
+def read_message(raw: bytes | str) -> Message:
+    """One control message from a peer's bytes; ``StrictJSONError`` naming what is wrong
+    (too long, too deep, a duplicate key, a non-finite number, not an object, no string
+    ``kind``, no int ``lc`` in [0, MAX_LC))."""
+    try:
+        msg = loads_strict(
+            raw,
+            max_bytes=MAX_MESSAGE_BYTES,
+            max_depth=MAX_MESSAGE_DEPTH,
+            max_int_digits=MAX_INT_DIGITS,
+            what="control message",
+        )
+    except StrictJSONError as e:
+        raise StrictJSONError(f"control message: {e}") from None
+    if not isinstance(msg, dict):
+        raise StrictJSONError(f"control message: not a JSON object ({type(msg).__name__})")
+    if not isinstance(msg.get("kind"), str):
+        raise StrictJSONError("control message: no string 'kind'")
+    lc = msg.get("lc", 0)
+    if type(lc) is not int or not 0 <= lc < MAX_LC:
+        raise StrictJSONError(f"control message: 'lc' is not an int in [0, {MAX_LC})")
+    return msg
 
 
 @dataclass(frozen=True)
@@ -110,6 +151,8 @@ class Channel:
     dropped: int = 0
     delayed: int = 0
     fenced: int = 0  # messages of a dead incarnation, discarded unread
+    malformed: int = 0  # messages ``read_message`` refused, taken out unread
+    refused: list[str] = field(default_factory=list)  # their reasons, the last few
     rung: int = 0  # the doorbell's count when this end last read everything
 
     def __post_init__(self) -> None:
@@ -121,7 +164,7 @@ class Channel:
     def send(self, dst: str, kind: str, *, to_inc: int | None = None, **body: Any) -> None:
         """Queue a message to ``dst``'s current incarnation (or ``to_inc``)."""
         msg = {"kind": kind, "src": self.name, "inc": self.inc, "lc": self.clock(0), **body}
-        text = json.dumps(msg, separators=(",", ":"))
+        text = json.dumps(msg, allow_nan=False, separators=(",", ":"))
         f = self.faults
         if f.drops(kind, body):
             self.dropped += 1
@@ -184,26 +227,42 @@ class Channel:
             if bell == self.rung:
                 return []
         out: list[Message] = []
+        taken = 0  # malformed ones count too: a flood of junk cannot stretch one poll
         for src in self.peers if peers is None else peers:
             box = self.box(src, self.incs.get(src, 0), self.name, self.inc)
-            out += self._read(box, limit - len(out))
-        if peers is None and len(out) < limit:  # everything counted in ``bell`` is read
+            got, n = self._take(box, limit - taken)
+            out += got
+            taken += n
+        if peers is None and taken < limit:  # everything counted in ``bell`` is read
             self.rung = bell
         return out
 
     def _read(self, box: str, limit: int) -> list[Message]:
+        return self._take(box, limit)[0]
+
+    def _take(self, box: str, limit: int) -> tuple[list[Message], int]:
+        """Up to ``limit`` keys of ``box`` taken out: the well-formed messages, and how
+        many keys were taken (malformed ones too)."""
         out: list[Message] = []
-        while len(out) < limit:
+        taken = 0
+        while taken < limit:
             nxt = self.cursor.get(box, 0) + 1
             key = f"{box}/{nxt}"
             if not self.store.check([key]):
                 break
-            msg = json.loads(self.store.get(key))
+            raw = self.store.get(key)
             self.store.delete_key(key)
             self.cursor[box] = nxt
-            self.clock(int(msg.get("lc", 0)))
+            taken += 1
+            try:
+                msg = read_message(raw)
+            except StrictJSONError as e:
+                self.malformed += 1
+                self.refused = [*self.refused[1 - KEEP_REFUSALS :], f"{key}: {e}"]
+                continue
+            self.clock(msg.get("lc", 0))
             out.append(msg)
-        return out
+        return out, taken
 
 
 def beat(store: Store, name: str) -> None:
@@ -230,17 +289,29 @@ def start_heartbeat(host: str, port: int, name: str, every_s: float, timeout_s: 
 MAX_LOAD_FACTOR = 20.0
 
 
-def load_factor() -> float:
-    """How many times over this machine's CPUs are asked for (1.0 when it is not loaded,
-    the 1-minute load average per CPU otherwise, at most ``MAX_LOAD_FACTOR``). The router
-    scales a heartbeat's timeout by it: on a loaded machine a live worker's beat thread
-    waits for a CPU, and was declared dead (``kvown cluster`` on 2 busy cores exited 1 with
-    no kill injected). A worker that exits is still seen at once (its process is gone)."""
+def runnable_now() -> int:
+    """Threads runnable on the machine at this instant (``/proc/loadavg``'s 4th field, this
+    reader excluded); 0 where it cannot be read."""
     try:
-        per_cpu = os.getloadavg()[0] / (os.cpu_count() or 1)
+        return max(0, int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def load_factor() -> float:
+    """How many times over this machine's CPUs are asked for (1.0 when it is not loaded;
+    otherwise the larger of the 1-minute load average and the threads runnable now, per
+    CPU, at most ``MAX_LOAD_FACTOR``). The router scales a heartbeat's timeout by it: on a
+    loaded machine a live worker's beat thread waits for a CPU, and was declared dead
+    (``kvown cluster`` on 2 busy cores exited 1 with no kill injected). The load average
+    alone lags a sudden load by a minute (a hog started 3 s ago adds 5% of itself to
+    it): the runnable count sees it at once. A worker that exits is still seen at once
+    (its process is gone)."""
+    try:
+        load = max(os.getloadavg()[0], float(runnable_now()))
     except OSError:
         return 1.0
-    return min(MAX_LOAD_FACTOR, max(1.0, per_cpu))
+    return min(MAX_LOAD_FACTOR, max(1.0, load / (os.cpu_count() or 1)))
 
 
 def heartbeats(store: Store, names: Iterable[str]) -> dict[str, int]:

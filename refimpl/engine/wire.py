@@ -16,6 +16,12 @@ Reordering needs no call: the receiver takes whichever message the environment p
 A header names its message: ``{"kind", "req", "epoch", "idx", ...}`` with the spec's
 message names (``spec.state.MSG_NAMES``). The *Bad* kinds are never written by a sender;
 ``engine_abstract`` derives them from the bytes (a checksum or a manifest that fails).
+
+Every header text is read by ``loads_header`` (``spec.strict_json.loads_strict``, the
+project's one reader of untrusted JSON, under ``MAX_HEADER_CHARS`` and
+``MAX_HEADER_DEPTH``): a text swapped in by ``replace`` is read before it is kept, so a
+deep, huge, duplicate-keyed or non-finite header is refused there (``StrictJSONError``
+naming it) and the entry is left as it was.
 """
 
 from __future__ import annotations
@@ -24,9 +30,27 @@ import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, Final
 
 from refimpl.transport import InProcessTransport, Payload
+from spec.manifest import MAX_INT_DIGITS, MAX_JSON_CHARS, MAX_JSON_DEPTH
+from spec.strict_json import StrictJSONError, loads_strict
+
+__all__ = [
+    "MAX_HEADER_CHARS",
+    "MAX_HEADER_DEPTH",
+    "Entry",
+    "Wire",
+    "channel",
+    "dumps",
+    "loads_header",
+    "parse",
+]
+
+# A header holds at most one manifest (capped at MAX_JSON_CHARS) and a few short fields.
+MAX_HEADER_CHARS: Final = MAX_JSON_CHARS + (1 << 16)
+# The header, then its manifest (MAX_JSON_DEPTH: the manifest, then rope or an array).
+MAX_HEADER_DEPTH: Final = MAX_JSON_DEPTH + 1
 
 Entry = tuple[str, Payload]  # (header as JSON text, payload), as the transport keeps it
 
@@ -35,11 +59,28 @@ def channel(req: int, to_decode: bool) -> str:
     return f"{req}>{'d' if to_decode else 'p'}"
 
 
+def loads_header(text: str) -> dict[str, Any]:
+    """A header text as a new dict, read strictly (``StrictJSONError`` naming what is
+    wrong: too long, too deep, a duplicate key, a non-finite number, not an object)."""
+    try:
+        out = loads_strict(
+            text,
+            max_bytes=MAX_HEADER_CHARS,
+            max_depth=MAX_HEADER_DEPTH,
+            max_int_digits=MAX_INT_DIGITS,
+            what="header",
+        )
+    except StrictJSONError as e:
+        raise StrictJSONError(f"wire header: {e}") from None
+    if not isinstance(out, dict):
+        raise StrictJSONError(f"wire header: not a JSON object ({type(out).__name__})")
+    return out
+
+
 @lru_cache(maxsize=8192)
 def parse(text: str) -> dict[str, Any]:
     """The header of an entry (cached by its text; callers must not mutate it)."""
-    out: dict[str, Any] = json.loads(text)
-    return out
+    return loads_header(text)
 
 
 def dumps(header: Mapping[str, Any]) -> str:
@@ -72,9 +113,10 @@ class Wire(InProcessTransport):
         """Deliver entry ``k`` of ``ch`` (the environment chose it)."""
         q = self._queues[ch]
         text, data = q[k]
+        header = loads_header(text)  # read before anything moves
         del q[k]
         self.stats["delivered"] += 1
-        return json.loads(text), data
+        return header, data
 
     def lose(self, ch: str, k: int) -> None:
         del self._queues[ch][k]
@@ -87,7 +129,10 @@ class Wire(InProcessTransport):
     def replace(
         self, ch: str, k: int, text: str | None = None, data: Payload | None = None
     ) -> None:
-        """Swap entry ``k``'s header text or payload (a fault in transit)."""
+        """Swap entry ``k``'s header text or payload (a fault in transit). A ``text`` that
+        is not a header ``loads_header`` accepts is refused and nothing changes."""
+        if text is not None:
+            parse(text)
         old_text, old_data = self._queues[ch][k]
         new = (old_text if text is None else text, old_data if data is None else data)
         self._queues[ch][k] = new

@@ -55,13 +55,19 @@ class BudgetSpent(BaseException):
 
 
 class Deadline:
-    """``seconds`` of wall time from now (None: no bound)."""
+    """``seconds`` of wall time from now, or from ``since`` (a ``time.monotonic()`` reading:
+    a command's budget counts from its start, imports included); None: no bound."""
 
-    def __init__(self, seconds: float | None) -> None:
-        self.at = None if seconds is None else time.monotonic() + seconds
+    def __init__(self, seconds: float | None, since: float | None = None) -> None:
+        start = time.monotonic() if since is None else since
+        self.at = None if seconds is None else start + seconds
 
     def passed(self) -> bool:
         return self.at is not None and time.monotonic() >= self.at
+
+    def left(self) -> float | None:
+        """Seconds left (0 once passed; None: no bound)."""
+        return None if self.at is None else max(0.0, self.at - time.monotonic())
 
     def check(self) -> None:
         if self.passed():
@@ -205,7 +211,8 @@ def hunt(
     run of ``examples`` (default the profile's). With it: runs of at most 25 examples
     (seeds 1, 2, ... after a derandomised first) until the time is spent (the run in
     progress stopped at its next step), or until ``examples`` when that is given too.
-    ``deadline`` (instead of ``seconds``): a bound shared with the caller's other work.
+    ``deadline`` (instead of ``seconds``, the same way): a bound shared with the caller's
+    other work.
     Quiet, no Hypothesis shrinking (see ``kill``)."""
     c = get_world(config) if isinstance(config, str) else config
     n = examples if examples is not None else int(PROFILES[profile]["max_examples"])
@@ -228,7 +235,7 @@ def hunt(
         if deadline.passed():
             total.out_of_time = True
             return total
-        if total.examples >= n and (examples is not None or seconds is None):
+        if examples is not None and total.examples >= n:
             return total
 
 
@@ -326,17 +333,20 @@ def kill(
     examples: int | None = None,
     seconds: float | None = None,
     tour: bool = True,
+    deadline: Deadline | None = None,
 ) -> Kill:
     """Judge switch ``name``: by the graph tour first (``tour.tour_kill``: deterministic;
     the switches of ``tour.KILL_WORLDS``), then, when it survives the tour (or ``tour`` is
     False), by a hunt of the machine (``KILL_EXAMPLES`` of the profile by default); killed
     when either fails. The failing program is shrunk by ``shrink_program``. ``seconds``:
     the whole judgement's bound (tour, hunt and shrink); a switch not caught in it
-    survives with ``out_of_time``."""
+    survives with ``out_of_time``. ``deadline`` (instead of ``seconds``): that bound, set
+    by the caller (a command's first switch: from the command's start)."""
     cname = mutant_config(name)
     if not adapter.switches().get(name, False):
         return Kill(name, cname, False, None, message="not applicable here")
-    deadline = Deadline(seconds)
+    if deadline is None:
+        deadline = Deadline(seconds)
     t0 = time.perf_counter()
     if tour:
         from refimpl.testing.tour import KILL_WORLDS, tour_kill

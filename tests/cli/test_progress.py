@@ -120,6 +120,32 @@ def test_cluster_writes_progress_and_ctrl_c_says_how_far(
     assert "kvown cluster: interrupted after 3/5 requests" in err
 
 
+def test_the_clusters_estimate_leaves_out_the_workers_start_up(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers took 40 s to start and the first request 2 s more: 19 requests are left
+    at 2 s each, about 38 s (it said 'about 13 min left', the start-up counted per request)."""
+    import kvown_cli.progress as progress_mod
+    import refimpl.cluster.router as router
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
+    seen: list[str] = []
+
+    def run_cluster(cfg: Any, progress: Any) -> Any:
+        clock[0] += 40.0  # the workers start (before the serve loop's first report)
+        progress(0, cfg.requests, {"finished": 0})
+        clock[0] += 2.0
+        progress(1, cfg.requests, {"finished": 1})
+        seen.append(progress_mod._CURRENT[-1].line())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(router, "run_cluster", run_cluster)
+    assert main(["cluster", "--requests", "20", "--json"]) == 130
+    capfd.readouterr()
+    assert seen and "about 38 s left" in seen[0], seen
+
+
 def _mutant_result(k: int) -> Any:
     from model_checks.mutation.operators import Mutant
     from model_checks.mutation.runner import KILLED, MutantResult

@@ -225,9 +225,17 @@ def test_the_heartbeat_timeout_scales_with_the_machines_load(
     from refimpl.cluster import control
 
     monkeypatch.setattr(control.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(control, "runnable_now", lambda: 0)
     for load, factor in ((0.5, 1.0), (2.0, 1.0), (12.0, 6.0), (1000.0, control.MAX_LOAD_FACTOR)):
         monkeypatch.setattr(control.os, "getloadavg", lambda v=load: (v, v, v))
         assert control.load_factor() == factor
+    # a load that began seconds ago: the average still says 0.5, 12 threads are runnable
+    monkeypatch.setattr(control.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    monkeypatch.setattr(control, "runnable_now", lambda: 12)
+    assert control.load_factor() == 6.0
+    monkeypatch.undo()  # the real count reads /proc
+    assert isinstance(control.runnable_now(), int) and control.runnable_now() >= 0
+    monkeypatch.setattr(control.os, "cpu_count", lambda: 2)
 
     def unknown() -> tuple[float, float, float]:
         raise OSError("no load average")

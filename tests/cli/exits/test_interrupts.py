@@ -7,7 +7,8 @@ leaves none either (the forked workers die with it, the watchdog of
 A test waits for a state (the command's first progress line, its workers started), never
 for a duration; the only bound is the 10 s the issue gives for the end. The suite runs a
 fast representative of each kind (the explorer's forked workers, mutate's process
-groups and copies); the torch commands run nightly."""
+groups and copies) and ``prove`` (z3's forked claim workers: 5 s a case at load 17); the
+torch commands (16 to 130 s a case at load 17, most of it importing torch) run nightly."""
 
 from __future__ import annotations
 
@@ -187,6 +188,7 @@ SPEC_MUTATE = ["mutate", "--target", "spec", "--sample", "4", "--jobs", "2", "--
 FAST = {  # command -> (argv, ready): in the suite
     "check --workers 2": (["check", "--workers", "2", "--json"], _workers(2)),
     "mutate --target spec": (SPEC_MUTATE, _has("model_checks.mutation.spec_check")),
+    "prove": (["prove", "--jobs", "2", "--json"], _workers(2)),
 }
 NIGHTLY = {  # the torch commands: seconds of imports each
     "mutate --target refimpl": (
@@ -194,7 +196,6 @@ NIGHTLY = {  # the torch commands: seconds of imports each
         _has("refimpl.testing.mutate"),
     ),
     "fuzz": (["fuzz", "--json", "--config", "offload_contend"], _workers(0)),
-    "prove": (["prove", "--jobs", "2", "--json"], _workers(2)),
     "repro --all": (["repro", "--all", "--json"], _workers(2)),
     "cluster": (
         ["cluster", "--requests", "200", "--json", "--log-dir", "LOGS"],
@@ -208,12 +209,15 @@ def _argv(argv: list[str], tmp: Path) -> list[str]:
 
 
 # The suite's cases: ``check`` SIGINT is in test_signals; SIGKILL (the forked workers die
-# with it), SIGTERM; mutate's process groups and copies after SIGINT and SIGKILL.
+# with it), SIGTERM; mutate's process groups and copies after SIGINT and SIGKILL; prove's
+# claim workers after SIGINT and SIGKILL.
 SUITE = [
     ("check --workers 2", signal.SIGKILL),
     ("check --workers 2", signal.SIGTERM),
     ("mutate --target spec", signal.SIGINT),
     ("mutate --target spec", signal.SIGKILL),
+    ("prove", signal.SIGINT),
+    ("prove", signal.SIGKILL),
 ]
 
 

@@ -1,0 +1,67 @@
+"""A time budget counts from the command's start, imports included (issue #35, What to
+build 1): ``kvown fuzz --mutant release_keeps_wait --seconds 5`` took 16.9 s when the
+budget started at the hunt, 12 s of it importing torch on a loaded machine. No timed
+assert: each test makes the start-up longer than the budget and reads the command's own
+accounting (``budget`` in its JSON): the start-up is counted, and the hunt stops at once
+and says the budget ran out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kvown_cli.main as kvown_main
+from kvown_cli import usage
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOW_START = 6.0  # seconds of start-up before kvown runs: past the 5 s budget
+
+
+def test_the_executable_counts_its_start_up_in_the_budget() -> None:
+    """A process that spends 6 s before kvown's entry (as slow imports do) has spent its
+    5 s budget: the hunt takes at most one step and reports the time it started at."""
+    code = (
+        f"import time; time.sleep({SLOW_START}); import sys; sys.argv = ['kvown', 'fuzz',"
+        " '--config', 'offload_contend', '--seconds', '5', '--json'];"
+        " from kvown_cli.main import entry; entry()"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    spent, (cfg,) = got["budget"], got["configs"]
+    assert spent["seconds"] == 5 and spent["out_of_time"] is True
+    assert spent["startup_s"] >= SLOW_START  # the sleep before main is counted
+    assert spent["elapsed_s"] >= spent["startup_s"] >= 5
+    assert cfg["steps"] <= 1 and not cfg["failed"], cfg  # stopped at its first step
+
+
+def test_the_first_switch_of_a_kill_run_counts_the_start_up(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(kvown_main, "_ENTRY_START", [time.monotonic() - SLOW_START])
+    rc = kvown_main.main(["fuzz", "--mutant", "reject_unfenced", "--seconds", "5", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    (k,) = got["mutants"]
+    assert rc == 1 and (k["killed"], k["out_of_time"]) == (False, True), k
+    assert got["budget"]["seconds"] == 5 and got["budget"]["startup_s"] >= SLOW_START
+
+
+def test_a_command_called_in_process_starts_its_clock_at_the_call(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``main`` in a process that did other work first (a test run, here an hour of it) is
+    not charged for it: only the executable's ``entry`` counts from the process start."""
+    monkeypatch.setattr(usage, "process_started", lambda: time.monotonic() - 3600)
+    rc = kvown_main.main(["fuzz", "--config", "offload_contend", "--seconds", "2", "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0 and got["budget"]["out_of_time"] is True
+    assert 2 <= got["budget"]["elapsed_s"] < 3600
