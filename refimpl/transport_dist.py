@@ -172,8 +172,7 @@ class DistTransport:
                     raise ValueError(f"size frame ({hlen}, {plen}) out of bounds")
                 head = self._recv(peer, hlen, torch.uint8)
                 payload = byte_view(self._recv(peer, plen, torch.uint8)) if plen else b""
-                for h, p in self._unbatch(peer, bytes(byte_view(head)), payload):
-                    self._file(peer, h, p)
+                self._arrive(peer, bytes(byte_view(head)), payload)
         except Exception as e:
             self.errors.append(f"recv from {peer}: {type(e).__name__}: {e}")
             self._failed[peer] = f"peer {peer} failed: {type(e).__name__}: {e!s:.200}"
@@ -186,6 +185,11 @@ class DistTransport:
             return self._failed.get(self.route(channel), "")
         except Exception:
             return ""
+
+    def _arrive(self, peer: int, head: bytes, payload: Payload) -> None:
+        """One frame set from ``peer``: each of its messages filed, or the set dropped."""
+        for h, p in self._unbatch(peer, head, payload):
+            self._file(peer, h, p)
 
     def _unbatch(self, peer: int, head: bytes, payload: Payload) -> list[tuple[Any, Payload]]:
         """The (message, payload) pairs of one frame set: one message, or a batch whose

@@ -79,7 +79,7 @@ def test_a_sound_replace_is_delivered_and_each_take_is_a_fresh_dict() -> None:
 
 
 def _bare_dist_transport() -> DistTransport:
-    """A ``DistTransport`` with no process group: only what ``_file`` reads (one rank)."""
+    """A ``DistTransport`` with no process group: only what ``_arrive`` reads (one rank)."""
     t = DistTransport.__new__(DistTransport)
     t.route, t.me, t._lock = (lambda ch: 0), 0, threading.Lock()
     t.stats = Counter(sent=0, delivered=0, aborted=0, bytes_sent=0)
@@ -97,13 +97,13 @@ def test_a_hostile_dist_frame_is_dropped_and_counted_and_the_next_is_filed(
         frame, why = text, "not {'ch': str, 'h': object}"
     else:
         frame = '{"ch":"c","h":' + text + "}"
-    t._file(1, frame.encode(), b"")  # a RecursionError here would end the link
+    t._arrive(1, frame.encode(), b"")  # a RecursionError here would end the link
     assert t.stats["malformed"] == 1 and why in t.dropped[-1], t.dropped
-    t._file(1, b'{"ch":"c","h":{"epoch":1}}', b"xy")
+    t._arrive(1, b'{"ch":"c","h":{"epoch":1}}', b"xy")
     assert t.poll("c") == [({"epoch": 1}, b"xy")]
 
 
 def test_a_dist_frame_past_the_size_bound_is_dropped() -> None:
     t = _bare_dist_transport()
-    t._file(1, b'{"ch":"c","h":{"a":"' + b"x" * MAX_HEADER + b'"}}', b"")
+    t._arrive(1, b'{"ch":"c","h":{"a":"' + b"x" * MAX_HEADER + b'"}}', b"")
     assert t.stats["malformed"] == 1 and "longer than the cap" in t.dropped[-1]
