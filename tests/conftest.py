@@ -10,8 +10,8 @@ section, read by CPU rather than by wall clock on a shared machine."""
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from collections.abc import Iterator, Mapping
 
 import pytest
@@ -21,6 +21,21 @@ from refimpl.testing.run import register_profiles
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+# Examples per Hypothesis machine in the suite (the derandomised ci profile): the graph tour
+# (tests/fuzz/test_tour.py, test_tour_kills.py) holds the coverage and the kill matrix
+# deterministically, the random walk adds data and interleavings; the nightly job
+# (KVOWN_NIGHTLY=1) runs the loaded profile's full count.
+SUITE_EXAMPLES = 10
+
+
+def suite_examples() -> int | None:
+    """``max_examples`` for a suite machine: SUITE_EXAMPLES under the derandomised (ci)
+    profile, None (the profile's own) under a random profile or in the nightly job."""
+    if settings.default.derandomize and os.environ.get("KVOWN_NIGHTLY") != "1":
+        return min(SUITE_EXAMPLES, settings.default.max_examples)
+    return None
 
 
 MAX_WORKERS = 2  # CI's cores; more workers on a bigger machine: PYTEST_XDIST_AUTO_NUM_WORKERS
