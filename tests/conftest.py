@@ -31,10 +31,13 @@ SUITE_EXAMPLES = 10
 
 
 def suite_examples() -> int | None:
-    """``max_examples`` for a suite machine: SUITE_EXAMPLES under the derandomised (ci)
-    profile, None (the profile's own) under a random profile or in the nightly job."""
+    """``max_examples`` for a suite machine: SUITE_EXAMPLES (``KVOWN_SUITE_EXAMPLES``, for
+    a side-by-side mutation run) under the derandomised (ci) profile, None (the profile's
+    own) under a random profile or in the nightly job."""
     if settings.default.derandomize and os.environ.get("KVOWN_NIGHTLY") != "1":
-        return min(SUITE_EXAMPLES, settings.default.max_examples)
+        given = os.environ.get("KVOWN_SUITE_EXAMPLES", "")  # a side-by-side run's count
+        n = int(given) if given.strip().isdigit() and int(given) > 0 else SUITE_EXAMPLES
+        return min(n, settings.default.max_examples)
     return None
 
 
