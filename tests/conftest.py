@@ -3,12 +3,16 @@ by default, so the README's test command gives the same result on every machine;
 ``HYPOTHESIS_PROFILE`` picks ``dev`` or ``nightly`` (randomised, more examples) instead.
 
 The ``nightly`` marker: a long run left to ``.ci/nightly`` (``KVOWN_NIGHTLY=1``). The
-worker count of ``-n auto`` (pyproject's addopts): ``auto_workers``."""
+worker count of ``-n auto`` (pyproject's addopts): ``auto_workers``. ``KVOWN_CPU_LOG=PATH``
+writes each test's CPU seconds (its process and the children it waited for, setup to
+teardown) to ``PATH.<worker>`` as JSON lines: the figures of benchmarks/RESULTS.md's suite
+section, read by CPU rather than by wall clock on a shared machine."""
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import pytest
 from hypothesis import settings
@@ -17,6 +21,24 @@ from refimpl.testing.run import register_profiles
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+# Examples per Hypothesis machine in the suite (the derandomised ci profile): the graph tour
+# (tests/fuzz/test_tour.py, test_tour_kills.py) holds the coverage and the kill matrix
+# deterministically, the random walk adds data and interleavings; the nightly job
+# (KVOWN_NIGHTLY=1) runs the loaded profile's full count.
+SUITE_EXAMPLES = 10
+
+
+def suite_examples() -> int | None:
+    """``max_examples`` for a suite machine: SUITE_EXAMPLES (``KVOWN_SUITE_EXAMPLES``, for
+    a side-by-side mutation run) under the derandomised (ci) profile, None (the profile's
+    own) under a random profile or in the nightly job."""
+    if settings.default.derandomize and os.environ.get("KVOWN_NIGHTLY") != "1":
+        given = os.environ.get("KVOWN_SUITE_EXAMPLES", "")  # a side-by-side run's count
+        n = int(given) if given.strip().isdigit() and int(given) > 0 else SUITE_EXAMPLES
+        return min(n, settings.default.max_examples)
+    return None
 
 
 MAX_WORKERS = 2  # CI's cores; more workers on a bigger machine: PYTEST_XDIST_AUTO_NUM_WORKERS
@@ -73,3 +95,22 @@ def group_by_mutant(items: list[pytest.Item]) -> None:
         for v in params.values():
             if isinstance(v, str) and v in MUTANTS:
                 item.add_marker(pytest.mark.xdist_group(f"mutant:{v}"))
+
+
+def _cpu_now() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    path = os.environ.get("KVOWN_CPU_LOG")
+    if not path:
+        yield
+        return
+    c0 = _cpu_now()
+    yield
+    cpu = _cpu_now() - c0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{path}.{worker}", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"id": item.nodeid, "cpu": round(cpu, 3)}) + "\n")

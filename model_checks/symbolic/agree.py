@@ -29,7 +29,7 @@ import z3
 
 from model_checks.explicit.explore import explore
 from model_checks.symbolic.actions import encodable
-from model_checks.symbolic.encoding import Encoding
+from model_checks.symbolic.bmc import shared_encoding
 from model_checks.symbolic.finite import FState, Inst, conj
 from spec.actions import successors
 from spec.config import CONFIGS, Config
@@ -113,7 +113,7 @@ class Checker:
 
     def __init__(self, c: Config, mutants: frozenset[str] = frozenset()) -> None:
         self.c, self.m = c, frozenset(mutants)
-        self.enc = Encoding(c, self.m)
+        self.enc = shared_encoding(c, self.m)
         self.s, self.t = self.enc.state("pre"), self.enc.state("post")
         self.sel = z3.BitVec("sel", max(1, len(self.enc.subs).bit_length()))
         self.solver = z3.SolverFor("QF_FD")

@@ -62,7 +62,7 @@ def test_the_nightly_runs_every_step_it_is_for() -> None:
     for step in (
         "step pytest env KVOWN_NIGHTLY=1 python -m pytest",
         "step deep kvown check --suite deep",
-        "step tour kvown fuzz --tour",
+        'step tour python "$REPO/.ci/nightly_tour.py"',
         "step mutate-spec kvown mutate --target spec --sample",
         "step mutate-refimpl kvown mutate --target refimpl --sample",
     ):
@@ -119,3 +119,27 @@ def test_the_record_is_at_most_one_issue_older_than_spec_and_refimpl() -> None:
         f"{n} commits touched spec/ or refimpl/ since the nightly record ({rec.date}, "
         f"{rec.commit[:10]}): run .ci/nightly --record and commit benchmarks/RESULTS.md"
     )
+
+
+def _tour_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("nightly_tour", ROOT / ".ci" / "nightly_tour.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_tour_step_slices_only_a_tour_over_its_budget_and_covers_it_in_turn() -> None:
+    """``.ci/nightly_tour.py``: a tour within the budget runs whole; a larger one runs every
+    k-th sequence, and k nights in a row run each sequence exactly once."""
+    slice_of = _tour_module().slice_of
+    assert slice_of(562, 7_864, 40_000, None) == (0, 1)
+    k = slice_of(8_036, 135_653, 40_000, 0)[1]
+    assert k == 4
+    seen = sorted(
+        i
+        for night in range(k)
+        for i in range(8_036)[slice_of(8_036, 135_653, 40_000, night)[0] :: k]
+    )
+    assert seen == list(range(8_036))
+    assert slice_of(3, 10_000, 10, 7) == (1, 3)  # never more slices than sequences

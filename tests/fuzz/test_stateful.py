@@ -19,6 +19,7 @@ from refimpl.testing.harness import NONTRIVIAL
 from refimpl.testing.run import machine_settings
 from spec.actions import ACTIONS
 from spec.config import CONFIGS, DEFAULT_SUITE
+from tests.conftest import suite_examples
 
 SUITE = Coverage()  # summed over the machines below
 # turns_append is left to its deterministic tour (tests/behaviours/test_turns.py):
@@ -28,11 +29,11 @@ MACHINES = {
     for n in DEFAULT_SUITE
     if n != "turns_append"
 }
-# In the suite (the derandomised ci profile) a quarter of the profile's examples per world:
-# the graph tour (tests/fuzz/test_tour.py) holds the coverage deterministically, the walk
-# adds data and interleavings; the nightly job (KVOWN_NIGHTLY=1) runs the profile's all.
-_QUICK = settings.default.derandomize and os.environ.get("KVOWN_NIGHTLY") != "1"
-_SUITE_SETTINGS = machine_settings(max_examples=25) if _QUICK else machine_settings()
+# In the suite (the derandomised ci profile) SUITE_EXAMPLES per world (tests/conftest.py:
+# the graph tour holds the coverage and the kill matrix deterministically, the walk adds
+# data and interleavings); the nightly job (KVOWN_NIGHTLY=1) runs the profile's all.
+_N = suite_examples()
+_SUITE_SETTINGS = machine_settings() if _N is None else machine_settings(max_examples=_N)
 for _name, _machine in MACHINES.items():
     globals()[f"test_the_engine_conforms_on_{_name}"] = get_state_machine_test(
         _machine, settings=_SUITE_SETTINGS

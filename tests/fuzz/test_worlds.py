@@ -13,13 +13,15 @@ from refimpl.testing.datapath import PROPERTIES
 from refimpl.testing.run import machine_settings
 from refimpl.testing.worlds import COMBINED, FUZZ_WORLDS, get_world
 from spec.config import DEFAULT_SUITE
+from tests.conftest import suite_examples
 
-EXAMPLES = 30
+EXAMPLES = 30  # per combined world, nightly (the suite: tests/conftest.py's SUITE_EXAMPLES)
+_N = suite_examples() or min(EXAMPLES, settings.default.max_examples)
 
 for _name, _c in COMBINED.items():
     globals()[f"test_the_engine_conforms_on_{_name}"] = get_state_machine_test(
         make_machine(EngineAdapter(), _c, coverage=Coverage()),
-        settings=machine_settings(max_examples=min(EXAMPLES, settings.default.max_examples)),
+        settings=machine_settings(max_examples=_N),
     )
 
 

@@ -64,7 +64,27 @@ def test_shortcut_tells_changed_from_unchanged(pool: dict[str, object]) -> None:
     assert changes_a_step(pool[helper], reach) is None  # type: ignore[arg-type]
 
 
-def test_cli_judges_one_mutant(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_judges_one_mutant(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's exit code and report, and the judge's verdict: a property (or conjunct)
+    broken on a config of the suite, never a crash of the judge itself. One judged
+    mutant for both (each judgment is a copy of the repository and a model check in its
+    own process; they were two tests, two judgments)."""
+    from model_checks.mutation import spec_target
+    from spec.config import SUITES
+    from spec.invariants import INVARIANTS
+    from spec.properties import PROPERTIES
+
+    judged: list[object] = []
+    real = spec_target.run
+
+    def spy(*args: object, **kw: object) -> object:
+        report, results = real(*args, **kw)  # type: ignore[arg-type]
+        judged.extend(results)
+        return report, results
+
+    monkeypatch.setattr(spec_target, "run", spy)
     rc = main(
         [
             "mutate",
@@ -82,6 +102,11 @@ def test_cli_judges_one_mutant(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0
     assert (out["mutants"], out["killed"], out["survivors"]) == (1, 1, [])
     assert {"mutants", "killed", "equivalent", "survivors"} <= set(out)
+    (res,) = judged
+    detail = next(iter(res.details.values()))  # type: ignore[attr-defined]
+    words = detail.removeprefix("killed: ").split(" on ")
+    assert detail.startswith("killed: ") and words[1] in SUITES["default"], detail
+    assert set(words[0].split(",")) <= set(PROPERTIES) | set(INVARIANTS), detail
 
 
 def test_cli_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,18 +138,3 @@ def test_mutants_on_lines_no_config_executes_are_not_run(pool: dict[str, object]
     assert reserve and reserve <= skip
     assert copy and not copy & skip
     assert 0 < len(skip) < len(ms)
-
-
-def test_a_kill_names_the_property_and_the_config() -> None:
-    """The judge's verdict is a property (or conjunct) broken on a config of the suite,
-    never a crash of the judge itself."""
-    from model_checks.mutation.spec_target import run
-    from spec.config import SUITES
-    from spec.invariants import INVARIANTS
-    from spec.properties import PROPERTIES
-
-    _, (res,) = run(("default",), only=[QUICK_KILL], prefilter=False, skip_uncovered=False)
-    detail = next(iter(res.details.values()))
-    words = detail.removeprefix("killed: ").split(" on ")
-    assert detail.startswith("killed: ") and words[1] in SUITES["default"], detail
-    assert set(words[0].split(",")) <= set(PROPERTIES) | set(INVARIANTS), detail

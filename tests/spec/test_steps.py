@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from model_checks.explicit.explore import explore
-from model_checks.explicit.runner import check_config
+from model_checks.explicit.runner import check_config, check_mutant
 from spec.actions import successors
 from spec.common import take
 from spec.state import (
@@ -193,8 +193,13 @@ def test_correct_spec_breaks_no_step_property() -> None:
         assert check_config(cname, liveness=False).violations == {}
 
 
+@pytest.mark.xdist_group("mutant:source_writes_while_frozen")  # shares check_mutant's cache
 def test_step_counterexample_ends_with_the_bad_step() -> None:
-    """source_writes_while_frozen: the write is the last step of the counterexample."""
-    r = check_config("handoff_tp2to1", frozenset({"source_writes_while_frozen"}), liveness=False)
-    steps = r.violations["FrozenSnapshot"].steps
-    assert steps[-1]["action"] == "PrefillDecodeStep"
+    """source_writes_while_frozen: the write is the last step of the counterexample.
+
+    ``check_mutant``'s BFS stops at the first FrozenSnapshot violation (the same shortest
+    counterexample as a full exploration of handoff_tp2to1, which cost 74 s here), and
+    its result is shared with the mutant's other tests on the same worker."""
+    r = check_mutant("source_writes_while_frozen")
+    assert r.config == "handoff_tp2to1" and r.caught and r.trace is not None
+    assert r.trace.steps[-1]["action"] == "PrefillDecodeStep"
