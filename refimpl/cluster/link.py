@@ -129,9 +129,16 @@ class Link:
     def deliver(self, m: Message) -> None:
         """File an arrived control message's API messages (receiving its payloads)."""
         kv, total, tag = m.get("kv"), m.get("nbytes"), m.get("tag")
-        ok = isinstance(kv, list) and type(total) is int and type(tag) is int
-        ok = ok and 0 <= total <= MAX_BATCH_BYTES and all(_item_ok(x) for x in kv)
-        if not ok or sum(x[2] for x in kv) != total:
+        if not (
+            isinstance(kv, list)
+            and isinstance(total, int)
+            and type(total) is int
+            and isinstance(tag, int)
+            and type(tag) is int
+            and 0 <= total <= MAX_BATCH_BYTES
+            and all(_item_ok(x) for x in kv)
+            and sum(x[2] for x in kv) == total
+        ):
             self.stats["malformed"] += 1
             return
         buf = torch.empty(total, dtype=torch.uint8)
