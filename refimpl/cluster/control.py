@@ -59,8 +59,9 @@ Message = dict[str, Any]
 
 # A message holds at most one manifest (capped at MAX_JSON_CHARS) and a few short fields.
 MAX_MESSAGE_BYTES = MAX_JSON_CHARS + (1 << 16)
-# The message, then a manifest (MAX_JSON_DEPTH) or a list of lists (``raw`` sizes).
-MAX_MESSAGE_DEPTH = MAX_JSON_DEPTH + 1
+# The message, its ``kv`` list, an item ``[channel, header, n]``, the API header, then the
+# header's manifest (MAX_JSON_DEPTH); or a list of lists (``raw`` sizes).
+MAX_MESSAGE_DEPTH = MAX_JSON_DEPTH + 4
 MAX_LC = 1 << 62  # a Lamport clock past this is a peer's garbage, not a count of events
 KEEP_REFUSALS = 16  # reasons of malformed messages kept (``Channel.refused``)
 

@@ -54,6 +54,7 @@ from spec.state import (
     TO_DECODE,
     WRITABLE,
 )
+from spec.strict_json import StrictJSONError
 
 STREAM_SWITCH = "reload_on_critical_stream"  # the seed's 6th failure; CUDA only
 KNOWN_SWITCHES = frozenset(MUTANTS) | {STREAM_SWITCH}
@@ -340,6 +341,8 @@ class EngineBase:
                 m = from_json_dict(parse(text).get("manifest"))
             except SpecManifestError as e:  # the spec's class: refimpl's subclasses it
                 v = tuple(e.reasons)
+            except StrictJSONError as e:  # not strict JSON (NaN, too deep): no manifest
+                v = (str(e),)
             else:
                 v = check_compatible(m, self.d_local).reasons
             self._verdicts[text] = v

@@ -17,6 +17,7 @@ from refimpl.cluster.control import (
     Channel,
     read_message,
 )
+from spec.manifest import MAX_JSON_DEPTH
 from spec.strict_json import StrictJSONError
 from tests.refimpl.test_hostile_headers import HOSTILE
 
@@ -112,3 +113,17 @@ def test_the_control_channel_sends_no_non_finite_number() -> None:
     ch, _, _ = _channel()
     with pytest.raises(ValueError, match="not JSON compliant"):
         ch.send("p0", "ack", x=float("nan"))
+
+
+def test_a_kv_message_carrying_a_manifest_of_the_deepest_allowed_shape_is_read() -> None:
+    # message -> kv list -> [channel, header, n] -> header -> manifest (MAX_JSON_DEPTH deep):
+    # the cluster's own batches; a limit one level short refused every handoff (all failed)
+    deepest: object = 0
+    for _ in range(MAX_JSON_DEPTH - 1):
+        deepest = [deepest]
+    manifest = {"rope": deepest}
+    msg = {"kind": "kv", "lc": 1, "kv": [["0>d", {"type": "manifest", "m": manifest}, 0]]}
+    assert read_message(json.dumps(msg))["kv"][0][1]["m"] == manifest
+    too_deep = {**msg, "kv": [["0>d", {"type": "manifest", "m": {"rope": [deepest]}}, 0]]}
+    with pytest.raises(StrictJSONError):
+        read_message(json.dumps(too_deep))
