@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -52,3 +60,66 @@ def held(pools: RankPools) -> dict[str, int]:
     """Blocks in each non-free status; ``{}`` when nothing is held."""
     pools.alloc.check_integrity()
     return {k: v for k, v in pools.alloc.counts().items() if k != "free" and v}
+
+
+# ---------------------------------------------------------------- processes of one group
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Procs:
+    """Forked processes of one gloo group (``world`` ranks on loopback): rank r runs
+    ``body(rank, conn)`` after ``init_process_group`` and sends its JSON report on its
+    pipe (or ``ERROR ...``); ``with`` ends every process by its pid."""
+
+    def __init__(self, world: int, body: Callable[[int, Any], Any], timeout_s: float) -> None:
+        self.world, self.body, self.timeout_s, self.port = world, body, timeout_s, free_port()
+        ctx = mp.get_context("fork")
+        self.pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
+        self.procs = [ctx.Process(target=self._child, args=(r,), daemon=True)
+                      for r in range(world)]  # fmt: skip
+
+    def _child(self, rank: int) -> None:
+        import torch.distributed as dist
+
+        conn = self.pipes[rank][1]
+        try:
+            torch.set_num_threads(1)
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{self.port}", rank=rank,
+                world_size=self.world, timeout=timedelta(seconds=self.timeout_s),
+            )  # fmt: skip
+            conn.send(json.dumps(self.body(rank, conn)))
+        except BaseException as e:
+            conn.send(f"ERROR {type(e).__name__}: {e}")
+            raise
+
+    def __enter__(self) -> Procs:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def recv(self, rank: int, timeout_s: float) -> str:
+        """The next message of ``rank`` (an ``ERROR`` fails the test)."""
+        assert self.pipes[rank][0].poll(timeout_s), f"process {rank} sent nothing"
+        msg = self.pipes[rank][0].recv()
+        assert not msg.startswith("ERROR"), f"process {rank}: {msg}"
+        return str(msg)
+
+    def report(self, rank: int, timeout_s: float) -> Any:
+        return json.loads(self.recv(rank, timeout_s))
+
+    def kill(self, rank: int) -> None:
+        pid = self.procs[rank].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.pid is not None and p.is_alive():
+                p.join(3)
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(5)
