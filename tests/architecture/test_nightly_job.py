@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_the_nightly_makes_its_venv_as_ci_run_does() -> None:
 def test_the_nightly_runs_every_step_it_is_for() -> None:
     script = (ROOT / ".ci" / "nightly").read_text()
     for step in (
-        "step pytest env KVOWN_NIGHTLY=1 python -m pytest",
+        "step pytest env KVOWN_NIGHTLY=1 KVOWN_NIGHTLY_JOB=1 python -m pytest",
         "step deep kvown check --suite deep",
         'step tour python "$REPO/.ci/nightly_tour.py"',
         "step mutate-spec kvown mutate --target spec --sample",
@@ -100,6 +101,8 @@ def test_the_kill_summary_reads_both_targets_reports(tmp_path: Path) -> None:
 
 
 def test_the_record_is_at_most_one_issue_older_than_spec_and_refimpl() -> None:
+    if os.environ.get("KVOWN_NIGHTLY_JOB") == "1":
+        pytest.skip("inside .ci/nightly: the job that writes the record (it would judge itself)")
     if _git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
         pytest.skip("not a git checkout")
     if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
