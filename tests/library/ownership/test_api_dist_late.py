@@ -11,19 +11,14 @@ requests through the public API. Every process is ended by its pid."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
-import signal
-import socket
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
 
 from refimpl import Receiver, Sender, State, channels, read_kv, write_kv
 from refimpl.checksum import tensor_from_bytes
-from tests.library.lib_helpers import MODEL, geo
+from tests.library.lib_helpers import MODEL, Procs, geo
 
 G, N, TIMEOUT = geo(), 10, 60.0
 DONE = "tok:a>rx"  # the sender's marker: every frame before it has arrived (FIFO per peer)
@@ -89,51 +84,22 @@ def _sender(t: Any) -> dict[str, Any]:
     return {**out, "held": len(tx.held())}
 
 
-def _child(rank: int, port: int, conn: Any) -> None:
+def _body(rank: int, conn: Any) -> dict[str, Any]:
     import torch.distributed as dist
 
     from refimpl.transport_dist import DistTransport, handoff_route
 
+    t = DistTransport(handoff_route(0, [1]))
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-            timeout=timedelta(seconds=TIMEOUT),
-        )  # fmt: skip
-        t = DistTransport(handoff_route(0, [1]))
-        try:
-            conn.send(json.dumps(_receiver(t) if rank == 0 else _sender(t)))
-        finally:
-            t.close(timeout_s=TIMEOUT)
-            dist.destroy_process_group()
-    except BaseException as e:
-        conn.send(f"ERROR {type(e).__name__}: {e}")
-        raise
+        return _receiver(t) if rank == 0 else _sender(t)
+    finally:
+        t.close(timeout_s=TIMEOUT)
+        dist.destroy_process_group()
 
 
 def test_late_chunks_are_dropped_and_a_bad_frame_leaves_the_link_serving() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
-    procs = [ctx.Process(target=_child, args=(r, port, pipes[r][1]), daemon=True) for r in range(2)]
-    out = []
-    try:
-        for p in procs:
-            p.start()
-        for r in range(2):
-            assert pipes[r][0].poll(TIMEOUT + 30), f"process {r} sent no report"
-            msg = pipes[r][0].recv()
-            assert not msg.startswith("ERROR"), msg
-            out.append(json.loads(msg))
-    finally:
-        for p in procs:
-            if p.pid is not None and p.is_alive():
-                p.join(5)
-            if p.pid is not None and p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-                p.join(5)
+    with Procs(2, _body, TIMEOUT) as procs:
+        out = [procs.report(r, TIMEOUT + 30) for r in range(2)]
     rx, tx = out
     assert rx["a"] == "aborted" and rx["late_kept"] == 0 and rx["stats"]["fenced"] >= 3
     assert tx["a"] in ("refused", "aborted") and tx["b"] == "done"

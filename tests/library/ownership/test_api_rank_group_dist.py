@@ -10,11 +10,6 @@ and hold 0 blocks. Every process is ended by its pid."""
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import os
-import signal
-import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -23,17 +18,11 @@ import torch
 
 from refimpl import KVGeometry, read_kv, write_kv_layer
 from refimpl.api.ranks import Epochs, RankReceiver, RankSender, sub_id
-from tests.library.lib_helpers import MODEL
+from tests.library.lib_helpers import MODEL, Procs, free_port
 
 SRC = KVGeometry(3, 4, 8, 4, "float32", tp=2)
 DST = KVGeometry(3, 4, 8, 8, "float32", tp=2)
 N, TIMEOUT, RIDS = 13, 30.0, ("a", "b")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kv(rid: str) -> torch.Tensor:
@@ -91,18 +80,13 @@ def _decode(d: int, t: Any) -> dict[str, Any]:
     return out
 
 
-def _child(rank: int, port: int, store_port: int, conn: Any) -> None:
-    import torch.distributed as dist
+def _body(store_port: int) -> Any:
+    def body(rank: int, conn: Any) -> dict[str, Any]:
+        import torch.distributed as dist
 
-    from refimpl.api.ranks import rank_route
-    from refimpl.transport_dist import DistTransport
+        from refimpl.api.ranks import rank_route
+        from refimpl.transport_dist import DistTransport
 
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4,
-            timeout=timedelta(seconds=TIMEOUT),
-        )  # fmt: skip
         t = DistTransport(rank_route([0, 1], [2, 3], SRC.kv_heads))
         if rank < 2:
             store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
@@ -110,49 +94,28 @@ def _child(rank: int, port: int, store_port: int, conn: Any) -> None:
             out = _prefill(rank, t, Epochs(store), conn)
         else:
             out = _decode(rank - 2, t)
-        conn.send(json.dumps(out))
         try:
             t.close(timeout_s=5.0)
         except TimeoutError:
             pass  # a link to the killed rank
-    except BaseException as e:
-        conn.send(f"ERROR {type(e).__name__}: {e}")
-        raise
+        return out
+
+    return body
 
 
 def test_tp2_to_tp2_per_rank_bit_exact_then_a_killed_rank_ends_every_survivor() -> None:
     import torch.distributed as dist
 
-    port, store_port = _port(), _port()
+    store_port = free_port()
     router = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=TIMEOUT))  # fmt: skip
     epochs = Epochs(router)
     assert [epochs.open(rid) for rid in RIDS] == [1, 1]
-    ctx = mp.get_context("fork")
-    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
-    procs = [ctx.Process(target=_child, args=(r, port, store_port, pipes[r][1]), daemon=True)
-             for r in range(4)]  # fmt: skip
-    out: dict[int, Any] = {}
-    try:
-        for p in procs:
-            p.start()
-        assert pipes[1][0].poll(2 * TIMEOUT), "prefill rank 1 never sent layer 0 of 'b'"
-        assert pipes[1][0].recv() == "layer 0 sent"
-        assert procs[1].pid is not None
-        os.kill(procs[1].pid, signal.SIGKILL)  # mid-transfer: layers 1, 2 never leave
+    with Procs(4, _body(store_port), TIMEOUT) as procs:
+        assert procs.recv(1, 2 * TIMEOUT) == "layer 0 sent", "prefill rank 1 never sent layer 0"
+        procs.kill(1)  # mid-transfer: layers 1, 2 never leave
         killed = time.time()
-        for r in (0, 2, 3):
-            assert pipes[r][0].poll(2 * TIMEOUT), f"process {r} sent no report"
-            msg = pipes[r][0].recv()
-            assert not msg.startswith("ERROR"), msg
-            out[r] = json.loads(msg)
-    finally:
-        for p in procs:
-            if p.pid is not None and p.is_alive():
-                p.join(3)
-            if p.pid is not None and p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-                p.join(5)
+        out = {r: procs.report(r, 2 * TIMEOUT) for r in (0, 2, 3)}
     for r in (2, 3):  # request "a": every decode rank ready, its own heads bit-exact
         assert out[r]["a"]["state"] == "done" and out[r]["a"]["equal"], out[r]["a"]
     assert out[0]["a"]["state"] == "done", out[0]["a"]

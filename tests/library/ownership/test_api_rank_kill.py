@@ -6,19 +6,13 @@ not their own timeout, and hold 0 blocks. Every process is ended by its pid."""
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
-import os
-import signal
-import socket
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
 
 from refimpl import KVGeometry, Receiver, Sender, State, write_kv_layer
-from tests.library.lib_helpers import MODEL
+from tests.library.lib_helpers import MODEL, Procs
 
 SRC = KVGeometry(3, 4, 8, 4, "float32", tp=2)
 DST = KVGeometry(3, 4, 8, 8, "float32")
@@ -67,53 +61,24 @@ def _decode(t: Any) -> dict[str, Any]:
             "held": len(rx.held()), "blocks": len(pools.alloc.holders())}  # fmt: skip
 
 
-def _child(rank: int, port: int, conn: Any) -> None:
-    import torch.distributed as dist
-
+def _body(rank: int, conn: Any) -> dict[str, Any]:
     from refimpl.transport_dist import DistTransport, handoff_route
 
+    t = DistTransport(handoff_route(2, [0, 1]))
+    out = _decode(t) if rank == 2 else _prefill(rank, t, conn)
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3,
-            timeout=timedelta(seconds=TIMEOUT),
-        )  # fmt: skip
-        t = DistTransport(handoff_route(2, [0, 1]))
-        out = _decode(t) if rank == 2 else _prefill(rank, t, conn)
-        conn.send(json.dumps(out))
         t.close(timeout_s=5.0)
-    except BaseException as e:
-        conn.send(f"ERROR {type(e).__name__}: {e}")
-        raise
+    except TimeoutError:
+        pass  # the link to the killed rank
+    return out
 
 
 def test_a_killed_prefill_rank_ends_every_survivor_with_its_reason() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    pipes = [ctx.Pipe(duplex=False) for _ in range(3)]
-    procs = [ctx.Process(target=_child, args=(r, port, pipes[r][1]), daemon=True) for r in range(3)]
-    out: dict[int, Any] = {}
-    try:
-        for p in procs:
-            p.start()
-        assert pipes[1][0].poll(TIMEOUT + 30), "rank 1 never sent its layer 0"
-        assert pipes[1][0].recv() == "layer 0 sent"
-        assert procs[1].pid is not None
-        os.kill(procs[1].pid, signal.SIGKILL)  # mid-transfer: layers 1, 2 never leave
+    with Procs(3, _body, TIMEOUT) as procs:
+        assert procs.recv(1, TIMEOUT + 30) == "layer 0 sent", "rank 1 never sent its layer 0"
+        procs.kill(1)  # mid-transfer: layers 1, 2 never leave
         killed = time.time()
-        for r in (0, 2):
-            assert pipes[r][0].poll(TIMEOUT + 30), f"process {r} sent no report"
-            msg = pipes[r][0].recv()
-            assert not msg.startswith("ERROR"), msg
-            out[r] = json.loads(msg)
-    finally:
-        for p in procs:
-            if p.pid is not None and p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-            p.join(5)
-    pre, dec = out[0], out[2]
+        pre, dec = procs.report(0, TIMEOUT + 30), procs.report(2, TIMEOUT + 30)
     took = [round(x["end"] - killed, 2) for x in (pre, dec)]
     print(f"survivors (prefill rank 0, decode) ended {took} s after the kill")
     assert dec["state"] == "aborted" and "peer 1 failed" in dec["error"], dec
