@@ -13,8 +13,10 @@ Scheduler side (decode instance):
 Worker side (prefill ranks: producer; decode rank: consumer):
   ``save_kv_layer(layer, kv_layer, meta)``  the layer just computed: this rank's heads into
       its own kvown pools (``vllm_layer_to_blocks``) and out (``Sender.send_layer``);
+  ``get_finished()``                      once per step, every request of the worker at once
+      (``refimpl.api.serve.Progress``: kvown's deadlines; what finished or failed);
   ``wait_for_save()``                     until the decode side acknowledged (or failed);
-  ``start_load_kv(meta)``                 ``Receiver.expect`` (room for decoding);
+  ``start_load_kv(meta)``                 ``Receiver.expect`` (room for decoding), watched;
   ``wait_for_layer_load(layer)``          until the layer landed (``layer_ready``), then
       into vLLM's cache from the first token not held locally (``blocks_to_vllm_layer``,
       ``start=``); the last layer also waits for the commit. A step's output counts only
@@ -37,15 +39,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State
+from refimpl import KVGeometry, ModelIdentity, Receiver, Sender
 from refimpl.adapters.vllm import blocks_to_vllm_layer, vllm_layer_to_blocks
+from refimpl.api.serve import Progress
 from refimpl.transport import InProcessTransport, Transport
 from spec.manifest import RopeConfig
 
 # isort: split
 import torch  # after refimpl: its import filters torch's NumPy-less warning
 
-LAYERS, HEADS, DIM, PROMPT, PREFIX = 3, 4, 8, 37, 16
+LAYERS, HEADS, DIM, PROMPT, PREFIX, DEADLINE_S = 3, 4, 8, 37, 16, 30.0
 MODEL = ModelIdentity("example-llama", RopeConfig(10000.0, DIM))
 PREFILL = KVGeometry(LAYERS, HEADS, DIM, 16, "float32", tp=2)  # kvown pools, prefill side
 DECODE = KVGeometry(LAYERS, HEADS, DIM, 16, "float32")  # kvown pools, decode side (same bs:
@@ -95,12 +98,15 @@ class ProducerWorker:
     def __init__(self, rank: int, t: Transport) -> None:
         self.rank, self.pools = rank, PREFILL.make_rank_pools(rank, 16)
         self.tx = Sender(self.pools, PREFILL, t, MODEL, rank=rank)
+        # kvown's deadline per request; forget=False: this example reads the ends after
+        self.progress = Progress(self.tx, timeout_s=DEADLINE_S, forget=False)
         self.blocks: dict[str, list[int]] = {}
+        self.ended: dict[str, str] = {}  # request id -> how its send ended
 
     def start_request(self, req: Request) -> None:  # the request's prefill step begins
         rid = req.request_id
         self.blocks[rid] = self.pools.alloc.allocate(rid, PREFILL.blocks_for(len(req.prompt)))
-        self.tx.offer(  # every rank offers the scheduler's attempt number as its epoch
+        self.progress.offer(  # every rank offers the scheduler's attempt number as its epoch
             rid, req.prompt, blocks=self.blocks[rid], layers=LAYERS, free_source=True, epoch=1
         )
 
@@ -112,16 +118,21 @@ class ProducerWorker:
                 kv_layer, req.block_ids, n, self.pools, rid, self.blocks[rid], layer
             )
             self.tx.send_layer(rid, layer)
-            self.tx.poll(rid)
+        self.get_finished()
+
+    def get_finished(self) -> set[str]:
+        """vLLM's ``get_finished()``, once per step: every request of this rank advanced by
+        one ``progress()``; returns those whose send finished (their blocks may be freed)."""
+        step = self.progress.progress()
+        self.ended.update({rid: "done" for rid in step.finished_sending})
+        self.ended.update({f.request_id: f.state.value for f in step.failed})
+        return set(step.finished_sending)
 
     def wait_for_save(self, meta: list[Request], deadline: float) -> dict[str, str]:
-        for req in meta:
-            while not self.tx.state(req.request_id).final and time.monotonic() < deadline:
-                self.tx.poll(req.request_id)
-                others()
-            if not self.tx.state(req.request_id).final:
-                self.tx.abort(req.request_id, "timeout")
-        return {req.request_id: self.tx.state(req.request_id).value for req in meta}
+        while any(r.request_id not in self.ended for r in meta) and time.monotonic() < deadline:
+            self.get_finished()  # kvown's deadline (Progress) ends a request that stalls
+            others()
+        return {req.request_id: self.ended.get(req.request_id, "sending") for req in meta}
 
 
 class ConsumerWorker:
@@ -130,28 +141,37 @@ class ConsumerWorker:
     def __init__(self, t: Transport, caches: list[torch.Tensor]) -> None:
         self.pools, self.caches = DECODE.make_pools(32), caches
         self.rx = Receiver(self.pools, DECODE, t, MODEL)
+        self.progress = Progress(self.rx, timeout_s=DEADLINE_S, forget=False)
         self.meta: dict[str, tuple[Request, int]] = {}
+        self.committed: dict[str, tuple[int, ...]] = {}  # request id -> its kvown blocks
         self.failed: set[str] = set()
 
     def start_load_kv(self, meta: dict[str, tuple[Request, int]]) -> None:
         self.meta = meta
         for rid in meta:
-            self.rx.expect(rid, decode_room=8)
+            self.progress.expect(rid, decode_room=8)
+
+    def get_finished(self) -> set[str]:
+        """vLLM's ``get_finished()``: one ``progress()`` for every request being loaded;
+        returns those whose load committed; a failed one joins ``failed`` (vLLM's
+        ``get_block_ids_with_load_errors``: recompute them)."""
+        step = self.progress.progress()
+        self.committed.update(step.finished_receiving)
+        self.failed.update(f.request_id for f in step.failed)
+        return set(step.finished_receiving)
 
     def wait_for_layer_load(self, layer: int, deadline: float) -> None:
+        last = layer == LAYERS - 1
         for rid, (req, held) in self.meta.items():
-            last = layer == LAYERS - 1
-            while time.monotonic() < deadline and not self.rx.state(rid).final:
+            while time.monotonic() < deadline and rid not in {*self.committed, *self.failed}:
                 if self.rx.layer_ready(rid, layer) and not last:
                     break
-                self.rx.poll(rid)
+                self.get_finished()  # kvown's deadline (Progress) ends a stalled load
                 others()
-            if last and self.rx.state(rid) is not State.DONE:
-                self.rx.abort(rid, "timeout")
-            if not self.rx.layer_ready(rid, layer):
+            if not self.rx.layer_ready(rid, layer) or rid in self.failed:
                 self.failed.add(rid)  # vLLM: these blocks failed to load; recompute
                 continue
-            blocks = self.rx.held().get(rid) or self.rx.result(rid).blocks
+            blocks = self.committed.get(rid) or self.rx.held()[rid]
             blocks_to_vllm_layer(
                 self.pools,
                 blocks,
@@ -190,8 +210,8 @@ def run(*, corrupt: bool = False) -> dict[str, object]:
     h = HEADS // 2
     producers = [ProducerWorker(r, t) for r in range(2)]
     pre_tables = [[4, 1, 6], [0, 2, 5]]
-    OTHERS[:] = [lambda: [p.tx.poll(req.request_id) for p in producers]]
-    OTHERS.append(lambda: consumer.rx.poll(req.request_id))
+    OTHERS[:] = [lambda: [p.get_finished() for p in producers]]
+    OTHERS.append(consumer.get_finished)
     for p in producers:
         p.start_request(Request(req.request_id, req.prompt))
     deadline = time.monotonic() + 30
