@@ -1,6 +1,7 @@
 """The smaller promises of issue #35: fuzz --help shows its budgets' defaults, prove
 --mutant names a property's kind truly, no NumPy warning from the library without numpy,
-and the transformers example names the extra it needs."""
+the transformers example names the extra it needs, and a skipped repro script is
+counted done but left out of the rate its progress line reads the time left from."""
 
 from __future__ import annotations
 
@@ -84,3 +85,47 @@ def test_a_skipped_script_is_not_called_as_documented(capsys: pytest.CaptureFixt
     assert "verdict:   skipped, not run here (n/a on CPU)" in out
     assert "behaves as documented" not in out.replace("0 of 0 that ran behave", "")
     assert "skipped, not run (not applicable here): 1: reload_on_critical_stream" in out
+
+
+def test_a_skipped_item_is_counted_done_but_left_out_of_the_rate() -> None:
+    from kvown_cli.progress import Progress
+
+    p = Progress("x", 3, "scripts", enabled=False)
+    p.start_work()
+    p.skip()  # a script that does not apply: done at once, no work measured
+    assert p.body().startswith("1/3 scripts") and "left" not in p.body()
+    p.t_work -= 10.0  # then one script that ran took 10 s
+    p.advance()
+    body = p.body()
+    assert body.startswith("2/3 scripts") and "about 10 s left" in body, body  # not 5 s
+
+
+def test_repro_reports_a_skipped_script_to_its_progress_as_skipped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvown_cli.repro as repro
+    from kvown_cli.progress import Progress
+
+    calls: list[str] = []
+
+    class Spy(Progress):
+        def advance(self, n: int = 1, note: str | None = None) -> None:
+            calls.append("advance")
+            super().advance(n, note)
+
+        def skip(self, n: int = 1, note: str | None = None) -> None:
+            calls.append("skip")
+            super().skip(n, note)
+
+    def run_one(name: str, narrate: bool) -> dict[str, object]:
+        rec: dict[str, object] = {"name": name, "property": "P", "ok": True}
+        if name == "reload_on_critical_stream":
+            return {**rec, "damage": "n/a on CPU", "prevented": "n/a", "skipped": "n/a on CPU"}
+        return {**rec, "damage": "d", "prevented": "p"}
+
+    monkeypatch.setattr(repro, "Progress", Spy)
+    monkeypatch.setattr(repro, "run_one", run_one)
+    monkeypatch.setattr("refimpl.replay.prefetch", lambda names: None)
+    assert main(["repro", "--all", "--json"]) == 0
+    capsys.readouterr()
+    assert calls.count("skip") == 1 and calls.count("advance") == len(repro.script_names()) - 1
