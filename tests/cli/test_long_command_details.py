@@ -1,5 +1,5 @@
 """The smaller promises of issue #35: fuzz --help shows its budgets' defaults, prove
---mutant names a property's kind truly, no NumPy warning from the library without numpy,
+--mutant names a property's kind truly, no NumPy warning from the library or the seed example without numpy,
 the transformers example names the extra it needs, and a skipped repro script is
 counted done but left out of the rate its progress line reads the time left from."""
 
@@ -47,6 +47,17 @@ def test_prove_mutant_names_the_property_kind(
 def test_the_library_without_numpy_prints_no_numpy_warning() -> None:
     r = _py("import sys; sys.modules['numpy'] = None\nimport refimpl, torch\nprint('ok')")
     assert r.returncode == 0 and r.stdout.strip() == "ok"
+    assert "NumPy" not in r.stderr, r.stderr
+
+
+def test_the_seed_example_without_numpy_prints_no_numpy_warning() -> None:
+    code = (
+        "import sys, runpy; sys.modules['numpy'] = None\n"
+        "sys.argv = ['kv_offload_pd.py']\n"
+        "runpy.run_path('examples/kv_offload_pd.py', run_name='__main__')"
+    )
+    r = _py(code)
+    assert r.returncode == 0 and "roundtrip_max_abs_diff=0.000e+00" in r.stdout, r.stderr
     assert "NumPy" not in r.stderr, r.stderr
 
 
