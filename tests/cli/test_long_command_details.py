@@ -1,7 +1,8 @@
 """The smaller promises of issue #35: fuzz --help shows its budgets' defaults, prove
---mutant names a property's kind truly, no NumPy warning from the library or the seed example without numpy,
-the transformers example names the extra it needs, and a skipped repro script is
-counted done but left out of the rate its progress line reads the time left from."""
+--mutant names a property's kind truly, no NumPy warning from the library or the seed
+example without numpy, the transformers example names the extra it needs, and a skipped
+repro script is counted done but left out of the rate its progress line reads the time
+left from."""
 
 from __future__ import annotations
 
