@@ -3,8 +3,9 @@ item 4): a load reads only a regular file of the tier's own folder (a FIFO, a fo
 device or a symlink at a key's name is a miss saying which; a FIFO used to hang the load,
 a folder raised, a symlink was followed out of the tier); a header's member count is
 checked before it is parsed (junk metadata keys cost a count, not a dictionary); the
-orphan sweep skips what is not a writer's temp file and never raises; a bad tier path is
-one ``TierPathError``; every whole published file is kept."""
+orphan sweep skips what is not a writer's temp file and never raises; a bad tier path (an
+empty one too: not the working folder) is one ``TierPathError``; every whole published
+file is kept."""
 
 from __future__ import annotations
 
@@ -90,9 +91,15 @@ def test_the_sweep_skips_what_it_cannot_judge_and_keeps_every_published_file(
     assert isinstance(again.load(DEV, TOKENS, "r2"), Loaded)
 
 
-@pytest.mark.parametrize("kind", ["file", "nul", "unwritable"])
-def test_a_bad_tier_path_is_one_clear_error(tmp_path: Path, kind: str) -> None:
-    if kind == "file":
+@pytest.mark.parametrize("kind", ["file", "nul", "unwritable", "empty"])
+def test_a_bad_tier_path_is_one_clear_error(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad: str | Path
+    if kind == "empty":  # Path("") is the working folder: it was swept and adopted
+        monkeypatch.chdir(tmp_path)
+        bad, what = "", "an empty path"
+    elif kind == "file":
         bad = tmp_path / "f"
         bad.write_bytes(b"")
         what = "not a folder|Not a directory|exists"
