@@ -137,3 +137,25 @@ def test_a_foreign_geometry_in_a_whole_file_is_a_miss(tmp_path: Path) -> None:
     other = KVGeometry(2, 4, 8, 4, "float32", layout="tokens_major", tp=2)
     got = tier.load(other, TOKENS, "r2")
     assert isinstance(got, Miss)
+
+
+def test_a_big_metadata_value_costs_twice_the_header_not_five_times(tmp_path: Path) -> None:
+    """A header near the size cap (the issue's 60-90 MB of metadata) must fit the 256 MB
+    bound: the header's bytes go once decoded (no padding-stripped copy), the skeleton is
+    translated a MB at a time, so the peak is the text and the value it holds (plus 2 MB:
+    2.5x at 4 MB; 5x before, 450 MB for a 90 MB header)."""
+    blob = "x" * (4 << 20)
+    kv = torch.zeros(4, dtype=torch.uint8)
+    files.write_published(tmp_path, "big", {"m": blob}, [("kv", kv)])
+    del blob
+    path = tmp_path / "big.safetensors"
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        tracemalloc.start()
+        try:
+            head = files.read_header(f)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert len(head.metadata["m"]) == 4 << 20
+    assert peak <= 3 * size, f"{peak / size:.2f} bytes per header byte"
