@@ -7,7 +7,9 @@ Each row is one input of about ``--mb`` MB: seconds per MB (best of 3, no tracin
 peak traced bytes per input byte (``tracemalloc``, one more run). The readers are
 ``spec.strict_json.loads_strict`` under each caller's limits (a handoff manifest, a disk
 tier header, a saved counterexample) and, end to end, ``refimpl.tiers.files.read_header``
-and the conformance checker (``check_text``: the event-log reader and the checker). The
+and the conformance checker (``check_text``: the event-log reader and the checker; and
+``check_file`` on a log file, which streams a log naming its config and keeps one
+declaring its world whole). The
 hostile inputs are those of the issue: a run of escaped quotes, unbalanced brackets, a
 megabyte of empty pairs, junk metadata keys, a fresh clock on every line. The row
 ``before #34`` is the old depth pre-scan (a backtracking regex) on 32 KB only: it is
@@ -19,9 +21,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import struct
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -30,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.trace_check_bench import generate  # noqa: E402
-from model_checks.conformance import LogError, check_text  # noqa: E402
+from model_checks.conformance import LogError, check_file, check_text  # noqa: E402
 from refimpl.tiers import files  # noqa: E402
 from spec.manifest_fields import MAX_INT_DIGITS, MAX_JSON_CHARS, MAX_JSON_DEPTH  # noqa: E402
 from spec.strict_json import StrictJSONError, loads_strict  # noqa: E402
@@ -130,7 +134,12 @@ def cases(n: int) -> list[tuple[str, str, int, Callable[[], object]]]:
             ("unbalanced [", "[" * n),
         ):
             out.append((kind, name, len(text), _strict(kind, text)))
-    for name, f in (("ordinary", tier_ok), (f"{len(junk):,} junk keys", tier_junk)):
+    tier_long = _header_file({"kvown.format": "kvown-disk-kv/1", "m": "x" * n})
+    for name, f in (
+        ("ordinary", tier_ok),
+        (f"{len(junk):,} junk keys", tier_junk),
+        ("one long metadata value", tier_long),
+    ):
         out.append(("tier header", name, len(f.getbuffer()), lambda f=f: _read_header(f)))
     for name, log in (
         ("ordinary", _log_ordinary(n)),
@@ -138,7 +147,29 @@ def cases(n: int) -> list[tuple[str, str, int, Callable[[], object]]]:
         ("a fresh clock on each line", _log_fresh_clocks(n)),
     ):
         out.append(("check-trace", name, len(log), lambda log=log: check_text(log)))
+    # From a file (``check_file``, what ``kvown check-trace FILE`` runs): a log naming its
+    # config streams (two chunks); a log declaring its world is kept whole as it is read
+    # (its sizes come from the whole log, and a pipe cannot be read twice).
+    ordinary = _log_ordinary(n)
+    declared = '{"format": "kvown-eventlog", "version": 1, "behaviours": [], "faults": []}'
+    for name, log in (
+        ("file, config named (streamed)", ordinary),
+        ("file, world declared (kept whole)", declared + ordinary[ordinary.index("\n") :]),
+    ):
+        path = _tmp_log(log)
+        out.append(("check-trace", name, len(log), lambda path=path: check_file(path)))
     return out
+
+
+def _tmp_log(text: str) -> str:
+    f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)  # noqa: SIM115
+    with f:
+        f.write(text)
+    _TEMP.append(f.name)
+    return f.name
+
+
+_TEMP: list[str] = []  # the logs written for check_file, removed at the end
 
 
 def _old_prescan(text: str) -> None:
@@ -181,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     mb = len(old) / (1 << 20)
     row = f"{mb:.3f} | {s / mb:.0f} | {peak / len(old):.1f} | (quadratic)"
     print(f"| before #34: depth pre-scan | escaped quotes | {row} |")
+    for name in _TEMP:
+        os.unlink(name)
     return 0
 
 

@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import platform
 import statistics
+import warnings
 from collections.abc import Callable
 
-import torch
+# torch warns at import when numpy is absent ("Failed to initialize NumPy"); this example
+# never converts a tensor to numpy (the same filter as refimpl's)
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+import torch  # noqa: E402 - after the filter
 
 LAYERS, KV, HEADS, TOKENS, HEAD_DIM = 16, 2, 8, 1024, 128
 DTYPE = torch.float16

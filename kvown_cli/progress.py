@@ -162,6 +162,14 @@ class Progress:
             self.done += n
         self.update(None, note)
 
+    def skip(self, n: int = 1, note: str | None = None) -> None:
+        """``n`` items done without the work (a script that does not apply here): counted
+        in DONE, left out of the rate, so the time left is not read from them."""
+        with self._lock:
+            self.done += n
+            self.done_at_work += n
+        self.update(None, note)
+
     # ---- plain lines
     def line(self, final: bool = False) -> str:
         return f"kvown {self.command}: {self.body(final)}"

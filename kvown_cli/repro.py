@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict[str, object]] = []
     with Progress("repro", len(names), "scripts") as bar:
         if len(names) > 1:  # the model checks of all of them at once, in worker processes
+            bar.update(note=f"importing {len(names)} scripts")
             mods = [load(n) for n in names]
             from refimpl.replay import prefetch
 
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(note=f"running {n}")
             rec = run_one(n, narrate)
             records.append(rec)
-            bar.advance()
+            bar.skip() if "skipped" in rec else bar.advance()  # a skip is no rate
             if not args.json and args.all:
                 mark = "skip" if "skipped" in rec else "ok  " if rec["ok"] else "FAIL"
                 print(f"{mark} {n}: {rec['property']}\n     damage:    {rec['damage']}")

@@ -42,6 +42,7 @@ MAX_FLOAT_CHARS: Final = 64  # longest float literal accepted (unless a caller s
 _STRUCTURAL = b'"[]{},:'
 _NOT_STRUCTURAL = bytes(c for c in range(256) if c not in _STRUCTURAL)
 _STRING = re.compile(rb'"[^"]*+"')
+_SLICE = 1 << 20  # bytes translated at a time
 # The brackets of a skeleton, one kind: ``{`` read as ``[`` and ``}`` as ``]`` (the depth is
 # the same; a mismatched pair is left for json to name).
 _BRACKETS = bytes.maketrans(b"{}", b"[]")
@@ -72,7 +73,12 @@ def _skeleton(text: str) -> bytes:
     read as outside, and json names the error)."""
     raw = text.encode("utf-8", "replace")
     raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # no escaped quote is left
-    skel = raw.translate(None, _NOT_STRUCTURAL).replace(b'""', b"")  # most strings: gone
+    # translate by slices: it allocates its whole input's length for the result, and a
+    # 90 MB header would then cost 3 copies of itself at once instead of 2
+    parts = (
+        raw[i : i + _SLICE].translate(None, _NOT_STRUCTURAL) for i in range(0, len(raw), _SLICE)
+    )
+    skel = b"".join(parts).replace(b'""', b"")  # most strings: gone
     return _STRING.sub(b"", skel) if b'"' in skel else skel  # those holding ,:[]{}
 
 
@@ -120,8 +126,9 @@ def _constant(name: str) -> float:
 
 
 def _checked_text(text: str | bytes | bytearray, max_bytes: int, what: str) -> str:
-    if isinstance(text, str):
-        size = len(text) if len(text) * 4 <= max_bytes else len(text.encode("utf-8", "replace"))
+    if isinstance(text, str):  # isascii is a flag: no copy to learn an ASCII text's size
+        short_enough = len(text) * 4 <= max_bytes or text.isascii()
+        size = len(text) if short_enough else len(text.encode("utf-8", "replace"))
     else:
         size = len(text)
     if size > max_bytes:

@@ -121,6 +121,8 @@ class DiskTier:
         self._parsed: dict[str, tuple[tuple[int, ...], Header, Manifest]] = {}
         self._parsed_lock = threading.Lock()
         try:
+            if not os.fspath(directory):  # Path("") is the working folder: never meant
+                raise ValueError("an empty path (say '.' for the working folder)")
             self.directory.mkdir(parents=True, exist_ok=True)
             if not self.directory.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a folder")

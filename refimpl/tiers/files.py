@@ -271,12 +271,17 @@ def read_header(f: BinaryIO) -> Header:
     (n,) = struct.unpack("<Q", raw)
     if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
         raise TornFileError(f"header length {n} does not fit a {size}-byte file")
-    text = f.read(n)
-    if len(text) != n:
-        raise TornFileError(f"header: {len(text)} of {n} bytes")
+    raw = f.read(n)
+    if len(raw) != n:
+        raise TornFileError(f"header: {len(raw)} of {n} bytes")
+    try:  # decoded here so that the bytes go before the parse: peak twice the header, not 5x
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TornFileError(f"header: not UTF-8 (byte {e.start})") from None
+    del raw
     try:
         head = loads_strict(
-            text.rstrip(b" "),
+            text,  # the padding spaces are JSON whitespace
             max_bytes=MAX_HEADER_BYTES,
             max_depth=3,
             max_int_digits=19,

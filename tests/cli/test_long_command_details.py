@@ -1,6 +1,8 @@
 """The smaller promises of issue #35: fuzz --help shows its budgets' defaults, prove
---mutant names a property's kind truly, no NumPy warning from the library without numpy,
-and the transformers example names the extra it needs."""
+--mutant names a property's kind truly, no NumPy warning from the library or the seed
+example without numpy, the transformers example names the extra it needs, and a skipped
+repro script is counted done but left out of the rate its progress line reads the time
+left from."""
 
 from __future__ import annotations
 
@@ -49,6 +51,17 @@ def test_the_library_without_numpy_prints_no_numpy_warning() -> None:
     assert "NumPy" not in r.stderr, r.stderr
 
 
+def test_the_seed_example_without_numpy_prints_no_numpy_warning() -> None:
+    code = (
+        "import sys, runpy; sys.modules['numpy'] = None\n"
+        "sys.argv = ['kv_offload_pd.py']\n"
+        "runpy.run_path('examples/kv_offload_pd.py', run_name='__main__')"
+    )
+    r = _py(code)
+    assert r.returncode == 0 and "roundtrip_max_abs_diff=0.000e+00" in r.stdout, r.stderr
+    assert "NumPy" not in r.stderr, r.stderr
+
+
 def test_the_hf_example_without_transformers_names_the_extra() -> None:
     code = (
         "import sys, runpy; sys.modules['transformers'] = None\n"
@@ -84,3 +97,47 @@ def test_a_skipped_script_is_not_called_as_documented(capsys: pytest.CaptureFixt
     assert "verdict:   skipped, not run here (n/a on CPU)" in out
     assert "behaves as documented" not in out.replace("0 of 0 that ran behave", "")
     assert "skipped, not run (not applicable here): 1: reload_on_critical_stream" in out
+
+
+def test_a_skipped_item_is_counted_done_but_left_out_of_the_rate() -> None:
+    from kvown_cli.progress import Progress
+
+    p = Progress("x", 3, "scripts", enabled=False)
+    p.start_work()
+    p.skip()  # a script that does not apply: done at once, no work measured
+    assert p.body().startswith("1/3 scripts") and "left" not in p.body()
+    p.t_work -= 10.0  # then one script that ran took 10 s
+    p.advance()
+    body = p.body()
+    assert body.startswith("2/3 scripts") and "about 10 s left" in body, body  # not 5 s
+
+
+def test_repro_reports_a_skipped_script_to_its_progress_as_skipped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvown_cli.repro as repro
+    from kvown_cli.progress import Progress
+
+    calls: list[str] = []
+
+    class Spy(Progress):
+        def advance(self, n: int = 1, note: str | None = None) -> None:
+            calls.append("advance")
+            super().advance(n, note)
+
+        def skip(self, n: int = 1, note: str | None = None) -> None:
+            calls.append("skip")
+            super().skip(n, note)
+
+    def run_one(name: str, narrate: bool) -> dict[str, object]:
+        rec: dict[str, object] = {"name": name, "property": "P", "ok": True}
+        if name == "reload_on_critical_stream":
+            return {**rec, "damage": "n/a on CPU", "prevented": "n/a", "skipped": "n/a on CPU"}
+        return {**rec, "damage": "d", "prevented": "p"}
+
+    monkeypatch.setattr(repro, "Progress", Spy)
+    monkeypatch.setattr(repro, "run_one", run_one)
+    monkeypatch.setattr("refimpl.replay.prefetch", lambda names: None)
+    assert main(["repro", "--all", "--json"]) == 0
+    capsys.readouterr()
+    assert calls.count("skip") == 1 and calls.count("advance") == len(repro.script_names()) - 1

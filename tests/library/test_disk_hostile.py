@@ -3,8 +3,9 @@ item 4): a load reads only a regular file of the tier's own folder (a FIFO, a fo
 device or a symlink at a key's name is a miss saying which; a FIFO used to hang the load,
 a folder raised, a symlink was followed out of the tier); a header's member count is
 checked before it is parsed (junk metadata keys cost a count, not a dictionary); the
-orphan sweep skips what is not a writer's temp file and never raises; a bad tier path is
-one ``TierPathError``; every whole published file is kept."""
+orphan sweep skips what is not a writer's temp file and never raises; a bad tier path (an
+empty one too: not the working folder) is one ``TierPathError``; every whole published
+file is kept."""
 
 from __future__ import annotations
 
@@ -90,9 +91,15 @@ def test_the_sweep_skips_what_it_cannot_judge_and_keeps_every_published_file(
     assert isinstance(again.load(DEV, TOKENS, "r2"), Loaded)
 
 
-@pytest.mark.parametrize("kind", ["file", "nul", "unwritable"])
-def test_a_bad_tier_path_is_one_clear_error(tmp_path: Path, kind: str) -> None:
-    if kind == "file":
+@pytest.mark.parametrize("kind", ["file", "nul", "unwritable", "empty"])
+def test_a_bad_tier_path_is_one_clear_error(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad: str | Path
+    if kind == "empty":  # Path("") is the working folder: it was swept and adopted
+        monkeypatch.chdir(tmp_path)
+        bad, what = "", "an empty path"
+    elif kind == "file":
         bad = tmp_path / "f"
         bad.write_bytes(b"")
         what = "not a folder|Not a directory|exists"
@@ -130,3 +137,25 @@ def test_a_foreign_geometry_in_a_whole_file_is_a_miss(tmp_path: Path) -> None:
     other = KVGeometry(2, 4, 8, 4, "float32", layout="tokens_major", tp=2)
     got = tier.load(other, TOKENS, "r2")
     assert isinstance(got, Miss)
+
+
+def test_a_big_metadata_value_costs_twice_the_header_not_five_times(tmp_path: Path) -> None:
+    """A header near the size cap (the issue's 60-90 MB of metadata) must fit the 256 MB
+    bound: the header's bytes go once decoded (no padding-stripped copy), the skeleton is
+    translated a MB at a time, so the peak is the text and the value it holds (plus 2 MB:
+    2.5x at 4 MB; 5x before, 450 MB for a 90 MB header)."""
+    blob = "x" * (4 << 20)
+    kv = torch.zeros(4, dtype=torch.uint8)
+    files.write_published(tmp_path, "big", {"m": blob}, [("kv", kv)])
+    del blob
+    path = tmp_path / "big.safetensors"
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        tracemalloc.start()
+        try:
+            head = files.read_header(f)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert len(head.metadata["m"]) == 4 << 20
+    assert peak <= 3 * size, f"{peak / size:.2f} bytes per header byte"
