@@ -1,8 +1,9 @@
 """One chunk of a live attempt, checked and installed (the receiver's only install).
 
-A whole-block chunk (``install_block``) or one (rank, block, layer) of a streamed offer
-(``install_layer``): rank and index from the header (else ``ChunkError``, RankAgreement
-for an unknown rank), the payload size, xxh3(payload) == the header's checksum (else
+A whole-block chunk (``install_block``) or one (rank, layer) of a streamed offer, that
+layer of every sent block (``install_layer``): rank and block index (or layer and sent
+blocks) from the header (else ``ChunkError``, RankAgreement for an unknown rank), the
+payload size, xxh3(payload) == the header's checksum (else
 ``ChecksumError`` naming block and rank), a canonical block against the manifest's
 checksum, then the install (into the target block, or the staging copy), and only once
 it returned is the chunk counted. Each raises the refusal and changes nothing; the
@@ -80,25 +81,45 @@ def install_block(
 def install_layer(
     pools: RankPools, a: Attempt, header: Mapping[str, Any], payload: Payload
 ) -> int | None:
-    """One (rank, block, layer) of a streamed offer; returns the layer (None: duplicate)."""
+    """One (rank, layer) of a streamed offer: that layer of every sent block, in block
+    order; returns the layer (None: a duplicate). The rank, the layer, the blocks it
+    names, its size and its checksum are checked before any byte is written."""
     m, s = a.m, a.stream
     assert s is not None
-    rank, idx = where(a, header)
-    j, layer = idx - m.prefix_blocks, s.check_layer(header.get("layer"))
-    if (rank, j, layer) in s.landed:
+    rank = header.get("rank")
+    if type(rank) is not int or rank not in a.ranks:
+        raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
+    layer, n = s.check_layer(header.get("layer")), len(m.sent_blocks)
+    if header.get("first_block") != m.prefix_blocks or header.get("blocks") != n:
+        raise ChunkError(
+            f"layer {layer} (rank {rank}): blocks {header.get('first_block')!r:.20}+"
+            f"{header.get('blocks')!r:.20}, expected the sent blocks {m.prefix_blocks}+{n}"
+        )
+    if (rank, 0, layer) in s.landed:
         a.duplicates += 1
         return None
-    want = a.src.rank_pool_geometry().block_bytes // m.num_layers
-    _check(header, payload, want, f"block {idx} (rank {rank}, layer {layer})")
-    rid = m.request_id
+    per = a.src.rank_pool_geometry().block_bytes // m.num_layers
+    _check(header, payload, per * n, f"layer {layer} (rank {rank}) of {n} blocks")
+    rid, view = m.request_id, memoryview(payload).cast("B")
     if a.staging is not None:
-        blk = a.staging.alloc.blocks_of(rid)[j]
-        a.staging.alloc.check_write(rid, [blk])
-        write_bytes(a.staging.pools[rank].kv[blk][layer], payload)
+        staged = a.staging.alloc.blocks_of(rid)
+        a.staging.alloc.check_write(rid, staged)
+        kv = a.staging.pools[rank].kv
+        for j, blk in enumerate(staged[:n]):
+            write_bytes(kv[blk][layer], view[j * per : (j + 1) * per])
     else:
-        b = a.target[a.prefix + j]
-        pools.alloc.check_write(rid, [b])
-        land_layer(pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b, layer)
-    s.landed_one(rank, j, layer, payload)  # counted (and hashed) once installed
+        targets = a.target[a.prefix : a.prefix + n]
+        pools.alloc.check_write(rid, targets)
+        for j, b in enumerate(targets):
+            land_layer(
+                pools,
+                a.pieces[rank],
+                a.src.rank_pool_geometry(),
+                view[j * per : (j + 1) * per],
+                b,
+                layer,
+            )
+    for j in range(n):  # counted (and hashed into each block's digest) once installed
+        s.landed_one(rank, j, layer, view[j * per : (j + 1) * per])
     a.checks += 1
     return layer

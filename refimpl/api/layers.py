@@ -1,8 +1,8 @@
 """Layer by layer: the receiver's record of a streamed attempt, and one layer's install.
 
 A streamed offer (``Sender.offer(..., layers=L)``) sends one chunk per (source rank,
-sent block, layer) as prefill computes each layer (``Sender.send_layer``, the shape of a
-KV connector's ``save_kv_layer``), then one ``seal`` per source rank with the xxh3-64 of
+layer), that layer of every sent block in block order, as prefill computes each layer
+(``Sender.send_layer``, the shape of a KV connector's ``save_kv_layer``), then one ``seal`` per source rank with the xxh3-64 of
 each of its blocks (the same convention as a whole-block chunk's checksum: the rank's
 block bytes, layer 0 first; a tp=1 heads_major block is the manifest's canonical block).
 

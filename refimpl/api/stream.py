@@ -1,7 +1,9 @@
 """A streamed offer's sender side: each layer copied at ``send_layer``, sent on ready.
 
 ``Sender.send_layer(rid, layer)`` copies that layer of every sent block of every source
-rank held here (and hashes it into its block's seal digest, layer order) at once: what
+rank held here into one buffer per rank (the blocks' layer pieces in block order: one
+message per (rank, layer), not per block), and hashes each block's piece into that
+block's seal digest (layer order) at once: what
 leaves is the bytes at ``send_layer``, so the request may free or reuse its blocks as
 soon as it returned (FrozenSnapshot / NoReuseUnderIO for a streamed offer, whose blocks
 are not pinned). Copies of layers computed before the receiver's ready wait here (one
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import xxhash
 
 from refimpl.api.wire import CHUNK, SEAL
@@ -37,18 +40,24 @@ class Stream:
     sent: int = 0  # layers [0, sent) are on the wire
     digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
     sealed: bool = False
-    copies: deque[tuple[int, int, int, bytes]] = field(default_factory=deque)  # to send:
-    # (layer, rank, j, the bytes at send_layer), oldest first
+    copies: deque[tuple[int, int, memoryview]] = field(default_factory=deque)  # to send:
+    # (layer, rank, the layer of every sent block at send_layer, block order), oldest first
 
     def copy_layer(self, pools: RankPools, ranks: Sequence[tuple[int, int]], layer: int) -> None:
-        """Copy layer ``layer`` of every sent block of each (source rank, pool index)."""
+        """Copy layer ``layer`` of every sent block of each (source rank, pool index) into
+        one buffer per rank (one gather), hashing each block's piece into its digest."""
+        if not self.blocks:
+            return  # nothing sent (a prefix covers every block): no chunk, only the seals
+        idx = torch.as_tensor(self.blocks, dtype=torch.long)
         for r, pool in ranks:
             kv = pools.pools[pool].kv
-            for j, b in enumerate(self.blocks):
-                t = kv[b][layer]
-                payload = bytes(byte_view(t if t.device.type == "cpu" else t.cpu()))
-                self.digests.setdefault((r, j), xxhash.xxh3_64()).update(payload)
-                self.copies.append((layer, r, j, payload))
+            t = kv.index_select(0, idx.to(kv.device))[:, layer].contiguous()
+            payload = byte_view(t if t.device.type == "cpu" else t.cpu())  # owns the copy
+            per = payload.nbytes // len(self.blocks)
+            for j in range(len(self.blocks)):
+                h = self.digests.setdefault((r, j), xxhash.xxh3_64())
+                h.update(payload[j * per : (j + 1) * per])
+            self.copies.append((layer, r, payload))
 
     def flush(
         self,
@@ -67,17 +76,18 @@ class Stream:
             if read_now is not None:
                 read_now(self.sent)
             while self.copies and self.copies[0][0] == self.sent:
-                layer, r, j, payload = self.copies.popleft()
+                layer, r, payload = self.copies.popleft()
                 header = {
                     **head,
                     "type": CHUNK,
-                    "block_index": first_block + j,
+                    "first_block": first_block,
+                    "blocks": len(self.blocks),
                     "rank": r,
                     "layer": layer,
                     "checksum": bytes_checksum(payload),
                 }
                 transport.send(channel, header, payload)
-                n, nbytes = n + 1, nbytes + len(payload)
+                n, nbytes = n + 1, nbytes + payload.nbytes
             self.sent += 1
         if self.sent == self.layers and not self.sealed:
             self.sealed = True

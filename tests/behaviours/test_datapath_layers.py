@@ -99,10 +99,10 @@ def test_layers_computed_before_ready_go_out_on_ready() -> None:
 def test_a_failure_after_layers_landed_gives_back_every_block(fault: str) -> None:
     p = pair(geo(num_layers=3), geo(num_layers=3))
     to_rx = channels("r").to_receiver
-    if fault == "corrupt":  # manifest, then 3 chunks of layer 0, then layer 1's first
-        p.t.inject(to_rx, Fault.CORRUPT, skip=4)
-    if fault in ("lose_seal", "forged_seal"):  # manifest, 3 layers x 3 blocks, then the seal
-        p.t.inject(to_rx, Fault.LOSE, skip=10)
+    if fault == "corrupt":  # manifest, then layer 0 (one chunk of 3 blocks), then layer 1
+        p.t.inject(to_rx, Fault.CORRUPT, skip=2)
+    if fault in ("lose_seal", "forged_seal"):  # manifest, 3 layers (a chunk each), the seal
+        p.t.inject(to_rx, Fault.LOSE, skip=4)
     _stream(p, stop_after=1 if fault in ("corrupt", "sender_abort") else None)
     if fault == "corrupt":
         kv = _kv(p.tx.geometry, 10)
@@ -226,5 +226,5 @@ def test_handoff_layered_lands_the_same_tokens(name: str) -> None:
         write_kv_layer(p.src, "r", blocks, layer, list(kv[layer]))
     res = handoff(p.tx, p.rx, "r", TOKENS, blocks=blocks, decode_room=3, layered=True)
     assert torch.equal(read_kv(p.dst, res.received.blocks, 10), kv)
-    assert res.chunks == 3 * 3 * len(p.tx.ranks)  # a chunk per (rank, block, layer)
+    assert res.chunks == 3 * len(p.tx.ranks)  # a chunk per (rank, layer), not per block
     assert held(p.src) == {} and held(p.dst) == {"owned": len(res.received.blocks)}
