@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from refimpl.api.intake import Attempt
-from refimpl.api.layers import land_layer, write_bytes
+from refimpl.api.layers import land_layer_blocks, write_layer_blocks
 from refimpl.checksum import bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
 from refimpl.errors import ChecksumError, ChunkError
@@ -81,45 +81,42 @@ def install_block(
 def install_layer(
     pools: RankPools, a: Attempt, header: Mapping[str, Any], payload: Payload
 ) -> int | None:
-    """One (rank, layer) of a streamed offer: that layer of every sent block, in block
-    order; returns the layer (None: a duplicate). The rank, the layer, the blocks it
-    names, its size and its checksum are checked before any byte is written."""
+    """One (rank, layer) of a streamed offer for a run of sent blocks (``block_index`` and
+    the ``blocks`` after it; every sent block unless the sender splits its layers): their
+    layer pieces in block order. Returns the layer (None: a duplicate). Rank, layer, run,
+    size and checksum are checked before any byte is written."""
     m, s = a.m, a.stream
     assert s is not None
-    rank = header.get("rank")
-    if type(rank) is not int or rank not in a.ranks:
-        raise ChunkError(f"chunk of rank {rank!r}; senders {a.ranks}", prop="RankAgreement")
-    layer, n = s.check_layer(header.get("layer")), len(m.sent_blocks)
-    if header.get("first_block") != m.prefix_blocks or header.get("blocks") != n:
+    rank, idx = where(a, header)
+    layer, count, j0 = (
+        s.check_layer(header.get("layer")),
+        header.get("blocks"),
+        idx - m.prefix_blocks,
+    )
+    if type(count) is not int or not 1 <= count <= len(m.sent_blocks) - j0:
         raise ChunkError(
-            f"layer {layer} (rank {rank}): blocks {header.get('first_block')!r:.20}+"
-            f"{header.get('blocks')!r:.20}, expected the sent blocks {m.prefix_blocks}+{n}"
+            f"layer {layer} (rank {rank}): {count!r:.20} blocks from block {idx}, "
+            f"{len(m.sent_blocks) - j0} sent from there"
         )
-    if (rank, 0, layer) in s.landed:
+    run = range(j0, j0 + count)
+    seen = sum((rank, j, layer) in s.landed for j in run)
+    if seen == count:
         a.duplicates += 1
         return None
+    if seen:
+        raise ChunkError(f"layer {layer} (rank {rank}): blocks {idx}+{count} overlap a landed run")
     per = a.src.rank_pool_geometry().block_bytes // m.num_layers
-    _check(header, payload, per * n, f"layer {layer} (rank {rank}) of {n} blocks")
+    _check(header, payload, per * count, f"layer {layer} (rank {rank}) of blocks {idx}+{count}")
     rid, view = m.request_id, memoryview(payload).cast("B")
     if a.staging is not None:
-        staged = a.staging.alloc.blocks_of(rid)
+        staged = a.staging.alloc.blocks_of(rid)[j0 : j0 + count]
         a.staging.alloc.check_write(rid, staged)
-        kv = a.staging.pools[rank].kv
-        for j, blk in enumerate(staged[:n]):
-            write_bytes(kv[blk][layer], view[j * per : (j + 1) * per])
+        write_layer_blocks(a.staging.pools[rank].kv, layer, staged, view)
     else:
-        targets = a.target[a.prefix : a.prefix + n]
+        targets = a.target[a.prefix + j0 : a.prefix + j0 + count]
         pools.alloc.check_write(rid, targets)
-        for j, b in enumerate(targets):
-            land_layer(
-                pools,
-                a.pieces[rank],
-                a.src.rank_pool_geometry(),
-                view[j * per : (j + 1) * per],
-                b,
-                layer,
-            )
-    for j in range(n):  # counted (and hashed into each block's digest) once installed
-        s.landed_one(rank, j, layer, view[j * per : (j + 1) * per])
+        land_layer_blocks(pools, a.pieces[rank], a.src.rank_pool_geometry(), view, targets, layer)
+    for k, j in enumerate(run):  # counted (and hashed into each block's digest) once installed
+        s.landed_one(rank, j, layer, view[k * per : (k + 1) * per])
     a.checks += 1
     return layer

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.intake import send_quietly
-from refimpl.api.stream import Stream
+from refimpl.api.stream import Buffers, Stream
 from refimpl.api.switches import SENDER_SWITCHES, STREAM_READS_AT_READY, check_switches
 from refimpl.api.wire import (
     ABORT,
@@ -88,10 +88,12 @@ class Sender:
         model: ModelIdentity,
         *,
         rank: int | None = None,
+        blocks_per_chunk: int | None = None,
         mutants: Iterable[str] = (),
     ) -> None:
         """``rank``: this Sender is TP rank ``rank`` of ``geometry`` alone (its own
         process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``).
+        ``blocks_per_chunk``: blocks per streamed chunk (default: one chunk per layer).
         ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations only."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
         if rank is None:
@@ -109,6 +111,8 @@ class Sender:
         self.pools, self.geometry, self.transport, self.model = pools, geometry, transport, model
         self.local = geometry.to_local_config(model)
         self._offers: dict[str, _Offer] = {}
+        self._buffers = Buffers()  # streamed layers' copies, reused once acknowledged
+        self.blocks_per_chunk = blocks_per_chunk
 
     # ------------------------------------------------------------ queries
     def state(self, request_id: str) -> State:
@@ -247,7 +251,8 @@ class Sender:
         zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
         snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
         m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
-        o = _Offer(rid, epoch, m, [], free_source, stream=Stream(layers, tuple(sent)))
+        st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
+        o = _Offer(rid, epoch, m, [], free_source, stream=st)
         self._offers[rid] = o
         if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
             header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
@@ -393,5 +398,5 @@ class Sender:
             release(self.pools.pools[r], snap)
         o.snaps, o.state, o.reasons = [], state, reasons
         if o.stream is not None:
-            o.stream.copies.clear()  # the copies of an ended attempt go at once
+            o.stream.end(acked=state is State.DONE)  # an ended attempt's copies go at once
         fence(self.transport, self._replies(o.request_id), o.epoch)  # its late replies too
