@@ -38,7 +38,8 @@ _HEX = re.compile(r"[0-9a-f]{16}")
 
 
 class LayerStream:
-    """Which (rank, block, layer) landed, each block's running digest, and the seals."""
+    """Which (rank, block, layer) landed (a chunk lands a run of blocks of one layer),
+    each block's running digest, and the seals."""
 
     def __init__(self, num_layers: int, ranks: Sequence[int], num_blocks: int) -> None:
         self.num_layers, self.ranks, self.num_blocks = num_layers, list(ranks), num_blocks

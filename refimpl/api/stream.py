@@ -67,8 +67,8 @@ class Stream:
     sent: int = 0  # layers [0, sent) are on the wire
     digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
     sealed: bool = False
-    copies: deque[tuple[int, int, int, memoryview]] = field(default_factory=deque)  # to
-    # send: (layer, rank, j, the layer of sent blocks j.. at send_layer), oldest first
+    copies: deque[tuple[int, int, int, memoryview, str]] = field(default_factory=deque)  # to
+    # send: (layer, rank, j, the layer of sent blocks j.. at send_layer, its xxh3), oldest first
     run: int | None = None  # sent blocks per chunk (None: every sent block in one chunk)
     buffers: Buffers = field(default_factory=Buffers)
     taken: list[torch.Tensor] = field(default_factory=list)  # from ``buffers``, this attempt
@@ -103,7 +103,8 @@ class Stream:
                 h.update(payload[j * per : (j + 1) * per])
             run = self.run or n
             for j in range(0, n, run):
-                self.copies.append((layer, r, j, payload[j * per : min(n, j + run) * per]))
+                piece = payload[j * per : min(n, j + run) * per]  # hashed while in cache
+                self.copies.append((layer, r, j, piece, bytes_checksum(piece)))
 
     def flush(
         self,
@@ -122,7 +123,7 @@ class Stream:
             if read_now is not None:
                 read_now(self.sent)
             while self.copies and self.copies[0][0] == self.sent:
-                layer, r, j, payload = self.copies.popleft()
+                layer, r, j, payload, checksum = self.copies.popleft()
                 run = min(self.run or len(self.blocks), len(self.blocks) - j)
                 header = {
                     **head,
@@ -131,7 +132,7 @@ class Stream:
                     "blocks": run,
                     "rank": r,
                     "layer": layer,
-                    "checksum": bytes_checksum(payload),
+                    "checksum": checksum,
                 }
                 transport.send(channel, header, payload)
                 n, nbytes = n + 1, nbytes + payload.nbytes
