@@ -19,9 +19,8 @@ Layer by layer, as prefill computes each layer (a KV connector's ``save_kv_layer
     for layer in range(L): ...compute it...; tx.send_layer("req-1", layer)
 
 A streamed offer pins nothing (prefill still writes the blocks); ``send_layer`` copies
-the layer's bytes of every sent block (and hashes them into the seal) at once, so once it
-returned the request may go on writing or free its blocks: what leaves is what was there
-at ``send_layer``. Copies of layers computed before the receiver's ready wait here.
+the layer of every sent block (hashing it into the seal) at once, so then the request may
+write or free its blocks: what leaves is what was there at ``send_layer``.
 
 ``Sender(..., rank=r)`` is one TP rank's Sender in its own process, with that rank's
 pools only (``KVGeometry.make_rank_pools``); every rank offers the same request layer by
@@ -93,8 +92,8 @@ class Sender:
     ) -> None:
         """``rank``: this Sender is TP rank ``rank`` of ``geometry`` alone (its own
         process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``).
-        ``blocks_per_chunk``: blocks per streamed chunk (default: one chunk per layer).
-        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations only."""
+        ``blocks_per_chunk``: blocks per streamed chunk (default: all, one per layer).
+        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
         if rank is None:
             geometry.check_pools(pools, "sender pools")
@@ -107,12 +106,11 @@ class Sender:
             self._pool_of = {rank: 0}
         if geometry.cp != 1:
             raise ValueError(f"Sender: cp={geometry.cp}; a sender worker holds cp=1")
-        self.rank = rank
-        self.pools, self.geometry, self.transport, self.model = pools, geometry, transport, model
+        self.rank, self.pools, self.geometry, self.transport = rank, pools, geometry, transport
+        self.model = model
         self.local = geometry.to_local_config(model)
         self._offers: dict[str, _Offer] = {}
-        self._buffers = Buffers()  # streamed layers' copies, reused once acknowledged
-        self.blocks_per_chunk = blocks_per_chunk
+        self._buffers, self.blocks_per_chunk = Buffers(), blocks_per_chunk  # (streamed)
 
     # ------------------------------------------------------------ queries
     def state(self, request_id: str) -> State:
