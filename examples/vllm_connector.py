@@ -194,10 +194,10 @@ def run(*, corrupt: bool = False) -> dict[str, object]:
     t = InProcessTransport()
     req = Request("req-1", [(7 * i) % 101 for i in range(PROMPT)])
     kv = prefill_kv(req.prompt)
-    if corrupt:  # a layer-1 chunk of rank 1 flipped in transit
+    if corrupt:  # rank 1's layer-1 chunk flipped in transit (a chunk per rank and layer)
         from refimpl.transport import Fault
 
-        t.inject("kv:req-1>rx", Fault.CORRUPT, skip=1 + 2 * 3 + 3)
+        t.inject("kv:req-1>rx", Fault.CORRUPT, skip=1 + 2 + 1)
     # decode instance: a local prefix hit of PREFIX tokens, already in vLLM's cache
     dec_caches = packed_caches(16, HEADS, 8)
     sched, consumer = DecodeScheduler(), ConsumerWorker(t, dec_caches)

@@ -54,7 +54,7 @@ def handoff(
     epoch. ``free_source``: the sender frees the
     request's blocks once the receiver acknowledged. ``layered``: the layer-by-layer
     conversation (``offer(..., layers=L)``, every layer already computed: one chunk per
-    (rank, block, layer), each rank's blocks checked against its seal as they land).
+    (rank, layer), each rank's blocks checked against its seal as they land).
     Raises the refusal or failure after both ends gave back everything they held.
     """
     rx_bs, tx_bs = receiver.geometry.block_size, sender.geometry.block_size

@@ -1,8 +1,9 @@
 """One chunk of a live attempt, checked and installed (the receiver's only install).
 
-A whole-block chunk (``install_block``) or one (rank, block, layer) of a streamed offer
-(``install_layer``): rank and index from the header (else ``ChunkError``, RankAgreement
-for an unknown rank), the payload size, xxh3(payload) == the header's checksum (else
+A whole-block chunk (``install_block``) or one (rank, layer) of a streamed offer, that
+layer of every sent block (``install_layer``): rank and block index (or layer and sent
+blocks) from the header (else ``ChunkError``, RankAgreement for an unknown rank), the
+payload size, xxh3(payload) == the header's checksum (else
 ``ChecksumError`` naming block and rank), a canonical block against the manifest's
 checksum, then the install (into the target block, or the staging copy), and only once
 it returned is the chunk counted. Each raises the refusal and changes nothing; the
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from refimpl.api.intake import Attempt
-from refimpl.api.layers import land_layer, write_bytes
+from refimpl.api.layers import land_layer_blocks, write_layer_blocks
 from refimpl.checksum import bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
 from refimpl.errors import ChecksumError, ChunkError
@@ -80,25 +81,42 @@ def install_block(
 def install_layer(
     pools: RankPools, a: Attempt, header: Mapping[str, Any], payload: Payload
 ) -> int | None:
-    """One (rank, block, layer) of a streamed offer; returns the layer (None: duplicate)."""
+    """One (rank, layer) of a streamed offer for a run of sent blocks (``block_index`` and
+    the ``blocks`` after it; every sent block unless the sender splits its layers): their
+    layer pieces in block order. Returns the layer (None: a duplicate). Rank, layer, run,
+    size and checksum are checked before any byte is written."""
     m, s = a.m, a.stream
     assert s is not None
     rank, idx = where(a, header)
-    j, layer = idx - m.prefix_blocks, s.check_layer(header.get("layer"))
-    if (rank, j, layer) in s.landed:
+    layer, count, j0 = (
+        s.check_layer(header.get("layer")),
+        header.get("blocks"),
+        idx - m.prefix_blocks,
+    )
+    if type(count) is not int or not 1 <= count <= len(m.sent_blocks) - j0:
+        raise ChunkError(
+            f"layer {layer} (rank {rank}): {count!r:.20} blocks from block {idx}, "
+            f"{len(m.sent_blocks) - j0} sent from there"
+        )
+    run = range(j0, j0 + count)
+    seen = sum((rank, j, layer) in s.landed for j in run)
+    if seen == count:
         a.duplicates += 1
         return None
-    want = a.src.rank_pool_geometry().block_bytes // m.num_layers
-    _check(header, payload, want, f"block {idx} (rank {rank}, layer {layer})")
-    rid = m.request_id
+    if seen:
+        raise ChunkError(f"layer {layer} (rank {rank}): blocks {idx}+{count} overlap a landed run")
+    per = a.src.rank_pool_geometry().block_bytes // m.num_layers
+    _check(header, payload, per * count, f"layer {layer} (rank {rank}) of blocks {idx}+{count}")
+    rid, view = m.request_id, memoryview(payload).cast("B")
     if a.staging is not None:
-        blk = a.staging.alloc.blocks_of(rid)[j]
-        a.staging.alloc.check_write(rid, [blk])
-        write_bytes(a.staging.pools[rank].kv[blk][layer], payload)
+        staged = a.staging.alloc.blocks_of(rid)[j0 : j0 + count]
+        a.staging.alloc.check_write(rid, staged)
+        write_layer_blocks(a.staging.pools[rank].kv, layer, staged, view)
     else:
-        b = a.target[a.prefix + j]
-        pools.alloc.check_write(rid, [b])
-        land_layer(pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b, layer)
-    s.landed_one(rank, j, layer, payload)  # counted (and hashed) once installed
+        targets = a.target[a.prefix + j0 : a.prefix + j0 + count]
+        pools.alloc.check_write(rid, targets)
+        land_layer_blocks(pools, a.pieces[rank], a.src.rank_pool_geometry(), view, targets, layer)
+    for k, j in enumerate(run):  # counted (and hashed into each block's digest) once installed
+        s.landed_one(rank, j, layer, view[k * per : (k + 1) * per])
     a.checks += 1
     return layer

@@ -7,8 +7,9 @@ copy (another block size) against this side's pool (``CapacityError``) and only 
 allocates it. It raises on any refusal and keeps nothing; ``Receiver`` answers the nack.
 
 A streamed offer (``"layers": L`` in the message, ``Sender.offer(..., layers=L)``) is
-sent before its KV exists: its chunks are one (rank, block, layer) each and every source
-rank's ``seal`` carries its blocks' digests (``refimpl.api.layers``). ``"ranked": true``
+sent before its KV exists: its chunks are one (rank, layer) each, holding that layer of
+a run of sent blocks (all of them unless the sender splits it), and every source rank's
+``seal`` carries its blocks' digests (``refimpl.api.layers``). ``"ranked": true``
 says that each source rank is its own ``Sender`` (one process per rank), so the replies
 go to every source rank's channel.
 """

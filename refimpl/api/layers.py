@@ -1,10 +1,11 @@
 """Layer by layer: the receiver's record of a streamed attempt, and one layer's install.
 
 A streamed offer (``Sender.offer(..., layers=L)``) sends one chunk per (source rank,
-sent block, layer) as prefill computes each layer (``Sender.send_layer``, the shape of a
-KV connector's ``save_kv_layer``), then one ``seal`` per source rank with the xxh3-64 of
-each of its blocks (the same convention as a whole-block chunk's checksum: the rank's
-block bytes, layer 0 first; a tp=1 heads_major block is the manifest's canonical block).
+layer), that layer of every sent block in block order, as prefill computes each layer
+(``Sender.send_layer``, the shape of a KV connector's ``save_kv_layer``), then one
+``seal`` per source rank with the xxh3-64 of each of its blocks (the same convention as
+a whole-block chunk's checksum: the rank's block bytes, layer 0 first; a tp=1
+heads_major block is the manifest's canonical block).
 
 The receiver checks each layer chunk against its header's checksum, installs it, and
 hashes it into its block's digest in layer order (a layer that arrives early waits, as
@@ -27,7 +28,7 @@ import torch
 import xxhash
 
 from refimpl.api.wire import SEAL as SEAL
-from refimpl.checksum import Buffer, copy_bytes_into, tensor_from_bytes
+from refimpl.checksum import Buffer, copy_bytes_into, tensor_from_bytes, writable_byte_view
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChecksumError, ChunkError
 from refimpl.pool import PoolGeometry
@@ -37,7 +38,8 @@ _HEX = re.compile(r"[0-9a-f]{16}")
 
 
 class LayerStream:
-    """Which (rank, block, layer) landed, each block's running digest, and the seals."""
+    """Which (rank, block, layer) landed (a chunk lands a run of blocks of one layer),
+    each block's running digest, and the seals."""
 
     def __init__(self, num_layers: int, ranks: Sequence[int], num_blocks: int) -> None:
         self.num_layers, self.ranks, self.num_blocks = num_layers, list(ranks), num_blocks
@@ -133,6 +135,45 @@ def land_layer(
     for pc in pieces:
         view = dst.hm_block(pc.dst_rank, b)[layer]
         view[:, pc.dst_slice].copy_(shard[:, pc.src_slice])
+
+
+def land_layer_blocks(
+    dst: RankPools,
+    pieces: Sequence[sm.HeadPiece],
+    src_geometry: PoolGeometry,
+    payload: Buffer,
+    blocks: Sequence[int],
+    layer: int,
+) -> None:
+    """``land_layer`` for one source rank's layer of several blocks at once (``payload``:
+    their pieces in block order): one indexed copy where both sides' blocks are the same,
+    else block by block."""
+    whole = slice(0, dst.geometry.kv_heads)
+    if len(pieces) == 1 and src_geometry == dst.geometry and pieces[0].src_slice == whole:
+        write_layer_blocks(dst.pools[pieces[0].dst_rank].kv, layer, blocks, payload)
+        return
+    view, per = memoryview(payload).cast("B"), src_geometry.block_bytes // src_geometry.num_layers
+    for j, b in enumerate(blocks):
+        land_layer(dst, pieces, src_geometry, view[j * per : (j + 1) * per], b, layer)
+
+
+def write_layer_blocks(
+    kv: torch.Tensor, layer: int, blocks: Sequence[int], payload: Buffer
+) -> None:
+    """Layer ``layer`` of ``blocks`` of a pool's ``kv`` from their bytes in block order
+    (the pool's own layout): one memcpy per block on CPU, one indexed copy elsewhere."""
+    src = memoryview(payload).cast("B")
+    per = src.nbytes // max(1, len(blocks))
+    if kv.device.type == "cpu":
+        dst, stride = writable_byte_view(kv), kv[0].numel() * kv.element_size()
+        for j, b in enumerate(blocks):
+            at = b * stride + layer * per
+            dst[at : at + per] = src[j * per : (j + 1) * per]
+        return
+    raw = kv.view(kv.shape[0], kv.shape[1], -1).view(torch.uint8)
+    idx = torch.as_tensor(list(blocks), dtype=torch.long, device=kv.device)
+    data = tensor_from_bytes(payload, torch.uint8, (len(blocks), per)).to(kv.device)
+    raw.select(1, layer).index_copy_(0, idx, data)
 
 
 def write_bytes(out: torch.Tensor, payload: Buffer) -> None:

@@ -19,9 +19,8 @@ Layer by layer, as prefill computes each layer (a KV connector's ``save_kv_layer
     for layer in range(L): ...compute it...; tx.send_layer("req-1", layer)
 
 A streamed offer pins nothing (prefill still writes the blocks); ``send_layer`` copies
-the layer's bytes of every sent block (and hashes them into the seal) at once, so once it
-returned the request may go on writing or free its blocks: what leaves is what was there
-at ``send_layer``. Copies of layers computed before the receiver's ready wait here.
+the layer of every sent block (hashing it into the seal) at once, so then the request may
+write or free its blocks: what leaves is what was there at ``send_layer``.
 
 ``Sender(..., rank=r)`` is one TP rank's Sender in its own process, with that rank's
 pools only (``KVGeometry.make_rank_pools``); every rank offers the same request layer by
@@ -39,7 +38,7 @@ from dataclasses import dataclass, field
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.intake import send_quietly
-from refimpl.api.stream import Stream
+from refimpl.api.stream import Buffers, Stream
 from refimpl.api.switches import SENDER_SWITCHES, STREAM_READS_AT_READY, check_switches
 from refimpl.api.wire import (
     ABORT,
@@ -88,11 +87,13 @@ class Sender:
         model: ModelIdentity,
         *,
         rank: int | None = None,
+        blocks_per_chunk: int | None = None,
         mutants: Iterable[str] = (),
     ) -> None:
         """``rank``: this Sender is TP rank ``rank`` of ``geometry`` alone (its own
         process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``).
-        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations only."""
+        ``blocks_per_chunk``: blocks per streamed chunk (default: all, one per layer).
+        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
         if rank is None:
             geometry.check_pools(pools, "sender pools")
@@ -105,10 +106,11 @@ class Sender:
             self._pool_of = {rank: 0}
         if geometry.cp != 1:
             raise ValueError(f"Sender: cp={geometry.cp}; a sender worker holds cp=1")
-        self.rank = rank
-        self.pools, self.geometry, self.transport, self.model = pools, geometry, transport, model
+        self.rank, self.pools, self.geometry, self.transport = rank, pools, geometry, transport
+        self.model = model
         self.local = geometry.to_local_config(model)
         self._offers: dict[str, _Offer] = {}
+        self._buffers, self.blocks_per_chunk = Buffers(), blocks_per_chunk  # (streamed)
 
     # ------------------------------------------------------------ queries
     def state(self, request_id: str) -> State:
@@ -247,7 +249,8 @@ class Sender:
         zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
         snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
         m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
-        o = _Offer(rid, epoch, m, [], free_source, stream=Stream(layers, tuple(sent)))
+        st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
+        o = _Offer(rid, epoch, m, [], free_source, stream=st)
         self._offers[rid] = o
         if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
             header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
@@ -393,5 +396,5 @@ class Sender:
             release(self.pools.pools[r], snap)
         o.snaps, o.state, o.reasons = [], state, reasons
         if o.stream is not None:
-            o.stream.copies.clear()  # the copies of an ended attempt go at once
+            o.stream.end(acked=state is State.DONE)  # an ended attempt's copies go at once
         fence(self.transport, self._replies(o.request_id), o.epoch)  # its late replies too

@@ -1,7 +1,10 @@
 """A streamed offer's sender side: each layer copied at ``send_layer``, sent on ready.
 
 ``Sender.send_layer(rid, layer)`` copies that layer of every sent block of every source
-rank held here (and hashes it into its block's seal digest, layer order) at once: what
+rank held here into one buffer per rank (the blocks' layer pieces in block order: one
+message per (rank, layer), not per block; ``Sender(..., blocks_per_chunk=k)`` splits it
+into runs of k blocks, as the spec's tour does with k=1: one spec chunk per block), and
+hashes each block's piece into that block's seal digest (layer order) at once: what
 leaves is the bytes at ``send_layer``, so the request may free or reuse its blocks as
 soon as it returned (FrozenSnapshot / NoReuseUnderIO for a streamed offer, whose blocks
 are not pinned). Copies of layers computed before the receiver's ready wait here (one
@@ -19,12 +22,39 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import xxhash
 
 from refimpl.api.wire import CHUNK, SEAL
 from refimpl.checksum import byte_view, bytes_checksum
 from refimpl.engine.data import RankPools
 from refimpl.transport import Transport
+
+
+class Buffers:
+    """A Sender's host buffers for layer copies, reused: a fresh buffer costs a page fault
+    per page on first touch (on this machine a fresh 256 MiB costs more than 10 copies
+    of it), as an engine's registered staging memory does not. A buffer comes back only
+    from an attempt the receiver acknowledged (every byte of it consumed, on any
+    transport); an attempt that ended otherwise drops its buffers (a chunk may still be
+    on its way). At most ``max_bytes`` are kept."""
+
+    def __init__(self, max_bytes: int = 1 << 29) -> None:
+        self.max_bytes, self.kept = max_bytes, 0
+        self._free: dict[int, list[torch.Tensor]] = {}
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        free = self._free.get(nbytes)
+        if free:
+            self.kept -= nbytes
+            return free.pop()
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, bufs: Sequence[torch.Tensor]) -> None:
+        for t in bufs:
+            if self.kept + t.numel() <= self.max_bytes:
+                self._free.setdefault(t.numel(), []).append(t)
+                self.kept += t.numel()
 
 
 @dataclass
@@ -37,18 +67,44 @@ class Stream:
     sent: int = 0  # layers [0, sent) are on the wire
     digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
     sealed: bool = False
-    copies: deque[tuple[int, int, int, bytes]] = field(default_factory=deque)  # to send:
-    # (layer, rank, j, the bytes at send_layer), oldest first
+    copies: deque[tuple[int, int, int, memoryview, str]] = field(default_factory=deque)  # to
+    # send: (layer, rank, j, the layer of sent blocks j.. at send_layer, its xxh3), oldest first
+    run: int | None = None  # sent blocks per chunk (None: every sent block in one chunk)
+    buffers: Buffers = field(default_factory=Buffers)
+    taken: list[torch.Tensor] = field(default_factory=list)  # from ``buffers``, this attempt
+
+    def end(self, acked: bool) -> None:
+        """The attempt ended: drop the copies not sent; their buffers go back if acked."""
+        self.copies.clear()
+        if acked:
+            self.buffers.give(self.taken)
+        self.taken.clear()
 
     def copy_layer(self, pools: RankPools, ranks: Sequence[tuple[int, int]], layer: int) -> None:
-        """Copy layer ``layer`` of every sent block of each (source rank, pool index)."""
+        """Copy layer ``layer`` of every sent block of each (source rank, pool index) into
+        one buffer per rank (one gather), hashing each block's piece into its digest."""
+        if not self.blocks:
+            return  # nothing sent (a prefix covers every block): no chunk, only the seals
+        idx = torch.as_tensor(self.blocks, dtype=torch.long)
         for r, pool in ranks:
-            kv = pools.pools[pool].kv
-            for j, b in enumerate(self.blocks):
-                t = kv[b][layer]
-                payload = bytes(byte_view(t if t.device.type == "cpu" else t.cpu()))
-                self.digests.setdefault((r, j), xxhash.xxh3_64()).update(payload)
-                self.copies.append((layer, r, j, payload))
+            kv = pools.pools[pool].kv  # [capacity, layers, ...]: a layer's bytes as uint8
+            raw = kv.view(kv.shape[0], kv.shape[1], -1).view(torch.uint8)  # (a fast gather)
+            layer_raw = raw.select(1, layer)  # this layer only
+            if kv.device.type == "cpu":
+                t = self.buffers.take(len(self.blocks) * layer_raw.shape[1])
+                torch.index_select(layer_raw, 0, idx, out=t.view(len(self.blocks), -1))
+                self.taken.append(t)
+            else:
+                t = layer_raw.index_select(0, idx.to(kv.device)).cpu()
+            payload = byte_view(t)  # the copy, kept until the attempt ends
+            n, per = len(self.blocks), payload.nbytes // len(self.blocks)
+            for j in range(n):
+                h = self.digests.setdefault((r, j), xxhash.xxh3_64())
+                h.update(payload[j * per : (j + 1) * per])
+            run = self.run or n
+            for j in range(0, n, run):
+                piece = payload[j * per : min(n, j + run) * per]  # hashed while in cache
+                self.copies.append((layer, r, j, piece, bytes_checksum(piece)))
 
     def flush(
         self,
@@ -67,17 +123,19 @@ class Stream:
             if read_now is not None:
                 read_now(self.sent)
             while self.copies and self.copies[0][0] == self.sent:
-                layer, r, j, payload = self.copies.popleft()
+                layer, r, j, payload, checksum = self.copies.popleft()
+                run = min(self.run or len(self.blocks), len(self.blocks) - j)
                 header = {
                     **head,
                     "type": CHUNK,
-                    "block_index": first_block + j,
+                    "block_index": first_block + j,  # the first of the chunk's ``blocks``
+                    "blocks": run,
                     "rank": r,
                     "layer": layer,
-                    "checksum": bytes_checksum(payload),
+                    "checksum": checksum,
                 }
                 transport.send(channel, header, payload)
-                n, nbytes = n + 1, nbytes + len(payload)
+                n, nbytes = n + 1, nbytes + payload.nbytes
             self.sent += 1
         if self.sent == self.layers and not self.sealed:
             self.sealed = True

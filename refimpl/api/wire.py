@@ -17,9 +17,11 @@ Per request, two channels (``channels(rid)``), JSON headers, byte payloads only:
 
 Layer by layer (``Sender.offer(..., layers=L)`` then ``send_layer`` per layer): the
 manifest goes out before the KV exists (its block_checksums are zeros), each chunk is one
-(rank, block, layer), and each source rank ends with a ``seal`` carrying its blocks'
-xxh3-64 (``refimpl.api.layers``); the receiver commits only once every layer landed and
-every block's digest matched its seal. With ``Sender(..., rank=r)`` each TP rank is its
+(rank, layer) holding that layer of the sent blocks from ``block_index`` (``blocks`` of
+them: every sent block, unless ``Sender(..., blocks_per_chunk=k)``), and each source
+rank ends with a ``seal`` carrying its blocks' xxh3-64 (``refimpl.api.layers``); the
+receiver commits only once every layer landed and every block's digest matched its
+seal. With ``Sender(..., rank=r)`` each TP rank is its
 own Sender (one process per rank): all offer the same request (same epoch), the first
 rank sends the manifest, each sends only its own shards and seal, and every rank gets
 every reply.

@@ -35,6 +35,6 @@ def test_tp2_to_tp1_one_process_per_rank_layer_by_layer() -> None:
     dec = reports["decode"]
     assert dec["state"] == "done" and dec["tokens_equal"] and dec["logits_equal"]
     assert [layer for layer, _ in dec["layers_seen"]] == [0, 1, 2]
-    assert dec["checks"] == 2 * 3 * 3 + 2 * 3  # a chunk per (rank, block, layer), a seal per block
+    assert dec["checks"] == 2 * 3 + 2 * 3  # a chunk per (rank, layer), a seal per (rank, block)
     assert all(reports[f"prefill{r}"] == {"role": f"prefill{r}", "state": "done", "held": 0}
                for r in range(2))  # fmt: skip

@@ -11,6 +11,7 @@ import torch
 
 from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State, channels, read_kv
 from refimpl.api import write_kv_layer
+from refimpl.checksum import bytes_checksum
 from refimpl.errors import CancelledError, ChecksumError, ChunkError, InUseError
 from refimpl.transport import Fault, InProcessTransport
 from tests.library.lib_helpers import MODEL, Pair, geo, held, pair
@@ -99,10 +100,10 @@ def test_layers_computed_before_ready_go_out_on_ready() -> None:
 def test_a_failure_after_layers_landed_gives_back_every_block(fault: str) -> None:
     p = pair(geo(num_layers=3), geo(num_layers=3))
     to_rx = channels("r").to_receiver
-    if fault == "corrupt":  # manifest, then 3 chunks of layer 0, then layer 1's first
-        p.t.inject(to_rx, Fault.CORRUPT, skip=4)
-    if fault in ("lose_seal", "forged_seal"):  # manifest, 3 layers x 3 blocks, then the seal
-        p.t.inject(to_rx, Fault.LOSE, skip=10)
+    if fault == "corrupt":  # manifest, then layer 0 (one chunk of 3 blocks), then layer 1
+        p.t.inject(to_rx, Fault.CORRUPT, skip=2)
+    if fault in ("lose_seal", "forged_seal"):  # manifest, 3 layers (a chunk each), the seal
+        p.t.inject(to_rx, Fault.LOSE, skip=4)
     _stream(p, stop_after=1 if fault in ("corrupt", "sender_abort") else None)
     if fault == "corrupt":
         kv = _kv(p.tx.geometry, 10)
@@ -226,5 +227,40 @@ def test_handoff_layered_lands_the_same_tokens(name: str) -> None:
         write_kv_layer(p.src, "r", blocks, layer, list(kv[layer]))
     res = handoff(p.tx, p.rx, "r", TOKENS, blocks=blocks, decode_room=3, layered=True)
     assert torch.equal(read_kv(p.dst, res.received.blocks, 10), kv)
-    assert res.chunks == 3 * 3 * len(p.tx.ranks)  # a chunk per (rank, block, layer)
+    assert res.chunks == 3 * len(p.tx.ranks)  # a chunk per (rank, layer), not per block
     assert held(p.src) == {} and held(p.dst) == {"owned": len(res.received.blocks)}
+
+
+@pytest.mark.parametrize("run", [{"blocks": 4}, {"blocks": 0}, {"blocks": "3"}, {"block_index": 3}])
+def test_a_layer_chunk_naming_other_blocks_than_sent_aborts(run: dict[str, object]) -> None:
+    """A (rank, layer) chunk holds a run of the sent blocks: a run past them, empty, or
+    not an int is refused by name before a byte is written, and nothing is kept."""
+    p = pair(geo(), geo())
+    blocks = p.src.alloc.allocate("r", 3)
+    p.tx.offer("r", TOKENS, blocks=blocks, layers=2)
+    _rounds(p)
+    g = p.tx.geometry.rank_pool_geometry()
+    head = {"type": "chunk", "request_id": "r", "epoch": 1, "rank": 0, "layer": 0}
+    payload = bytes(3 * g.block_bytes // g.num_layers)
+    header = {**head, "block_index": 0, "blocks": 3, **run, "checksum": bytes_checksum(payload)}
+    p.t.send(channels("r").to_receiver, header, payload)
+    p.rx.poll("r")
+    assert isinstance(p.rx.error("r"), ChunkError) and held(p.dst) == {}
+
+
+def test_a_split_layer_lands_the_same_and_a_duplicate_run_changes_nothing() -> None:
+    """``blocks_per_chunk=2``: each layer goes as runs of 2 blocks (3 blocks: 2 + 1)."""
+    p = pair(geo(), geo())
+    tx = Sender(p.src, p.tx.geometry, p.t, MODEL, blocks_per_chunk=2)
+    blocks = p.src.alloc.allocate("r", 3)
+    kv = _kv(tx.geometry, 10)
+    p.t.inject(channels("r").to_receiver, Fault.DUPLICATE, skip=1)  # layer 0's first run
+    tx.offer("r", TOKENS, blocks=blocks, layers=2)
+    for layer in range(2):
+        write_kv_layer(p.src, "r", blocks, layer, list(kv[layer]))
+        tx.send_layer("r", layer)
+    for _ in range(3):
+        p.rx.poll("r")
+        tx.poll("r")
+    assert tx.state("r") is State.DONE and tx.stats("r")[0] == 2 * 2
+    assert torch.equal(read_kv(p.dst, p.rx.result("r").blocks, 10), kv)

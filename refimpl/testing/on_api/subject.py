@@ -71,8 +71,9 @@ class ApiSubject(ApiActions):
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
         tx_kw, rx_kw = _switches(mutants)
         self.tx = [
-            Sender(p, self.gp, self.net, MODEL, rank=r, **tx_kw) for r, p in enumerate(self.pp)
-        ]
+            Sender(p, self.gp, self.net, MODEL, rank=r, blocks_per_chunk=1, **tx_kw)
+            for r, p in enumerate(self.pp)
+        ]  # a chunk per (rank, block, layer): the spec's chunk is one (rank, block)
         per_req = self.gd.blocks_for(c.blocks * BLOCK)  # the requests that fit: the spec's
         self.dp = self.gd.make_pools(max(1, c.cap_d // c.blocks) * per_req)
         self.rx = Receiver(self.dp, self.gd, self.net, MODEL, stage=stage, **rx_kw)

@@ -102,8 +102,10 @@ def test_a_decode_side_prefix_is_skipped_at_decode_tp_2() -> None:
     for d, (rx, p) in enumerate(zip(g.rx, g.dp, strict=True)):
         assert rx.ready(RID), rx.reasons(RID)
         assert torch.equal(read_kv(p, rx.blocks(RID), N), g.kv[:, :, d * h : (d + 1) * h])
-    sent = sum(n for tx in g.tx for n, _ in tx.stats(RID).values())
-    assert sent == 2 * 3 * (g.src.blocks_for(N) - 1)  # per rank and layer, not the prefix
+    sent = [x for tx in g.tx for x in tx.stats(RID).values()]
+    assert sum(n for n, _ in sent) == 2 * 3  # a chunk per (rank, layer), not per block
+    per_block = 3 * 2 * h * 4 * 8 * 4  # layers, k/v, heads, slots, dim, f32
+    assert sum(b for _, b in sent) == 2 * per_block * (g.src.blocks_for(N) - 1)  # not the prefix
 
 
 @pytest.mark.parametrize("who", ["prefill 1", "decode 0"])
