@@ -12,6 +12,7 @@ import pytest
 from kvown_cli.main import main
 from model_checks.mutation import run_mutants
 from model_checks.mutation.operators import Mutant
+from model_checks.mutation.target import Target
 from refimpl.testing.mutate import EXCLUDE, engine_files, target
 
 # The tests that read the target's mutants run on one xdist worker and generate them once.
@@ -67,10 +68,18 @@ def test_bad_options_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().err.startswith("error: kvown mutate:")
 
 
-def test_list_names_the_sampled_mutants(capsys: pytest.CaptureFixture[str]) -> None:
+@MUTANTS
+def test_list_names_the_sampled_mutants(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's sample and listing; the target's generation (11 CPU s again here) is the
+    group's ``_mutants()``, which the tests above check."""
+    ms = _mutants()
+    monkeypatch.setattr(Target, "mutants", lambda self: list(ms))
     assert main(["mutate", "--list", "--sample", "3", "--no-unit"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(":" in ln.split()[0] for ln in lines)
+    assert {ln.split()[0] for ln in lines} <= {m.id for m in ms}
 
 
 @MUTANTS

@@ -55,7 +55,27 @@ def test_scope() -> None:
     assert all(PROPERTIES[MUTANTS[n].expected].kind == "liveness" for n in LIVENESS_MUTANTS)
 
 
-@pytest.mark.parametrize("name", SAFETY_MUTANTS)
+# The suite's BMC sample: every safety mutant but these, the costliest z3 runs (12-35 CPU s
+# each, measured 2026-12-02), each left to nightly because the suite still holds what it
+# checks: the property's encoding and a deep unrolling by a cheaper mutant of the same
+# property (kept here: reject_unfenced (SingleWriter, depth 19), validate_after_decode_
+# failure (StickyEnd, 13), decode_runs_before_all_ranks (RankAgreement, 14), free_on_cancel_
+# in_flight and five more (NoReuseUnderIO)), the mutant's own switch in the z3 encoding by
+# test_z3_agree.test_mutant_switches_agree[name] (label by label, every mutant here), its
+# shortest counterexample by test_model_check.test_mutant_is_caught_with_pinned_trace.
+BMC_NIGHTLY = {
+    "source_resumes_on_timeout": "SingleWriter (reject_unfenced keeps it)",
+    "cancel_ignored": "StickyEnd (validate_after_decode_failure keeps it)",
+    "error_overwritten": "StickyEnd (validate_after_decode_failure keeps it)",
+    "duplicate_rank_counted": "RankAgreement (decode_runs_before_all_ranks keeps it)",
+    "retract_keeps_epoch": "NoReuseUnderIO (free_on_cancel_in_flight and others keep it)",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.nightly) if n in BMC_NIGHTLY else n for n in SAFETY_MUTANTS],
+)
 def test_mutant_found_at_bfs_depth(name: str) -> None:
     mu = MUTANTS[name]
     res = mutant_bmc(name)
@@ -73,6 +93,12 @@ def test_mutant_found_at_bfs_depth(name: str) -> None:
     pred = j.pred if j is not None else PROPERTIES[mu.expected].pred
     assert pred is not None and not pred(final, c)
     assert res.violated == [mu.expected]
+
+
+def test_every_property_of_a_nightly_bmc_mutant_keeps_one_in_the_suite() -> None:
+    assert set(BMC_NIGHTLY) <= set(SAFETY_MUTANTS)
+    kept = {MUTANTS[n].expected for n in SAFETY_MUTANTS if n not in BMC_NIGHTLY}
+    assert {MUTANTS[n].expected for n in BMC_NIGHTLY} <= kept
 
 
 def test_correct_spec_holds_to_a_bound() -> None:
