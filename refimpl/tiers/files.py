@@ -280,14 +280,10 @@ def read_header(f: BinaryIO) -> Header:
         raise TornFileError(f"header: not UTF-8 (byte {e.start})") from None
     del raw
     try:
-        head = loads_strict(
-            text,  # the padding spaces are JSON whitespace
-            max_bytes=MAX_HEADER_BYTES,
-            max_depth=3,
-            max_int_digits=19,
-            max_items=MAX_HEADER_ITEMS,
-            what="header",
-        )
+        head = loads_strict(  # the padding spaces are JSON whitespace
+            text, max_bytes=MAX_HEADER_BYTES, max_depth=3, max_int_digits=19,
+            max_items=MAX_HEADER_ITEMS, what="header",
+        )  # fmt: skip
     except StrictJSONError as e:
         raise TornFileError(f"header: {e}") from None
     if not isinstance(head, dict):
