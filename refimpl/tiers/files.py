@@ -276,14 +276,13 @@ def read_header(f: BinaryIO) -> Header:
         raise TornFileError(f"header: {len(raw)} of {n} bytes")
     try:  # decoded here so that the bytes go before the parse: peak twice the header, not 5x
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TornFileError(f"header: not UTF-8 (byte {e.start})") from None
-    del raw
-    try:
+        del raw
         head = loads_strict(  # the padding spaces are JSON whitespace
             text, max_bytes=MAX_HEADER_BYTES, max_depth=3, max_int_digits=19,
             max_items=MAX_HEADER_ITEMS, what="header",
         )  # fmt: skip
+    except UnicodeDecodeError as e:
+        raise TornFileError(f"header: not UTF-8 (byte {e.start})") from None
     except StrictJSONError as e:
         raise TornFileError(f"header: {e}") from None
     if not isinstance(head, dict):
