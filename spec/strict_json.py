@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Final
+from typing import Any, Final
 
 QUOTE_CHARS: Final = 40  # longest value prefix an error message repeats
 MAX_FLOAT_CHARS: Final = 64  # longest float literal accepted (unless a caller says otherwise)
@@ -212,3 +212,26 @@ def loads_strict(
         raise StrictJSONError(f"nested deeper than {max_depth} levels (RecursionError)") from None
     except (ValueError, OverflowError, TypeError, MemoryError) as e:
         raise StrictJSONError(f"bad JSON ({type(e).__name__})") from None
+
+
+def loads_object(
+    text: str | bytes | bytearray,
+    *,
+    prefix: str,
+    max_bytes: int,
+    max_depth: int,
+    max_int_digits: int,
+    what: str = "document",
+) -> dict[str, Any]:
+    """``loads_strict``, and the document must be a JSON object: a peer's message or
+    header. Every refusal is a StrictJSONError starting with ``prefix``."""
+    try:
+        out = loads_strict(
+            text, max_bytes=max_bytes, max_depth=max_depth, max_int_digits=max_int_digits,
+            what=what,
+        )  # fmt: skip
+    except StrictJSONError as e:
+        raise StrictJSONError(f"{prefix}: {e}") from None
+    if not isinstance(out, dict):
+        raise StrictJSONError(f"{prefix}: not a JSON object ({type(out).__name__})")
+    return out

@@ -51,7 +51,7 @@ import torch.distributed as dist
 import xxhash
 
 from spec.manifest import MAX_INT_DIGITS, MAX_JSON_CHARS, MAX_JSON_DEPTH
-from spec.strict_json import StrictJSONError, loads_strict
+from spec.strict_json import StrictJSONError, loads_object
 
 Store = Any  # torch.distributed.TCPStore (torch's stubs do not export it)
 
@@ -70,18 +70,10 @@ def read_message(raw: bytes | str) -> Message:
     """One control message from a peer's bytes; ``StrictJSONError`` naming what is wrong
     (too long, too deep, a duplicate key, a non-finite number, not an object, no string
     ``kind``, no int ``lc`` in [0, MAX_LC))."""
-    try:
-        msg = loads_strict(
-            raw,
-            max_bytes=MAX_MESSAGE_BYTES,
-            max_depth=MAX_MESSAGE_DEPTH,
-            max_int_digits=MAX_INT_DIGITS,
-            what="control message",
-        )
-    except StrictJSONError as e:
-        raise StrictJSONError(f"control message: {e}") from None
-    if not isinstance(msg, dict):
-        raise StrictJSONError(f"control message: not a JSON object ({type(msg).__name__})")
+    msg = loads_object(
+        raw, prefix="control message", max_bytes=MAX_MESSAGE_BYTES,
+        max_depth=MAX_MESSAGE_DEPTH, max_int_digits=MAX_INT_DIGITS, what="control message",
+    )  # fmt: skip
     if not isinstance(msg.get("kind"), str):
         raise StrictJSONError("control message: no string 'kind'")
     lc = msg.get("lc", 0)

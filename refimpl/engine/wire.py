@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from refimpl.transport import InProcessTransport, Payload
 from spec.manifest import MAX_INT_DIGITS, MAX_JSON_CHARS, MAX_JSON_DEPTH
-from spec.strict_json import StrictJSONError, loads_strict
+from spec.strict_json import loads_object
 
 __all__ = [
     "MAX_HEADER_CHARS",
@@ -62,19 +62,10 @@ def channel(req: int, to_decode: bool) -> str:
 def loads_header(text: str) -> dict[str, Any]:
     """A header text as a new dict, read strictly (``StrictJSONError`` naming what is
     wrong: too long, too deep, a duplicate key, a non-finite number, not an object)."""
-    try:
-        out = loads_strict(
-            text,
-            max_bytes=MAX_HEADER_CHARS,
-            max_depth=MAX_HEADER_DEPTH,
-            max_int_digits=MAX_INT_DIGITS,
-            what="header",
-        )
-    except StrictJSONError as e:
-        raise StrictJSONError(f"wire header: {e}") from None
-    if not isinstance(out, dict):
-        raise StrictJSONError(f"wire header: not a JSON object ({type(out).__name__})")
-    return out
+    return loads_object(
+        text, prefix="wire header", max_bytes=MAX_HEADER_CHARS, max_depth=MAX_HEADER_DEPTH,
+        max_int_digits=MAX_INT_DIGITS, what="header",
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=8192)
