@@ -39,95 +39,36 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Final, cast
 
-from spec.manifest_fields import (  # the public names are re-exported from here
-    DTYPE_BYTES as DTYPE_BYTES,
-)
-from spec.manifest_fields import (
-    MANIFEST_VERSION as MANIFEST_VERSION,
-)
-from spec.manifest_fields import (
-    MAX_BLOCK_SIZE as MAX_BLOCK_SIZE,
-)
-from spec.manifest_fields import (
-    MAX_CACHE_FIELDS as MAX_CACHE_FIELDS,
-)
-from spec.manifest_fields import (
-    MAX_EPOCH as MAX_EPOCH,
-)
-from spec.manifest_fields import (
-    MAX_HEAD_DIM as MAX_HEAD_DIM,
-)
-from spec.manifest_fields import (
-    MAX_ID_CHARS as MAX_ID_CHARS,
-)
-from spec.manifest_fields import (
-    MAX_INT_DIGITS as MAX_INT_DIGITS,
-)
-from spec.manifest_fields import (
-    MAX_JSON_CHARS as MAX_JSON_CHARS,
-)
-from spec.manifest_fields import (
-    MAX_JSON_DEPTH as MAX_JSON_DEPTH,
-)
-from spec.manifest_fields import (
-    MAX_KV_HEADS as MAX_KV_HEADS,
-)
-from spec.manifest_fields import (
-    MAX_KV_SCALE as MAX_KV_SCALE,
-)
-from spec.manifest_fields import (
-    MAX_LAYERS as MAX_LAYERS,
-)
-from spec.manifest_fields import (
-    MAX_PARALLEL as MAX_PARALLEL,
-)
-from spec.manifest_fields import (
-    MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
-)
-from spec.manifest_fields import (
-    MAX_POSITION as MAX_POSITION,
-)
-from spec.manifest_fields import (
-    MAX_ROPE_FACTOR as MAX_ROPE_FACTOR,
-)
-from spec.manifest_fields import (
-    MAX_ROPE_THETA as MAX_ROPE_THETA,
-)
-from spec.manifest_fields import (
-    MAX_TOKEN_ID as MAX_TOKEN_ID,
-)
-from spec.manifest_fields import (
-    MAX_TOKENS as MAX_TOKENS,
-)
-from spec.manifest_fields import (
-    MIN_KV_SCALE as MIN_KV_SCALE,
-)
-from spec.manifest_fields import (
-    QUANTIZATION_DTYPES as QUANTIZATION_DTYPES,
-)
-from spec.manifest_fields import (
-    ROPE_SCALINGS as ROPE_SCALINGS,
-)
-from spec.manifest_fields import (
-    ROPE_STYLES as ROPE_STYLES,
-)
-from spec.manifest_fields import (
-    SUPPORTED_VERSIONS as SUPPORTED_VERSIONS,
-)
-from spec.manifest_fields import (
-    ManifestError as ManifestError,
-)
-from spec.manifest_fields import (
-    RopeConfig as RopeConfig,
-)
-from spec.manifest_fields import (
-    _manifest_reasons,
-    kv_scale_index,
-    kv_scales_granularity,
-)
-from spec.manifest_fields import (
-    rope_reasons as rope_reasons,
-)
+# the public names of spec.manifest_fields are re-exported from here
+from spec.manifest_fields import DTYPE_BYTES as DTYPE_BYTES
+from spec.manifest_fields import MANIFEST_VERSION as MANIFEST_VERSION
+from spec.manifest_fields import MAX_BLOCK_SIZE as MAX_BLOCK_SIZE
+from spec.manifest_fields import MAX_CACHE_FIELDS as MAX_CACHE_FIELDS
+from spec.manifest_fields import MAX_EPOCH as MAX_EPOCH
+from spec.manifest_fields import MAX_HEAD_DIM as MAX_HEAD_DIM
+from spec.manifest_fields import MAX_ID_CHARS as MAX_ID_CHARS
+from spec.manifest_fields import MAX_INT_DIGITS as MAX_INT_DIGITS
+from spec.manifest_fields import MAX_JSON_CHARS as MAX_JSON_CHARS
+from spec.manifest_fields import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from spec.manifest_fields import MAX_KV_HEADS as MAX_KV_HEADS
+from spec.manifest_fields import MAX_KV_SCALE as MAX_KV_SCALE
+from spec.manifest_fields import MAX_LAYERS as MAX_LAYERS
+from spec.manifest_fields import MAX_PARALLEL as MAX_PARALLEL
+from spec.manifest_fields import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
+from spec.manifest_fields import MAX_POSITION as MAX_POSITION
+from spec.manifest_fields import MAX_ROPE_FACTOR as MAX_ROPE_FACTOR
+from spec.manifest_fields import MAX_ROPE_THETA as MAX_ROPE_THETA
+from spec.manifest_fields import MAX_TOKEN_ID as MAX_TOKEN_ID
+from spec.manifest_fields import MAX_TOKENS as MAX_TOKENS
+from spec.manifest_fields import MIN_KV_SCALE as MIN_KV_SCALE
+from spec.manifest_fields import QUANTIZATION_DTYPES as QUANTIZATION_DTYPES
+from spec.manifest_fields import ROPE_SCALINGS as ROPE_SCALINGS
+from spec.manifest_fields import ROPE_STYLES as ROPE_STYLES
+from spec.manifest_fields import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
+from spec.manifest_fields import ManifestError as ManifestError
+from spec.manifest_fields import RopeConfig as RopeConfig
+from spec.manifest_fields import _manifest_reasons, kv_scales_granularity
+from spec.manifest_fields import rope_reasons as rope_reasons
 from spec.strict_json import StrictJSONError, loads_strict, short
 
 
@@ -355,6 +296,17 @@ _MUST_MATCH: Final = (
     "head_dim",
     "cache_fields",
 )
+
+
+def kv_scale_index(
+    i: int, num_fields: int, kv_heads: int, granularity: str
+) -> tuple[int, int, int | None]:
+    """(layer, field, head) of scale entry ``i`` (layer-major, then field, then head; head
+    None per tensor)."""
+    per = kv_heads if granularity == "per_head" else 1
+    layer, rest = divmod(i, num_fields * per)
+    field, head = divmod(rest, per)
+    return layer, field, head if granularity == "per_head" else None
 
 
 def kv_scales_reason(m: Manifest, local: LocalConfig) -> str | None:

@@ -68,7 +68,6 @@ MAX_INT_DIGITS: Final = 19  # MAX_EPOCH has 19 digits; no field needs more
 # at most MAX_KV_SCALE.
 MIN_KV_SCALE: Final = 2.0**-126
 MAX_KV_SCALE: Final = 1e6
-KV_SCALE_GRANULARITIES: Final = ("per_tensor", "per_head")
 
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _XXH3_HEX = re.compile(r"[0-9a-f]{16}")
@@ -171,26 +170,13 @@ def _kv_scales_reason(v: object) -> str | None:
 
 
 def kv_scales_granularity(n: int, num_layers: int, num_fields: int, kv_heads: int) -> str | None:
-    """What ``n`` scales mean for the geometry: one per (layer, field) ("per_tensor", vLLM's
-    ``_k_scale``/``_v_scale`` of each attention layer), one per (layer, field, kv head)
-    ("per_head", vLLM's per-attention-head scales), or None: neither (per-block or
-    per-token scales live in the cache itself and cannot be stated)."""
+    """What ``n`` scales mean: one per (layer, field) (vLLM's ``_k_scale``/``_v_scale``),
+    one per (layer, field, kv head), or None (per-block scales cannot be stated)."""
     if n == num_layers * num_fields:
         return "per_tensor"
     if n == num_layers * num_fields * kv_heads:
         return "per_head"
     return None
-
-
-def kv_scale_index(
-    i: int, num_fields: int, kv_heads: int, granularity: str
-) -> tuple[int, int, int | None]:
-    """(layer, field, head) of scale entry ``i`` (layer-major, then field, then head; head
-    None per tensor)."""
-    per = kv_heads if granularity == "per_head" else 1
-    layer, rest = divmod(i, num_fields * per)
-    field, head = divmod(rest, per)
-    return layer, field, head if granularity == "per_head" else None
 
 
 Check = Callable[[object], str | None]
