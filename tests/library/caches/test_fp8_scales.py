@@ -4,11 +4,24 @@ side only) are refused by name at the manifest gate with 0 blocks held on either
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, handoff, read_kv
-from refimpl.errors import ManifestError
+from refimpl.api import (
+    DiskTier,
+    KVGeometry,
+    ModelIdentity,
+    Receiver,
+    Sender,
+    handoff,
+    offload,
+    read_kv,
+    reload,
+    write_kv,
+)
+from refimpl.errors import ManifestError, MissError
 from refimpl.transport import InProcessTransport
 from spec.manifest import RopeConfig
 from tests.library.lib_helpers import Pair, held, prefill
@@ -88,3 +101,24 @@ def test_scales_on_a_cache_that_is_not_quantized_are_refused_at_construction() -
     bad = ModelIdentity("m", RopeConfig(10000.0, 8), kv_scales=SCALES)
     with pytest.raises(ValueError, match="kv_scales: given for quantization 'none'"):
         Sender(g.make_pools(4), g, InProcessTransport(), bad)
+
+
+def test_a_disk_tier_keeps_the_scales_and_another_calibration_misses(tmp_path: Path) -> None:
+    g = geo(1)
+    pools = g.make_pools(16)
+    tokens = list(range(20))
+    blocks = pools.alloc.allocate("r", g.blocks_for(20))
+    kv = torch.randn(2, 2, 4, 20, 8, generator=torch.Generator().manual_seed(3))
+    kv = kv.to(torch.float8_e4m3fn)
+    write_kv(pools, "r", blocks, [list(layer) for layer in kv])
+    stored = offload(pools, g, DiskTier(tmp_path, model()), None, "r", tokens)
+    assert all(m.kv_scales == SCALES for m in stored.manifests)
+    pools.alloc.free("r")
+    got = reload(DiskTier(tmp_path, model()), None, pools, g, "r2", tokens)
+    assert got.num_tokens == 20
+    assert torch.equal(as_bytes(read_kv(pools, got.blocks, 20)), as_bytes(kv))
+    other = DiskTier(tmp_path, model((0.5, 0.25, 0.125, 4.0)))  # another calibration
+    assert other.lookup(g, tokens) == 0
+    with pytest.raises(MissError):
+        reload(other, None, pools, g, "r3", tokens)
+    assert not pools.alloc.blocks_of("r3")
