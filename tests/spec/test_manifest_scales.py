@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spec.manifest import (
     MANIFEST_FIELDS,
@@ -134,3 +136,26 @@ def test_scales_stated_by_one_side_only_or_another_granularity_are_refused() -> 
     (r,) = check_compatible(m, fp8_local((1.0,) * 32)).reasons
     assert r.startswith("kv_scales: manifest scales are per_tensor (4), local per_head (32)")
     assert check_compatible(m0, fp8_local(None)).ok  # neither: today's fp8 handoff
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda kids: st.lists(kids, min_size=0, max_size=5) | st.dictionaries(st.text(), kids),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON | st.lists(st.floats(), min_size=4, max_size=4))
+def test_any_json_value_as_scales_is_judged_cleanly(value: object) -> None:
+    try:
+        m = from_json(json.dumps(fp8(kv_scales=value)))
+    except ManifestError as e:
+        assert all(r.isprintable() and len(r) <= 400 for r in e.reasons)
+        return
+    if value is None:
+        assert m.kv_scales is None
+        return
+    assert isinstance(value, list) and m.kv_scales == tuple(value)  # accepted as given
+    assert all(MIN_KV_SCALE <= x <= MAX_KV_SCALE for x in m.kv_scales)
+    assert from_json(m.to_json()) == m
