@@ -147,6 +147,7 @@ def build_manifest(
         block_checksums=snap.checksums,
         version=MANIFEST_VERSION,
         epoch=snap.epoch,
+        kv_scales=source.kv_scales,
     )
 
 

@@ -20,6 +20,10 @@ head_dim, cache_fields
 rope                   must match     keys are stored rotated; another RoPE (base,
                                       style neox/gptj, scaling and its parameters)
                                       is silently wrong at every position
+kv_scales (optional)   must match     a quantized cache's bytes mean nothing without
+                                      its dequantization scales; the first differing
+                                      (layer, field[, head]) is named; stated by one
+                                      side only is refused too
 dst_tp, dst_cp         must equal     the sender sharded for another target mesh
                        local tp, cp
 block_size             convertible    re-page tokens into the local block size
@@ -35,87 +39,36 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Final, cast
 
-from spec.manifest_fields import (  # the public names are re-exported from here
-    DTYPE_BYTES as DTYPE_BYTES,
-)
-from spec.manifest_fields import (
-    MANIFEST_VERSION as MANIFEST_VERSION,
-)
-from spec.manifest_fields import (
-    MAX_BLOCK_SIZE as MAX_BLOCK_SIZE,
-)
-from spec.manifest_fields import (
-    MAX_CACHE_FIELDS as MAX_CACHE_FIELDS,
-)
-from spec.manifest_fields import (
-    MAX_EPOCH as MAX_EPOCH,
-)
-from spec.manifest_fields import (
-    MAX_HEAD_DIM as MAX_HEAD_DIM,
-)
-from spec.manifest_fields import (
-    MAX_ID_CHARS as MAX_ID_CHARS,
-)
-from spec.manifest_fields import (
-    MAX_INT_DIGITS as MAX_INT_DIGITS,
-)
-from spec.manifest_fields import (
-    MAX_JSON_CHARS as MAX_JSON_CHARS,
-)
-from spec.manifest_fields import (
-    MAX_JSON_DEPTH as MAX_JSON_DEPTH,
-)
-from spec.manifest_fields import (
-    MAX_KV_HEADS as MAX_KV_HEADS,
-)
-from spec.manifest_fields import (
-    MAX_LAYERS as MAX_LAYERS,
-)
-from spec.manifest_fields import (
-    MAX_PARALLEL as MAX_PARALLEL,
-)
-from spec.manifest_fields import (
-    MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
-)
-from spec.manifest_fields import (
-    MAX_POSITION as MAX_POSITION,
-)
-from spec.manifest_fields import (
-    MAX_ROPE_FACTOR as MAX_ROPE_FACTOR,
-)
-from spec.manifest_fields import (
-    MAX_ROPE_THETA as MAX_ROPE_THETA,
-)
-from spec.manifest_fields import (
-    MAX_TOKEN_ID as MAX_TOKEN_ID,
-)
-from spec.manifest_fields import (
-    MAX_TOKENS as MAX_TOKENS,
-)
-from spec.manifest_fields import (
-    QUANTIZATION_DTYPES as QUANTIZATION_DTYPES,
-)
-from spec.manifest_fields import (
-    ROPE_SCALINGS as ROPE_SCALINGS,
-)
-from spec.manifest_fields import (
-    ROPE_STYLES as ROPE_STYLES,
-)
-from spec.manifest_fields import (
-    SUPPORTED_VERSIONS as SUPPORTED_VERSIONS,
-)
-from spec.manifest_fields import (
-    ManifestError as ManifestError,
-)
-from spec.manifest_fields import (
-    RopeConfig as RopeConfig,
-)
-from spec.manifest_fields import (
-    _manifest_reasons,
-)
-from spec.manifest_fields import (
-    rope_reasons as rope_reasons,
-)
+# the public names of spec.manifest_fields are re-exported from here
+from spec.manifest_fields import DTYPE_BYTES as DTYPE_BYTES
+from spec.manifest_fields import MANIFEST_VERSION as MANIFEST_VERSION
+from spec.manifest_fields import MAX_BLOCK_SIZE as MAX_BLOCK_SIZE
+from spec.manifest_fields import MAX_CACHE_FIELDS as MAX_CACHE_FIELDS
+from spec.manifest_fields import MAX_EPOCH as MAX_EPOCH
+from spec.manifest_fields import MAX_HEAD_DIM as MAX_HEAD_DIM
+from spec.manifest_fields import MAX_ID_CHARS as MAX_ID_CHARS
+from spec.manifest_fields import MAX_INT_DIGITS as MAX_INT_DIGITS
+from spec.manifest_fields import MAX_JSON_CHARS as MAX_JSON_CHARS
+from spec.manifest_fields import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from spec.manifest_fields import MAX_KV_HEADS as MAX_KV_HEADS
+from spec.manifest_fields import MAX_KV_SCALE as MAX_KV_SCALE
+from spec.manifest_fields import MAX_LAYERS as MAX_LAYERS
+from spec.manifest_fields import MAX_PARALLEL as MAX_PARALLEL
+from spec.manifest_fields import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
+from spec.manifest_fields import MAX_POSITION as MAX_POSITION
+from spec.manifest_fields import MAX_ROPE_FACTOR as MAX_ROPE_FACTOR
+from spec.manifest_fields import MAX_ROPE_THETA as MAX_ROPE_THETA
+from spec.manifest_fields import MAX_TOKEN_ID as MAX_TOKEN_ID
+from spec.manifest_fields import MAX_TOKENS as MAX_TOKENS
+from spec.manifest_fields import MIN_KV_SCALE as MIN_KV_SCALE
+from spec.manifest_fields import QUANTIZATION_DTYPES as QUANTIZATION_DTYPES
+from spec.manifest_fields import ROPE_SCALINGS as ROPE_SCALINGS
+from spec.manifest_fields import ROPE_STYLES as ROPE_STYLES
+from spec.manifest_fields import SUPPORTED_VERSIONS as SUPPORTED_VERSIONS
+from spec.manifest_fields import ManifestError as ManifestError
+from spec.manifest_fields import RopeConfig as RopeConfig
+from spec.manifest_fields import _manifest_reasons, kv_scales_granularity
+from spec.manifest_fields import rope_reasons as rope_reasons
 from spec.strict_json import StrictJSONError, loads_strict, short
 
 
@@ -165,6 +118,9 @@ class Manifest:
     block_checksums: tuple[str, ...]  # xxh3-64 hex, one per sent block, in block order
     version: int  # protocol version, in SUPPORTED_VERSIONS
     epoch: int  # handoff attempt; fences messages of older attempts
+    # Optional (absent from today's manifests): a quantized cache's dequantization scales,
+    # layer-major: per (layer, field), or per (layer, field, kv head) of the model's heads.
+    kv_scales: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         r = _manifest_reasons({f.name: getattr(self, f.name) for f in fields(self)})
@@ -212,6 +168,10 @@ class Manifest:
         d["cache_fields"] = list(self.cache_fields)
         d["block_checksums"] = list(self.block_checksums)
         d["rope"] = self.rope.to_json_dict()
+        if self.kv_scales is None:
+            del d["kv_scales"]  # absent: today's format, byte for byte
+        else:
+            d["kv_scales"] = list(self.kv_scales)
         return d
 
     def to_json(self) -> str:
@@ -222,15 +182,26 @@ class Manifest:
         return from_json_dict(d)
 
 
-MANIFEST_FIELDS: Final = tuple(f.name for f in fields(Manifest))
+# Optional fields: absent (or null) means the default, so every manifest written before
+# they existed stays valid; ``to_json_dict`` leaves them out when they hold the default.
+MANIFEST_OPTIONAL_FIELDS: Final = ("kv_scales",)
+# The fields every manifest must state.
+MANIFEST_FIELDS: Final = tuple(
+    f.name for f in fields(Manifest) if f.name not in MANIFEST_OPTIONAL_FIELDS
+)
 
 
 def from_json_dict(d: object) -> Manifest:
     """Validate an untrusted JSON object; raise ManifestError listing every problem."""
     if not isinstance(d, dict):
         raise ManifestError([f"manifest: expected object, got {type(d).__name__}"])
-    reasons = [f"{short(k)}: unknown field" for k in d if k not in MANIFEST_FIELDS]
+    known = (*MANIFEST_FIELDS, *MANIFEST_OPTIONAL_FIELDS)
+    reasons = [f"{short(k)}: unknown field" for k in d if k not in known]
     values: dict[str, object] = {}
+    for name in MANIFEST_OPTIONAL_FIELDS:
+        if d.get(name) is not None:
+            v = d[name]
+            values[name] = tuple(v) if isinstance(v, list) else v
     for name in MANIFEST_FIELDS:
         if name not in d:
             reasons.append(f"{name}: missing")
@@ -288,6 +259,8 @@ class LocalConfig:
     tp: int
     cp: int
     cache_fields: tuple[str, ...] = ("k", "v")
+    # The dequantization scales of a quantized cache, as ``Manifest.kv_scales``; None: none.
+    kv_scales: tuple[float, ...] | None = None
     # Bytes of the receiver's KV pool (all ranks); None: only the static MAX_PAYLOAD_BYTES.
     pool_bytes: int | None = None
 
@@ -325,6 +298,39 @@ _MUST_MATCH: Final = (
 )
 
 
+def kv_scale_index(
+    i: int, num_fields: int, kv_heads: int, granularity: str
+) -> tuple[int, int, int | None]:
+    """(layer, field, head) of scale entry ``i`` (layer-major, then field, then head; head
+    None per tensor)."""
+    per = kv_heads if granularity == "per_head" else 1
+    layer, rest = divmod(i, num_fields * per)
+    field, head = divmod(rest, per)
+    return layer, field, head if granularity == "per_head" else None
+
+
+def kv_scales_reason(m: Manifest, local: LocalConfig) -> str | None:
+    """Why the manifest's scales are not the receiver's, naming the first differing
+    (layer, field[, head]); None when they are equal (or neither side states any)."""
+    theirs, ours = m.kv_scales, local.kv_scales
+    if theirs == ours:
+        return None
+    if theirs is None or ours is None:
+        side = "the local cache" if theirs is None else "the manifest"
+        got = f"manifest {short(theirs)}, local {short(ours)}"
+        return f"kv_scales: only {side} states scales ({got})"
+    nf, heads = len(m.cache_fields), m.kv_heads
+    gt = kv_scales_granularity(len(theirs), m.num_layers, nf, heads)
+    go = kv_scales_granularity(len(ours), local.num_layers, len(local.cache_fields), heads)
+    if gt != go or len(theirs) != len(ours):
+        return f"kv_scales: manifest scales are {gt} ({len(theirs)}), local {go} ({len(ours)})"
+    i = next(i for i, (a, b) in enumerate(zip(theirs, ours, strict=True)) if a != b)
+    layer, field, head = kv_scale_index(i, nf, heads, str(gt))
+    where = f"layer {layer} field {m.cache_fields[field]!r}"
+    where += "" if head is None else f" head {head}"
+    return f"kv_scales: {where}: manifest {theirs[i]!r} != local {ours[i]!r}"
+
+
 def check_compatible(m: Manifest, local: LocalConfig) -> Verdict:
     """Apply the rule in the module docstring; list every refusal reason and conversion."""
     reasons = [
@@ -336,6 +342,9 @@ def check_compatible(m: Manifest, local: LocalConfig) -> Verdict:
         theirs, ours = getattr(m.rope, f.name), getattr(local.rope, f.name)
         if theirs != ours:
             reasons.append(f"rope.{f.name}: manifest {theirs!r} != local {ours!r}")
+    scales = kv_scales_reason(m, local)
+    if scales is not None:
+        reasons.append(scales)
     if m.dst_tp != local.tp:
         reasons.append(f"dst_tp: manifest sharded for tp={m.dst_tp}, local runs tp={local.tp}")
     if m.dst_cp != local.cp:

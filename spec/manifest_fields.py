@@ -63,6 +63,11 @@ MAX_PAYLOAD_BYTES: Final = 1 << 40
 MAX_JSON_CHARS: Final = 1 << 26
 MAX_JSON_DEPTH: Final = 2  # the manifest object, then rope or an array: nothing deeper
 MAX_INT_DIGITS: Final = 19  # MAX_EPOCH has 19 digits; no field needs more
+# A quantized cache's dequantization scales (``kv_scales``): finite, at least float32's
+# smallest normal (an engine keeps them as float32: a subnormal or 0 would divide to inf),
+# at most MAX_KV_SCALE.
+MIN_KV_SCALE: Final = 2.0**-126
+MAX_KV_SCALE: Final = 1e6
 
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _XXH3_HEX = re.compile(r"[0-9a-f]{16}")
@@ -143,6 +148,37 @@ def _rope_reason(v: object) -> str | None:
     return None if isinstance(v, RopeConfig) else f"expected object, got {type(v).__name__}"
 
 
+def _kv_scales_reason(v: object) -> str | None:
+    """The field alone: an array of scales, each a number in [MIN_KV_SCALE, MAX_KV_SCALE]
+    (its length against the geometry is ``kv_scales_shape_reason``)."""
+    if v is None:
+        return None  # absent or null: the cache states no scales
+    if not isinstance(v, tuple):
+        return f"expected array or null, got {type(v).__name__}"
+    cap = MAX_LAYERS * MAX_CACHE_FIELDS * MAX_KV_HEADS
+    if not 1 <= len(v) <= cap:
+        return f"expected 1..{cap} scales, got {len(v)}"
+    for i, x in enumerate(v):
+        if type(x) not in (int, float):  # bool is refused too
+            return f"entry {i} ({short(x)}) is not a number"
+        n = cast(int | float, x)
+        if isinstance(n, float) and not math.isfinite(n):
+            return f"entry {i} ({short(n)}) is not finite"
+        if not MIN_KV_SCALE <= n <= MAX_KV_SCALE:  # int vs float compares exactly
+            return f"entry {i} ({short(n)}) outside [2**-126, {MAX_KV_SCALE}]"
+    return None
+
+
+def kv_scales_granularity(n: int, num_layers: int, num_fields: int, kv_heads: int) -> str | None:
+    """What ``n`` scales mean: one per (layer, field) (vLLM's ``_k_scale``/``_v_scale``),
+    one per (layer, field, kv head), or None (per-block scales cannot be stated)."""
+    if n == num_layers * num_fields:
+        return "per_tensor"
+    if n == num_layers * num_fields * kv_heads:
+        return "per_head"
+    return None
+
+
 Check = Callable[[object], str | None]
 
 
@@ -178,6 +214,7 @@ _MANIFEST_CHECKS: Final[Mapping[str, Check]] = {
         else f"unknown version {short(v)}; supported: {sorted(SUPPORTED_VERSIONS)}"
     ),
     "epoch": _count(0, MAX_EPOCH),
+    "kv_scales": _kv_scales_reason,  # optional: absent (None) in today's manifests
 }
 
 
@@ -196,6 +233,19 @@ def _geometry_reasons(v: Mapping[str, object]) -> list[str]:
     if isinstance(dtype, str) and isinstance(quant, str) and quant in QUANTIZATION_DTYPES:
         if dtype not in QUANTIZATION_DTYPES[quant]:
             r.append(f"dtype: {dtype!r} cannot hold quantization {quant!r}")
+    scales = v.get("kv_scales")
+    if isinstance(scales, tuple) and isinstance(quant, str):
+        if quant == "none":
+            r.append("kv_scales: given for quantization 'none'; only a quantized cache has scales")
+        shape = ("num_layers", "cache_fields", "kv_heads")
+        if all(k in v for k in shape):
+            layers, names, heads = (cast(Any, v[k]) for k in shape)
+            if kv_scales_granularity(len(scales), layers, len(names), heads) is None:
+                r.append(
+                    f"kv_scales: {len(scales)} entries; per tensor needs num_layers x "
+                    f"cache_fields = {layers * len(names)}, per head x kv_heads = "
+                    f"{layers * len(names) * heads} (per-block scales are not supported)"
+                )
     rope, head_dim = v.get("rope"), v.get("head_dim")
     if isinstance(rope, RopeConfig) and type(head_dim) is int and rope.rotary_dim > head_dim:
         r.append(f"rope.rotary_dim: {rope.rotary_dim} exceeds head_dim={head_dim}")

@@ -138,10 +138,12 @@ class DiskTier:
     def chunk_keys(self, geometry: KVGeometry, token_ids: Sequence[int]) -> list[str]:
         """The key of each chunk of ``token_ids`` (the KV ``geometry`` means)."""
         g, mi = geometry, self.model
-        ident = [
+        ident: list[object] = [
             mi.model_id, mi.adapter_id, mi.quantization, mi.rope.to_json_dict(),
             g.dtype, g.num_layers, g.kv_heads, g.head_dim, list(g.cache_fields),
         ]  # fmt: skip
+        if mi.kv_scales is not None:  # a quantized cache's scales: other scales, other KV
+            ident.append(list(mi.kv_scales))
         root = root_key(ident, self.chunk_tokens)
         return chain_keys(root, token_ids, chunk_spans(len(token_ids), self.chunk_tokens))
 

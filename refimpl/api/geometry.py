@@ -12,7 +12,7 @@ direction: ``rank_pool_geometry()`` (``PoolGeometry`` of one rank's pool),
 and ``from_manifest_source(m)`` (the sender's geometry as a manifest states it).
 
 ``ModelIdentity`` is the rest of what the manifest gate compares: model, adapter,
-quantization and RoPE (the spec's one ``RopeConfig``).
+quantization, a quantized cache's scales and RoPE (the spec's one ``RopeConfig``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ class ModelIdentity:
     rope: RopeConfig  # keys are stored rotated: style, base and scaling must agree
     adapter_id: str | None = None  # LoRA / adapter, None for the base model
     quantization: str = "none"  # a key of spec.manifest.QUANTIZATION_DTYPES
+    # A quantized cache's dequantization scales, layer-major: one per (layer, cache field)
+    # (vLLM's per-tensor ``_k_scale``/``_v_scale`` of each attention layer), or one per
+    # (layer, field, kv head) of the model's heads (per-head). None: the cache has none.
+    # They travel in the manifest; the receiver refuses a handoff whose scales differ.
+    kv_scales: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,7 @@ class KVGeometry:
             tp=self.tp,
             cp=self.cp,
             cache_fields=self.cache_fields,
+            kv_scales=model.kv_scales,
         )
 
     @classmethod

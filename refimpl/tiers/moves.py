@@ -66,7 +66,7 @@ def _base(
         "block_size": g.block_size, "layout": "heads_major", "start_pos": 0,
         "rope": mi.rope.to_json_dict(), "src_tp": 1, "src_cp": 1, "dst_tp": 1, "dst_cp": 1,
         "prefix_blocks": 0, "block_checksums": [], "version": _VERSION, "epoch": epoch,
-    }  # fmt: skip
+    } | ({} if mi.kv_scales is None else {"kv_scales": list(mi.kv_scales)})  # fmt: skip
 
 
 def _check(tier: DiskTier, pools: RankPools, g: KVGeometry, tokens: Sequence[int]) -> None:
