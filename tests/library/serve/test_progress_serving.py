@@ -127,8 +127,10 @@ def _decode(n: int) -> dict[str, Any]:
     def each(ended: list[str]) -> None:
         for rid in rx.watched():
             st = rx.end.state(rid)
-            if _kind(int(rid[1:])) == "receiver cancels" and st is not State.WAITING and (
-                not st.final
+            if (
+                _kind(int(rid[1:])) == "receiver cancels"
+                and st is not State.WAITING
+                and (not st.final)
             ):
                 rx.end.abort(rid, "the receiver cancelled")
         for rid in ended:
