@@ -4,30 +4,25 @@
     m = tx.offer("req-1", token_ids, blocks=the_blocks_to_send, dst_tp=1)
     while not tx.state("req-1").final: tx.poll("req-1")   # or let handoff() drive it
 
-``offer`` pins exactly the blocks it sends (``blocks``, default: the first
-``ceil(len(token_ids) / block_size)`` blocks the request holds, so room reserved for
-decoding is neither pinned nor sent) and hashes each canonical block (every head,
-heads_major) for the manifest. Every end of the attempt (ack, nack, abort, timeout)
-drops the pin; ``held()`` says what an attempt still holds. Each offer of a request is a
-new attempt at a higher epoch (default: one after this sender's last for it), so a late
-message of an old attempt is fenced by the new one. A reply counts only with this
-attempt's epoch as an int; a malformed ``nack`` still ends the attempt (``wire``).
+``offer`` pins exactly the blocks it sends (``blocks``, default: the first ``ceil(len(
+token_ids) / block_size)`` blocks of the request, so decode room is neither pinned nor
+sent) and hashes each canonical block (every head, heads_major) for the manifest. Every
+end of the attempt (ack, nack, abort, timeout) drops the pin (``held()``: what is still
+held). Each offer is a new attempt at a higher epoch (default: this sender's last + 1),
+so a late message of an old attempt is fenced; a reply counts only with this attempt's
+epoch as an int; a malformed ``nack`` still ends the attempt (``wire``).
 
 Layer by layer, as prefill computes each layer (a KV connector's ``save_kv_layer``):
-
-    tx.offer("req-1", token_ids, blocks=..., layers=L)   # the manifest, before the KV
-    for layer in range(L): ...compute it...; tx.send_layer("req-1", layer)
-
-A streamed offer pins nothing (prefill still writes the blocks); ``send_layer`` copies
-the layer of every sent block (hashing it into the seal) at once, so then the request may
-write or free its blocks: what leaves is what was there at ``send_layer``.
+``tx.offer(rid, token_ids, blocks=..., layers=L)``, then ``tx.send_layer(rid, layer)``
+per layer computed. A streamed offer pins nothing; ``send_layer`` copies the layer of
+every sent block (into the seal's hash) at once: what leaves is what was there then.
 
 ``Sender(..., rank=r)`` is one TP rank's Sender in its own process, with that rank's
 pools only (``KVGeometry.make_rank_pools``); every rank offers the same request layer by
 layer, with the same ``epoch`` (required: the router's attempt number, so a restarted
 rank agrees with the others). A rank that hears the receiver answer a newer epoch than
 its own ends its attempt and tells the others (``RankAgreement``, naming rank and
-epochs); one rank's ``abort`` reaches every sibling rank and the receiver with its reason.
+epochs); one rank's ``abort`` reaches every sibling rank and the receiver with its reason;
 ``forget(rid)`` drops an ended offer's record (memory stays bounded by the live ones).
 """
 
