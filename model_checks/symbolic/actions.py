@@ -16,7 +16,16 @@ from model_checks.symbolic.tracer.worker import Crash, trace_worker
 from spec.actions import ACTIONS
 from spec.config import Config
 
-__all__ = ["GLOBAL", "GLOBAL_FNS", "PER_REQ", "UNENCODED", "WORKER", "Crash", "EnvCrash"]
+__all__ = [
+    "FINITE_ONLY",
+    "GLOBAL",
+    "GLOBAL_FNS",
+    "PER_REQ",
+    "UNENCODED",
+    "WORKER",
+    "Crash",
+    "EnvCrash",
+]
 
 ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 GlobalFn = Callable[[Ctx], Rules]
@@ -26,6 +35,14 @@ GlobalFn = Callable[[Ctx], Rules]
 # messages' incarnation are not in the symbolic state). ``encodable`` says which configs
 # the encodings take; the others (and their mutants) are checked by the explorer only.
 UNENCODED: tuple[str, ...] = ("EnvRestart",)
+# The actions of the behaviours whose fields only the finite encodings hold (the shared
+# host cache, multi-turn append): the unbounded model keeps those fields at 0, where
+# these actions never fire, so it leaves them out.
+FINITE_ONLY: tuple[str, ...] = tuple(
+    n
+    for n, a in ACTIONS.items()
+    if a.fn.__module__ in ("spec.behaviours.host_cache", "spec.behaviours.turns")
+)
 
 PER_REQ: dict[str, ReqFn] = {
     name: traced(name)
