@@ -36,11 +36,15 @@ from model_checks.symbolic.core import A, N, O, Z
 from model_checks.symbolic.encoding import Encoding
 from model_checks.symbolic.finite import FCtx, FState
 from model_checks.symbolic.invariants import STRENGTHENING
-from spec.actions import encode_args
+from model_checks.symbolic.tracer.predicate import step_part
+from model_checks.symbolic.tracer.symstate import TraceError
+from spec.actions import decode_args, encode_args
 from spec.config import Config, get_config
 from spec.invariants import INVARIANTS
 from spec.mutants import MUTANTS, get_mutant
 from spec.properties import PROPERTIES, SAFETY
+from spec.state import World
+from spec.steps import STEP_PREDS, check_step
 
 SAFETY_IDS = tuple(p.id for p in SAFETY)
 # Mutants the z3 encodings do not mirror: on a config the encoding does not take
@@ -127,7 +131,10 @@ def bmc(
     res = BmcResult(c.name, frozenset(mutants), tuple(props), None, -1)
     for k in range(max_depth + 1):
         flag = z3.Bool(f"bad@{k}")
-        solver.add(z3.Implies(flag, O(*(_bad(enc, p, states[k]) for p in props))))
+        bad = [_bad(enc, p, states[k]) for p in props]
+        if k:  # the last step breaks a transition predicate (spec/steps.py)
+            bad += [_bad_step(enc, p, states[k - 1], states[k]) for p in props]
+        solver.add(z3.Implies(flag, O(*bad)))
         verdict = solver.check(flag)
         res.bound = k
         res.depth_seconds.append(time.perf_counter() - t0)
@@ -163,6 +170,25 @@ def _bad(enc: Encoding, prop: str, s: FState) -> Z:
     return N(A(*(j.req(x, enc.view(s, i)) for i in range(enc.c.n_reqs))))
 
 
+@functools.cache
+def _step_parts(prop: str) -> tuple[Any, ...]:
+    """The transition predicates of ``prop`` that read the two states only, traced
+    (``tracer.predicate.step_part``); those that read the action are the explorer's."""
+    return tuple(step_part(fn) for pid, fn in STEP_PREDS if pid == prop)
+
+
+def _bad_step(enc: Encoding, prop: str, s: FState, t: FState) -> Z:
+    """A step from ``s`` to ``t`` breaks one of ``prop``'s transition predicates."""
+    x0, x1 = FCtx(enc, s), FCtx(enc, t)
+    out = []
+    for f in _step_parts(prop):
+        try:
+            out.append(N(f(x0, x1)))
+        except TraceError:  # it reads the action, or more than the tracer follows
+            continue
+    return O(*out)
+
+
 def _trace(enc: Encoding, model: Any, sels: list[Z]) -> list[Step]:
     steps: list[Step] = []
     for sel in sels:
@@ -176,8 +202,19 @@ def _check_replay(
 ) -> list[str]:
     """Replay on the explicit spec (raises TraceError if a step is refused) and return
     the properties of ``props`` the final state breaks."""
-    final = replay(c, m, steps)[-1]
-    return [p for p in props if not _pred(p)(final, c)]
+    worlds = replay(c, m, steps)
+    final = worlds[-1]
+    broken = set(last_step_broken(c, steps, worlds))
+    return [p for p in props if not _pred(p)(final, c) or p in broken]
+
+
+def last_step_broken(c: Config, steps: list[Step], worlds: list[World]) -> list[str]:
+    """The properties whose transition predicate the last step of a replay breaks."""
+    if not steps:
+        return []
+    name = steps[-1]["action"]
+    i, arg = decode_args(name, steps[-1]["args"])
+    return check_step(worlds[-2], name, i, arg, worlds[-1], c)
 
 
 def _pred(pid: str) -> Any:

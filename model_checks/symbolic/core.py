@@ -59,6 +59,13 @@ FIELDS: tuple[str, ...] = (
     "sl",
 )
 GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref", "pfx_ok")
+# Fields of the behaviours only some finite encodings hold as variables (the others, and
+# the unbounded model, keep them at their defaults: ``RV``/``Ctx`` below): the shared host
+# cache (``Config.host_cache``) and multi-turn append (``Config.turns``).
+HOST_FIELDS: tuple[str, ...] = ("hk",)
+HOST_GLOBALS: tuple[str, ...] = ("hc", "hc_hl", "hc_pin", "hc_late", "hc_bad")
+TURN_FIELDS: tuple[str, ...] = ("tn", "ti", "tdv", "tc")
+EXT_FIELDS = HOST_FIELDS + TURN_FIELDS
 BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
@@ -229,6 +236,10 @@ class NetView:
         """No chunk (good or corrupt) of epoch ``e`` in flight (not ``chunks_in_flight``)."""
         raise NotImplementedError
 
+    def empty(self) -> Z:
+        """No message of the request in flight at all (``not r.net``)."""
+        raise NotImplementedError
+
 
 @dataclass
 class RV:
@@ -258,6 +269,11 @@ class RV:
     pstep: Z = 0  # async steps (spec/behaviours/async_steps): a step in flight on prefill
     dstep: Z = 0  # ... and on decode
     dmask: Z = 0
+    hk: Z = 0  # the shared host cache (EXT_FIELDS: variables where the encoding holds them)
+    tn: Z = 0  # multi-turn append
+    ti: Z = 0
+    tdv: Z = 0
+    tc: Z = 0
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -289,6 +305,9 @@ class Params:
     dst_full: Z = 0  # the mask of every decode rank (0 without decode_ranks)
     identity: Z = False  # Config.identity (spec/behaviours/identity.py)
     slots: Z = False  # Config.slots (spec/behaviours/slots.py)
+    host_cache: Z = 0  # Config.host_cache (spec/behaviours/host_cache.py)
+    turns: Z = False  # Config.turns (spec/behaviours/turns.py)
+    max_turns: Z = 1
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -315,6 +334,9 @@ class Params:
             dst_full=(1 << c.dst_tp) - 1 if c.decode_ranks else 0,
             identity=c.identity,
             slots=c.slots,
+            host_cache=c.host_cache,
+            turns=c.turns,
+            max_turns=c.max_turns,
         )
 
 
@@ -329,6 +351,15 @@ class Ctx:
     pfx: Z
     pfx_ref: Z
     pfx_ok: Z = True
+    hc: Z = 0  # HOST_GLOBALS: the shared host cache's copy (NONE), its blocks, pins...
+    hc_hl: Z = 0
+    hc_pin: Z = 0
+    hc_late: Z = 0
+    hc_bad: Z = False
+
+    def views(self) -> list[RV] | None:
+        """Every request's view, where the domain has a fixed number (None: unbounded)."""
+        return None
 
     def num(self, v: Z) -> Z:
         """A number in the domain's scalar sort (a Python int is lifted)."""

@@ -39,8 +39,11 @@ from model_checks.symbolic.core import (
     EQ,
     FIELDS,
     GLOBALS,
+    HOST_FIELDS,
+    HOST_GLOBALS,
     ITE,
     RV,
+    TURN_FIELDS,
     A,
     Go,
     Msg,
@@ -102,6 +105,9 @@ class Encoding:
         self.codes = possible_codes(c)
         self.width = max(1, c.src_tp * c.blocks)
         self.bits = auto_bits(c) if bits is None else bits
+        ext = (HOST_FIELDS if c.host_cache else ()) + (TURN_FIELDS if c.turns else ())
+        self.fields = FIELDS + ext  # the request fields held as variables
+        self.globs = GLOBALS + (HOST_GLOBALS if c.host_cache else ())
         self.split = split
         self._eq_cache: dict[tuple[str, Key, Any], Z] = {}
         self._tmpl_step: tuple[FState, FState, Z, Z] | None = None
@@ -135,7 +141,7 @@ class Encoding:
         return FState(self, tag)
 
     def view(self, s: FState, i: int) -> RV:
-        return RV(**{f: s[("r", i, f)] for f in FIELDS}, net=FNet(self, s, i))
+        return RV(**{f: s[("r", i, f)] for f in self.fields}, net=FNet(self, s, i))
 
     # -- actions ----------------------------------------------------------------------
     def _all_instances(self) -> Iterator[Inst]:
@@ -344,14 +350,14 @@ class Encoding:
             raise ValueError(f"{len(w.reqs)} requests, config {self.c.name} has {self.c.n_reqs}")
         out: dict[Key, Any] = {}
         for i, r in enumerate(w.reqs):
-            for f in FIELDS:
+            for f in self.fields:
                 out[("r", i, f)] = getattr(r, f)
             extra = set(r.net) - set(self.codes)
             if extra:
                 raise ValueError(f"message codes {sorted(extra)} outside the encoding")
             for code in self.codes:
                 out[("n", i, code)] = r.net.count(code)
-        for gname in GLOBALS:
+        for gname in self.globs:
             out[("g", gname)] = getattr(w, gname)
         return out
 
@@ -382,13 +388,9 @@ class Encoding:
             net: list[int] = []
             for code in self.codes:
                 net += [code] * val(("n", i, code))
-            reqs.append(Req(**{f: val(("r", i, f)) for f in FIELDS}, net=tuple(sorted(net))))
-        return World(
-            reqs=tuple(reqs),
-            faults=val(("g", "faults")),
-            p_up=bool(val(("g", "p_up"))),
-            d_up=bool(val(("g", "d_up"))),
-            pfx=bool(val(("g", "pfx"))),
-            pfx_ref=val(("g", "pfx_ref")),
-            pfx_ok=bool(val(("g", "pfx_ok"))),
-        )
+            reqs.append(Req(**{f: val(("r", i, f)) for f in self.fields}, net=tuple(sorted(net))))
+        bools = ("p_up", "d_up", "pfx", "pfx_ok", "hc_bad")
+        glob: dict[str, Any] = {
+            g: bool(val(("g", g))) if g in bools else val(("g", g)) for g in self.globs
+        }
+        return World(reqs=tuple(reqs), **glob)

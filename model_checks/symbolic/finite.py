@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import z3
 
-from model_checks.symbolic.core import EQ, FIELDS, IN, ITE, A, Ctx, N, NetView, O, Params, Z
+from model_checks.symbolic.core import EQ, GLOBALS, IN, ITE, A, Ctx, N, NetView, O, Params, Z
 from spec.config import Config
 from spec.state import (
     CHUNKS,
@@ -48,6 +48,10 @@ class Encoding(Protocol):
     params: Params  # the config's constants as terms
     codes: tuple[int, ...]  # the message codes this config can produce
     width: int  # bits of the ``landed`` bitmap
+    fields: tuple[str, ...]  # the request fields held as variables (FIELDS + behaviours')
+    globs: tuple[str, ...]  # the globals held as variables (GLOBALS + behaviours')
+
+    def view(self, s: FState, i: int) -> Any: ...
 
     def field_var(self, name: str, f: str) -> Z: ...
 
@@ -125,6 +129,8 @@ def auto_bits(c: Config) -> int:
         c.faults + 2,
         c.max_moves + 1,
         c.n_reqs + 1,
+        c.n_reqs * (c.max_moves + 1) + 1,  # hc_pin, hc_late (the shared host cache)
+        c.max_turns + 1,
         7,  # the largest status / replica code
     )
     return bound.bit_length() + 2
@@ -146,14 +152,13 @@ class FState:
         self.tag = tag
         self.v: dict[Key, Z] = {}
         for i in range(enc.c.n_reqs):
-            for f in FIELDS:
+            for f in enc.fields:
                 self.v[("r", i, f)] = enc.field_var(f"{f}{i}@{tag}", f)
             for code in enc.codes:
                 self.v[("n", i, code)] = enc.scalar(f"net{i}_{code:x}@{tag}")
-        self.v[("g", "faults")] = enc.scalar(f"faults@{tag}")
-        self.v[("g", "pfx_ref")] = enc.scalar(f"pfx_ref@{tag}")
-        for b in ("p_up", "d_up", "pfx", "pfx_ok"):
-            self.v[("g", b)] = z3.Bool(f"{b}@{tag}")
+        for g in enc.globs:
+            boolean = g in ("p_up", "d_up", "pfx", "pfx_ok", "hc_bad")
+            self.v[("g", g)] = z3.Bool(f"{g}@{tag}") if boolean else enc.scalar(f"{g}@{tag}")
 
     def __getitem__(self, key: Key) -> Z:
         return self.v[key]
@@ -170,6 +175,9 @@ class FNet(NetView):
                 hit = A(EQ(e, msg_epoch(code)), EQ(i, msg_idx(code)))
                 out = out + ITE(hit, self.s[("n", self.i, code)], 0) if hit is not False else out
         return out
+
+    def empty(self) -> Z:
+        return A(*(self.s[("n", self.i, code)] == 0 for code in self.enc.codes))
 
     def no_chunks(self, e: Z) -> Z:
         return A(
@@ -188,6 +196,12 @@ class FCtx(Ctx):
         self.faults, self.pfx_ref = s[("g", "faults")], s[("g", "pfx_ref")]
         self.p_up, self.d_up, self.pfx = s[("g", "p_up")], s[("g", "d_up")], s[("g", "pfx")]
         self.pfx_ok = s[("g", "pfx_ok")]
+        for g in enc.globs:
+            if g not in GLOBALS:
+                setattr(self, g, s[("g", g)])
+
+    def views(self) -> list[Any]:
+        return [self.enc.view(self.s, i) for i in self._reqs()]
 
     def num(self, v: Z) -> Z:
         return self.enc.num(v)

@@ -15,6 +15,14 @@ import z3
 
 from model_checks.symbolic.behaviours.async_steps import steps_held, steps_write_writable
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
+from model_checks.symbolic.tracer.predicate import over_reqs, per_req, req_of
+from spec.behaviours.host_cache import (
+    HK_LOAD,
+    host_io_ok,
+    host_pins_exact,
+    host_published_whole,
+)
+from spec.behaviours.turns import turns_identity, turns_kept, turns_single_writer
 from spec.properties import SAFETY
 from spec.state import (
     CANCELLED,
@@ -63,6 +71,27 @@ class ZProp:
     msg_kinds: frozenset[int] = frozenset()  # kinds ``msg`` constrains
 
 
+ReqPart = Callable[[Ctx, RV], Z]
+GlobPart = Callable[[Ctx], Z]
+
+
+def derived(zp: ZProp, req: tuple[ReqPart, ...] = (), glob: tuple[GlobPart, ...] = ()) -> ZProp:
+    """``zp`` with the parts traced from the spec's own predicates (``tracer.predicate``)
+    added: the behaviours' parts (the shared host cache, turns)."""
+    r0, g0 = zp.req, zp.glob
+    return ZProp(
+        zp.id,
+        lambda x, r: A(r0(x, r), *(f(x, r) for f in req)),
+        lambda x: A(g0(x), *(f(x) for f in glob)),
+        zp.msg,
+        zp.msg_kinds,
+    )
+
+
+def _pins_exact(w: object, c: object) -> bool:
+    return host_pins_exact(w)  # type: ignore[arg-type]
+
+
 def _reuse_msg(x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
     if kind not in CHUNKS:
         return True
@@ -99,34 +128,46 @@ def _capacity(x: Ctx) -> Z:
 ZPROPS: dict[str, ZProp] = {
     p.id: p
     for p in (
-        ZProp("SingleWriter", lambda x, r: N(A(r.p == WRITABLE, r.d == WRITABLE))),
+        derived(
+            ZProp("SingleWriter", lambda x, r: N(A(r.p == WRITABLE, r.d == WRITABLE))),
+            req=(per_req(turns_single_writer),),
+        ),
         ZProp(
             "NoPartialUse",
             lambda x, r: O(
                 N(IN(r.d, HELD)), A(x.lfull(r.landed, r.hit), N(flag(r.dfl, DF_CORRUPT)))
             ),
         ),
-        ZProp(
-            "NothingLost",
-            lambda x, r: O(
-                N(IN(r.st, (PREFILLING, RUNNING))), IN(r.p, HELD), IN(r.d, HELD), r.h == COMPLETE
+        derived(
+            ZProp(
+                "NothingLost",
+                lambda x, r: O(
+                    N(IN(r.st, (PREFILLING, RUNNING))),
+                    IN(r.p, HELD),
+                    IN(r.d, HELD),
+                    r.h == COMPLETE,
+                ),
             ),
+            req=(per_req(turns_kept),),
         ),
         ZProp(
             "FrozenSnapshot",
             lambda x, r: A(N(flag(r.g, G_FROZEN_WRITE)), steps_write_writable(x, r)),
         ),
         ZProp("Fencing", lambda x, r: N(flag(r.g, G_STALE))),
-        ZProp(
-            "NoReuseUnderIO",
-            lambda x, r: A(
-                N(flag(r.g, G_FOREIGN)),
-                N(A(r.h == FILLING, r.p != COMPLETE)),
-                N(A(r.p == FILLING, N(IN(r.h, (COMPLETE, FILLING))))),
-                steps_held(x, r),
+        derived(
+            ZProp(
+                "NoReuseUnderIO",
+                lambda x, r: A(
+                    N(flag(r.g, G_FOREIGN)),
+                    N(A(r.h == FILLING, r.p != COMPLETE)),
+                    N(A(r.p == FILLING, N(IN(r.h, (COMPLETE, FILLING))), r.hk != HK_LOAD)),
+                    steps_held(x, r),
+                ),
+                msg=_reuse_msg,
+                msg_kinds=frozenset(CHUNKS),
             ),
-            msg=_reuse_msg,
-            msg_kinds=frozenset(CHUNKS),
+            req=(req_of(host_io_ok),),
         ),
         ZProp(
             "StickyEnd",
@@ -138,17 +179,26 @@ ZPROPS: dict[str, ZProp] = {
             ),
         ),
         ZProp("ManifestGate", lambda x, r: N(A(IN(r.d, HELD), flag(r.dfl, DF_MISMATCH)))),
-        ZProp("CapacityRefcount", lambda x, r: True, glob=_capacity),
+        derived(
+            ZProp("CapacityRefcount", lambda x, r: True, glob=_capacity),
+            glob=(over_reqs(_pins_exact),),
+        ),
         ZProp("RankAgreement", _ranks),
-        ZProp("PublishAfterCommit", lambda x, r: N(A(r.h == COMPLETE, r.hl != x.c.blocks))),
+        derived(
+            ZProp("PublishAfterCommit", lambda x, r: N(A(r.h == COMPLETE, r.hl != x.c.blocks))),
+            glob=(over_reqs(host_published_whole),),
+        ),
         ZProp("LoadXorStore", lambda x, r: N(A(r.p == FILLING, r.h == FILLING))),
-        ZProp(
-            "ContentIdentity",
-            lambda x, r: N(
-                A(IN(r.d, HELD), O(flag(r.dfl, DF_UNSTAGED), A(r.hit > 0, N(x.pfx_ok))))
+        derived(
+            ZProp(
+                "ContentIdentity",
+                lambda x, r: N(
+                    A(IN(r.d, HELD), O(flag(r.dfl, DF_UNSTAGED), A(r.hit > 0, N(x.pfx_ok))))
+                ),
+                msg=lambda x, r, kind, e, i: N(x.c.identity),  # no ChunkUnstaged in flight
+                msg_kinds=frozenset({M_CHUNK_UNSTAGED}),
             ),
-            msg=lambda x, r, kind, e, i: N(x.c.identity),  # no ChunkUnstaged in flight
-            msg_kinds=frozenset({M_CHUNK_UNSTAGED}),
+            req=(per_req(turns_identity),),
         ),
     )
 }

@@ -30,7 +30,14 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, UNENCODED, EnvCrash
+from model_checks.symbolic.actions import (
+    FINITE_ONLY,
+    GLOBAL,
+    GLOBAL_FNS,
+    PER_REQ,
+    UNENCODED,
+    EnvCrash,
+)
 from model_checks.symbolic.core import (
     BV_FIELDS,
     FIELDS,
@@ -242,10 +249,11 @@ class UModel:
         return UCtx(self.params, s)
 
     def actions(self) -> Iterator[UAction]:
-        """Every transition of the model; the unencoded actions (restarts) are not in it:
-        the proofs cover the worlds without them (INVARIANTS.md)."""
+        """Every transition of the model; the unencoded actions (restarts) and those of the
+        host cache and turns (``FINITE_ONLY``) are not in it: the proofs cover the worlds
+        without them (INVARIANTS.md)."""
         for name, a in ACTIONS.items():
-            if name in UNENCODED:
+            if name in UNENCODED or name in FINITE_ONLY:
                 continue
             if a.arg == "msg":
                 yield from (UAction(name, kind=k) for k in sorted(a.msgs))

@@ -17,14 +17,25 @@ from model_checks.symbolic.actions import (
     WORKER,
     encodable,
 )
-from model_checks.symbolic.core import Msg
+from model_checks.symbolic.core import Msg, NetOp
 from model_checks.symbolic.encoding import Encoding
 from model_checks.symbolic.finite import FCtx, FState
+from model_checks.symbolic.tracer import predicate as P
 from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer import trace as T
+from model_checks.symbolic.tracer import worker as W
 from spec.actions import ACTIONS
 from spec.config import CONFIGS
-from spec.state import COMPLETE, M_ACK, PREFILLING, RUNNING, WRITABLE, msg, msg_kind
+from spec.state import (
+    COMPLETE,
+    M_ACK,
+    PREFILLING,
+    RUNNING,
+    TO_PREFILL,
+    WRITABLE,
+    msg,
+    msg_kind,
+)
 
 
 def _setup(name: str = "handoff_tp2to1") -> tuple[Encoding, FState, FCtx]:
@@ -109,10 +120,20 @@ def test_reading_another_request_is_refused() -> None:
         S.OTHERS.st  # noqa: B018
 
 
-def test_iterating_messages_is_refused() -> None:
+def test_iterating_changed_messages_is_refused() -> None:
+    """A request's messages iterate only as they were, one stand-in per kind (a filter
+    by kind: the crash); after a change, iterating them is refused."""
     enc, s, _ = _setup()
+    net = S.SymNet(enc.view(s, 0).net)
     with pytest.raises(S.TraceError, match="iterated"):
-        list(S.SymNet(enc.view(s, 0).net))
+        list(net)  # outside a worker action's trace
+    S.TRACE.kinds = True
+    try:
+        assert [k.kind for k in net] == list(range(16))
+        with pytest.raises(S.TraceError, match="iterated"):
+            list(net.then(NetOp("take", M_ACK, 1, 0)))
+    finally:
+        S.TRACE.kinds = False
 
 
 def test_symbolic_value_as_key_is_refused() -> None:
@@ -154,6 +175,73 @@ def test_every_action_has_a_derived_encoding_or_is_named() -> None:
     assert not derived & set(UNENCODED)
     for fn in (*PER_REQ.values(), *GLOBAL_FNS.values()):
         assert fn.__module__ == T.__name__  # the traced function, no hand copy
+    assert UNENCODED == ("EnvRestart",)  # restarts: the incarnations are not encoded
+
+
+def test_the_crash_is_traced_from_the_spec() -> None:
+    """EnvCrash (a worker action) from spec.actions_env: guard and globals from a world of
+    no request, the per-request map (and the kinds of messages kept) from one request."""
+    enc, s, x = _setup("handoff_crash")
+    cr = W.trace_worker("EnvCrash", x, 1)
+    assert cr.glob.keys() == {"d_up", "pfx", "pfx_ref", "faults"}
+    assert cr.glob["d_up"] is False and cr.glob["pfx_ref"] == 0
+    assert cr.keep == frozenset(TO_PREFILL)
+    ch = cr.per_req(enc.view(s, 0))
+    assert ch["d"] == 0 and "st" in ch and "p" not in ch
+    assert W.trace_worker("EnvCrash", x, 2).cond is False  # no such worker
+
+
+def test_the_crash_empties_the_host_cache() -> None:
+    """In a host-cache world the crash of prefill (host memory) drops the shared copy."""
+    enc, s, x = _setup("pair_crash_host")
+    cr = W.trace_worker("EnvCrash", x, 0)
+    assert {"hc", "hc_hl", "hc_pin", "hc_late", "hc_bad"} <= cr.glob.keys()
+    assert cr.per_req(enc.view(s, 1))["hk"] == 0
+
+
+def test_a_property_part_is_traced_from_the_spec() -> None:
+    """host_published_whole (PublishAfterCommit's host-cache part) and turns_kept
+    (NothingLost's turn part) as z3 terms, equal to their meaning."""
+    enc, s, x = _setup("host_cache_store")
+    from spec.behaviours.host_cache import host_published_whole
+    from spec.behaviours.turns import turns_kept
+
+    hc, hl = s[("g", "hc")], s[("g", "hc_hl")]
+    got = P.over_reqs(host_published_whole)(x)
+    assert _valid(got == z3.Or(hc != COMPLETE, hl == enc.c.blocks))
+    enc, s, x = _setup("turns_append")
+    tn, d = s[("r", 0, "tn")], s[("r", 0, "d")]
+    got = P.per_req(turns_kept)(x, enc.view(s, 0))
+    assert _valid(got == z3.Or(tn == 0, d == WRITABLE))
+
+
+@pytest.mark.parametrize("config", ["handoff_tp2to1", "host_cache_warm", "identity_prefix"])
+def test_which_transition_predicates_bmc_traces(config: str) -> None:
+    """The transition predicates of spec/steps.py that read the two states only are
+    traced for BMC (whole_reload: NoPartialUse of a load); those that read the action,
+    or more than the tracer follows, stay the explorer's (pinned here, so a change shows)."""
+    from spec.steps import STEP_PREDS
+
+    enc = Encoding(CONFIGS[config])
+    x0, x1 = FCtx(enc, enc.state("a")), FCtx(enc, enc.state("b"))
+    traced = set()
+    for _, fn in STEP_PREDS:
+        try:
+            P.step_part(fn)(x0, x1)
+        except S.TraceError:
+            continue
+        traced.add(fn.__name__)
+    identity = CONFIGS[config].identity
+    assert traced == {"whole_reload"} | (set() if identity else {"sent_staged"})
+
+
+def test_a_part_over_every_request_needs_its_requests() -> None:
+    """Unbounded (no fixed requests), a part over every request folds or fails loudly."""
+    from spec.behaviours.host_cache import host_pins_exact
+
+    enc, s, x = _setup()
+    x.views = lambda: None  # type: ignore[method-assign]
+    assert P.over_reqs(lambda w, c: host_pins_exact(w))(x) is True  # no host cache here
 
 
 @pytest.mark.parametrize("config", ENCODABLE)
@@ -170,3 +258,8 @@ def test_every_derived_action_traces_in_every_encodable_config(config: str) -> N
             T.trace(name, x, enc.view(s, 0), None if k is None else Msg(k, 1, 0))
     for name in GLOBAL:
         T.trace(name, x, None)
+    if "crash" in enc.c.fault_kinds:
+        for worker in (0, 1):
+            cr = W.trace_worker("EnvCrash", x, worker)
+            for i in range(enc.c.n_reqs):
+                cr.per_req(enc.view(s, i))

@@ -149,6 +149,11 @@ class Sym:
     __rand__ = _rbin(lambda a, b: a & b)
     __ror__ = _rbin(lambda a, b: a | b)
 
+    def __invert__(self) -> Any:
+        if not z3.is_bv(self.t):
+            raise TraceError("~ of a symbolic integer (only flag words)")
+        return Sym(~self.t)
+
     def __rlshift__(self, one: Any) -> Bit:
         if one != 1:
             raise TraceError("a shift of a symbolic amount other than 1 << idx")
@@ -200,6 +205,7 @@ def _ctx() -> Ctx:
 
 class _Trace:
     ctx: Ctx | None = None
+    kinds: bool = False  # a worker action is traced: its messages iterate by kind
 
 
 TRACE = _Trace()
@@ -230,6 +236,9 @@ class Landed:
 
     def __ne__(self, o: object) -> Any:
         return lift(z3.Not(self._full(o)))
+
+    def __invert__(self) -> Any:
+        raise TraceError("~landed (a set difference of landed chunks)")
 
     def __hash__(self) -> int:
         raise TraceError("landed used as a dict key")
@@ -269,6 +278,9 @@ class RMask:
     def __ne__(self, o: object) -> Any:
         return lift(z3.Not(self._full(o)))
 
+    def __invert__(self) -> Any:
+        raise TraceError("~rmask (a set difference of ranks)")
+
     def __hash__(self) -> int:
         raise TraceError("rmask used as a dict key")
 
@@ -300,13 +312,31 @@ class SymNet:
         return SymNet(self.view, (*self.ops, op))
 
     def __iter__(self) -> Any:
-        raise TraceError("a request's messages iterated (use spec.common's helpers)")
+        """Only a filter by kind of the messages as they were (a worker's crash keeps
+        those of some kinds): one ``KindOf`` stand-in per message kind."""
+        if self.ops or not TRACE.kinds:
+            raise TraceError("a request's messages iterated (only a worker's filter by kind)")
+        return iter(tuple(KindOf(k, self) for k in range(16)))
+
+    def __bool__(self) -> bool:
+        if self.ops:
+            raise TraceError("a request's messages tested after a change to them")
+        return _decide(z3.Not(raw(self.view.empty())))
 
     def __len__(self) -> int:
         raise TraceError("a request's messages counted (use spec.common's helpers)")
 
     def __hash__(self) -> int:
         raise TraceError("a request's messages used as a dict key")
+
+
+@dataclass(frozen=True, eq=False)
+class KindOf:
+    """Every message of one kind of a request's messages (``SymNet.__iter__``): only its
+    kind may be read; a tuple of these is the messages of the kept kinds."""
+
+    kind: int
+    net: SymNet
 
 
 class Others:

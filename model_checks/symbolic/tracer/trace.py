@@ -29,10 +29,24 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.core import FIELDS, GLOBALS, RV, A, Branch, Ctx, Go, Msg, NetOp, O, Rules
+from model_checks.symbolic.core import (
+    EXT_FIELDS,
+    FIELDS,
+    GLOBALS,
+    HOST_GLOBALS,
+    RV,
+    A,
+    Branch,
+    Ctx,
+    Go,
+    Msg,
+    NetOp,
+    O,
+    Rules,
+)
 from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
-from spec import common, state
+from spec import common, state, steps
 from spec.actions import ACTIONS
 from spec.behaviours import decode_ranks, slots
 from spec.common import Refused
@@ -105,7 +119,7 @@ def _slot_free(w: World, c: Any) -> Any:
 
 _SYMBOLIC: dict[Any, Any] = {
     state.msg: _msg,
-    state.msg_kind: lambda code: _as_msg(code).kind,
+    state.msg_kind: lambda code: code.kind if isinstance(code, S.KindOf) else _as_msg(code).kind,
     state.msg_epoch: lambda code: _as_msg(code).e,
     state.msg_idx: lambda code: _as_msg(code).i,
     state.msg_inc: lambda code: 0,
@@ -122,6 +136,7 @@ _SYMBOLIC: dict[Any, Any] = {
     common.full_ranks: lambda c: S.Full(None),
     slots.slot_free: _slot_free,
     decode_ranks.all_dst_ranks: lambda c: S.lift(c.dst_full),
+    steps.changed: lambda pre, post: list(zip(pre.reqs, post.reqs, strict=True)),
 }
 _SITES: list[tuple[Any, str, Any]] | None = None  # (module, name, concrete fn)
 
@@ -177,32 +192,34 @@ class SymConfig:
             return S.lift(getattr(self._p, name))
         if name == "dst_tp":
             raise S.TraceError("Config.dst_tp read (the encodings have dst_full)")
-        if name in ("restarts", "host_cache", "turns"):
+        if name == "restarts":
             return Config.__dataclass_fields__[name].default
         raise S.TraceError(f"config field {name!r} has no symbolic value")
 
 
-_WORLD_FIXED: dict[str, Any] = {
-    "p_inc": 0,
-    "d_inc": 0,
-    "hc": 0,
-    "hc_hl": 0,
-    "hc_pin": 0,
-    "hc_late": 0,
-}
-_REQ_FIXED = {f: Req._field_defaults[f] for f in Req._fields if f not in FIELDS and f != "net"}
+_WORLD_FIXED: dict[str, Any] = {"p_inc": 0, "d_inc": 0}
+_RFIELDS = FIELDS + EXT_FIELDS
+_GFIELDS = GLOBALS + HOST_GLOBALS
+_REQ_FIXED = {f: Req._field_defaults[f] for f in Req._fields if f not in _RFIELDS and f != "net"}
+
+
+def sym_req(r: RV) -> Req:
+    """A ``Req`` of stand-ins for the request view ``r``."""
+    vals = S.req_values(r)
+    fields: dict[str, Any] = {**_REQ_FIXED, **{f: vals[f] for f in _RFIELDS}}
+    fields["net"] = S.SymNet(r.net)
+    return Req(**fields)
+
+
+def sym_world(x: Ctx, reqs: tuple[Any, ...]) -> World:
+    """A ``World`` of stand-ins: the ``Ctx``'s globals, the given requests."""
+    glob: dict[str, Any] = {g: S.lift(getattr(x, g)) for g in _GFIELDS}
+    return World(reqs=reqs, **glob, **_WORLD_FIXED)
 
 
 def _world(x: Ctx, r: RV | None) -> World:
     """The acting request ``r`` in slot 0 (none for a global action), then the others."""
-    reqs: tuple[Any, ...] = (S.OTHERS,)
-    if r is not None:
-        vals = S.req_values(r)
-        fields: dict[str, Any] = {**_REQ_FIXED, **{f: vals[f] for f in FIELDS}}
-        fields["net"] = S.SymNet(r.net)
-        reqs = (Req(**fields), S.OTHERS)
-    glob: dict[str, Any] = {g: S.lift(getattr(x, g)) for g in GLOBALS}
-    return World(reqs=reqs, **glob, **_WORLD_FIXED, hc_bad=False)
+    return sym_world(x, (S.OTHERS,) if r is None else (sym_req(r), S.OTHERS))
 
 
 def _unwrap(x: Ctx, f: str, v: Any) -> Any:
@@ -223,21 +240,44 @@ def _bad(f: str, v: Any) -> Any:
     raise S.TraceError(f"field {f} set to {v!r}")
 
 
-def _effect(x: Ctx, w0: World, w: World) -> Go:
-    last: Any = w.reqs[-1]
-    if len(w.reqs) != len(w0.reqs) or last is not S.OTHERS:
-        raise S.TraceError("the successor changes another request")
-    glob = {g: _unwrap(x, g, v) for g in GLOBALS if (v := getattr(w, g)) is not getattr(w0, g)}
+def _changed(x: Ctx, names: tuple[str, ...], old: Any, new: Any, held: Any) -> dict[str, Any]:
+    """The fields of ``names`` that ``new`` changes from ``old``; a field the domain
+    keeps at a constant (``held`` has no term for it) may only be set to that constant."""
+    out: dict[str, Any] = {}
+    for f in names:
+        v, v0 = getattr(new, f), getattr(old, f)
+        if v is v0:
+            continue
+        if f in EXT_FIELDS or f in HOST_GLOBALS:
+            const = getattr(held, f)
+            if not isinstance(const, z3.ExprRef):
+                if isinstance(v, (int, bool)) and v == const:
+                    continue
+                raise S.TraceError(f"the successor sets {f}, which this encoding leaves out")
+        out[f] = _unwrap(x, f, v)
+    return out
+
+
+def _fixed(w: World, r: Any) -> None:
     for f, v in _WORLD_FIXED.items():
         if getattr(w, f) != v:
             raise S.TraceError(f"the successor sets {f}, which the encodings leave out")
+    for f, v in _REQ_FIXED.items():
+        if r is not None and getattr(r, f) != v:
+            raise S.TraceError(f"the successor sets {f}, which the encodings leave out")
+
+
+def _effect(x: Ctx, w0: World, w: World, view: RV | None) -> Go:
+    last: Any = w.reqs[-1]
+    if len(w.reqs) != len(w0.reqs) or last is not S.OTHERS:
+        raise S.TraceError("the successor changes another request")
+    glob = _changed(x, _GFIELDS, w0, w, x)
     if len(w.reqs) == 1:
+        _fixed(w, None)
         return Go({}, glob, ())
     r0, r = w0.reqs[0], w.reqs[0]
-    req = {f: _unwrap(x, f, v) for f in FIELDS if (v := getattr(r, f)) is not getattr(r0, f)}
-    for f, v in _REQ_FIXED.items():
-        if getattr(r, f) != v:
-            raise S.TraceError(f"the successor sets {f}, which the encodings leave out")
+    _fixed(w, r)
+    req = _changed(x, _RFIELDS, r0, r, view)
     net = r.net
     if not isinstance(net, S.SymNet):
         raise S.TraceError("the successor's messages are not built by spec.common's helpers")
@@ -258,9 +298,9 @@ def _cache_key(name: str, x: Ctx, r: RV | None, a: Msg | None) -> tuple[Any, Any
     net = getattr(r, "net", None) if r is not None else None
     if enc is None or (r is not None and getattr(net, "enc", None) is not enc):
         return None
-    ins = [getattr(x, g) for g in GLOBALS]
+    ins = [getattr(x, g) for g in _GFIELDS]
     if r is not None:
-        ins += [getattr(r, f) for f in FIELDS]
+        ins += [getattr(r, f) for f in _RFIELDS]
     msg_in = () if a is None else (a.kind, _k(a.e), _k(a.i))
     net_in = () if net is None else (net.s.tag, net.i)
     return enc, (name, x.m, msg_in, net_in, tuple(_k(v) for v in ins), ins)
@@ -298,7 +338,7 @@ def _trace(name: str, x: Ctx, r: RV | None, a: Msg | None) -> Rules:
                 if out.prop is not None:
                     rules.branches.append(Branch(cond, f"refuse {out.prop}", None))
                 continue
-            rules.branches.append(Branch(cond, "go", _effect(x, w0, out)))
+            rules.branches.append(Branch(cond, "go", _effect(x, w0, out, r)))
     return rules
 
 

@@ -1,0 +1,113 @@
+"""Spec predicates traced to z3 terms (the predicate tracer).
+
+A predicate of ``spec/`` (a property's part, ``(w, c) -> bool`` or ``(w, r) -> bool``)
+runs on a ``World`` of ``symstate`` stand-ins, once per path (``oracle.paths``); its
+value is the disjunction over the paths of the path's condition and what the path
+returned (a Python bool or a symbolic one). The world holds the requests given: one
+(a request's part, ``per_req``), every request of a finite encoding (``over_reqs``), or
+none. Where the domain has no fixed requests (the unbounded model) a part over every
+request is traced on none, which is sound only where it folds to True (the behaviour's
+fields are constants there): otherwise it fails loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from model_checks.symbolic.core import RV, A, Ctx, O, Z
+from model_checks.symbolic.tracer import symstate as S
+from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
+from model_checks.symbolic.tracer.trace import SymConfig, _symbolic, sym_req, sym_world
+
+__all__ = ["over_reqs", "per_req", "req_of", "traced_pred"]
+
+WorldPred = Callable[[Any, Any], Any]  # spec: (World, Config) -> bool
+ReqPred = Callable[[Any, Any], Any]  # spec: (World, Req) -> bool
+
+
+def traced_pred(run: Callable[[], Any], x: Ctx) -> Z:
+    """The value of ``run()`` (a predicate applied to stand-ins) as one term."""
+    _EQ_MEMO.clear()
+    out = []
+    with _symbolic(x):
+        for lits, v in paths(run):
+            if v is None:  # a path outside TypeOK
+                continue
+            if not isinstance(v, (bool, S.SymBool)):
+                raise S.TraceError(f"a predicate returned {v!r}")
+            out.append(A(*lits, S.raw(v)))
+    return O(*out)
+
+
+def _world_pred(fn: WorldPred, x: Ctx, views: tuple[RV, ...]) -> Z:
+    w = sym_world(x, tuple(sym_req(r) for r in views))
+    c = SymConfig(x)
+    return traced_pred(lambda: fn(w, c), x)
+
+
+def per_req(fn: WorldPred) -> Callable[[Ctx, RV], Z]:
+    """A request's part of ``fn`` (a predicate ``all(... for r in w.reqs)``): ``fn`` on
+    the world of that one request."""
+    return lambda x, r: _world_pred(fn, x, (r,))
+
+
+def req_of(fn: ReqPred) -> Callable[[Ctx, RV], Z]:
+    """``fn(w, r)`` for the request ``r`` (the world holding only it)."""
+
+    def f(x: Ctx, r: RV) -> Z:
+        w = sym_world(x, (sym_req(r),))
+        return traced_pred(lambda: fn(w, w.reqs[0]), x)
+
+    return f
+
+
+def over_reqs(fn: WorldPred) -> Callable[[Ctx], Z]:
+    """``fn`` on the world of every request (a global part: a count over the requests)."""
+
+    def f(x: Ctx) -> Z:
+        views = x.views()
+        t = _world_pred(fn, x, tuple(views) if views is not None else ())
+        if views is None and t is not True:
+            raise S.TraceError(f"{fn.__name__}: a part over every request, unbounded")
+        return t
+
+    return f
+
+
+# -- transition predicates (spec/steps.py) that read state only ---------------------------
+class ActionRead(S.TraceError):
+    """A transition predicate read the action (its name, slot or argument): not a
+    predicate of the two states alone, so not traced here."""
+
+
+class _Action:
+    """The action of a step, as a traced transition predicate sees it: unreadable."""
+
+    def _no(self, *_: Any) -> Any:
+        raise ActionRead("a transition predicate read its action")
+
+    __eq__ = __ne__ = __hash__ = __index__ = __bool__ = __contains__ = _no
+    __lt__ = __le__ = __gt__ = __ge__ = __and__ = __rshift__ = __int__ = _no
+
+
+_ACTION = _Action()
+
+
+def step_part(fn: Any) -> Callable[[Ctx, Ctx], Z]:
+    """``fn(pre, name, i, arg, post, c)`` (a predicate of ``spec/steps.py``) as a term over
+    two states of a finite encoding (``x0`` before, ``x1`` after), its requests paired
+    by slot; it raises ``ActionRead`` where it reads the action. ``steps.changed`` pairs
+    every request: a request the step left alone is the same before and after, where
+    the predicates hold (they judge what a step changes)."""
+
+    def f(x0: Ctx, x1: Ctx) -> Z:
+        v0, v1 = x0.views(), x1.views()
+        if v0 is None or v1 is None:
+            raise S.TraceError("a transition predicate needs a finite encoding")
+        pre = sym_world(x0, tuple(sym_req(r) for r in v0))
+        post = sym_world(x1, tuple(sym_req(r) for r in v1))
+        c = SymConfig(x1)
+        return traced_pred(lambda: fn(pre, _ACTION, _ACTION, _ACTION, post, c), x1)
+
+    return f
