@@ -40,11 +40,12 @@ SEARCH_LIMIT = 5000  # engine states; the spec's own sets here are at most a few
 
 
 def _allowed(prop: str) -> Callable[[Action], bool]:
-    """The steps a liveness property grants: all (NoDeadlock), protocol steps only
-    (FairTermination's first check), protocol steps and non-lossy faults
-    (RecoverWithoutTimeout), or decode's own steps and timeouts (BoundedExit)."""
+    """The steps a liveness property grants: all but the client's (NoDeadlock: a cancel
+    is never the only way out), protocol steps only (FairTermination's first check),
+    protocol steps and non-lossy faults (RecoverWithoutTimeout), or decode's own steps
+    and timeouts (BoundedExit)."""
     if prop == "NoDeadlock":
-        return lambda a: True
+        return lambda a: a.kind != "client"
     if prop == "FairTermination":
         return lambda a: a.kind in ("local", "recv")
     if prop == "RecoverWithoutTimeout":  # protocol steps and the faults that lose nothing
