@@ -1,0 +1,1 @@
+"""Streamed offers, layer by layer (``Config.layers``): ``spec/stream/layers.py``."""
