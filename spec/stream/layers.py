@@ -16,7 +16,8 @@ spec's handoff with two more points on each side:
 - **a layer is ready only in the blocks the engine reads.** Decode lands chunks in its
   staging copy (a block-size change, or ``stage=True``); ``DecodeInstallLayer`` copies
   the next layer into the blocks the engine reads (``Req.inl``), and only then may
-  ``DecodeLayerReady`` report it (``Req.rdy``: ``Receiver.layer_ready``).
+  ``DecodeLayerReady`` report it (``Req.rdy``: ``Receiver.layer_ready``); decode
+  validates the replica only once every layer is installed (``layers_installed``).
 
 Properties (state predicates, in ``spec/properties.py``): NoReuseUnderIO, a freed
 source with a layer whose bytes have not left as a copy (``stream_bytes_held``: the
@@ -54,6 +55,7 @@ __all__ = [
     "PrefillFreeSource",
     "PrefillSendLayer",
     "layers_given",
+    "layers_installed",
     "stream_bytes_held",
     "stream_ready_installed",
     "stream_resume",
@@ -89,6 +91,12 @@ def PrefillFreeSource(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resu
     if r.fs or r.lay < layers:
         return NOT_ENABLED
     return put(w, i, r._replace(fs=1))
+
+
+def layers_installed(c: Config, r: Req) -> bool:
+    """May decode validate ``r``'s replica? Always without layers; else once every layer
+    is in the blocks the engine reads (``DecodeInstallLayer``), not only in staging."""
+    return not c.layers or r.inl >= c.layers
 
 
 def stream_resume(w: World, i: int, net: tuple[int, ...]) -> World:
