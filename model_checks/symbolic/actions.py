@@ -44,6 +44,8 @@ UNENCODED += tuple(n for n in ACTIONS if n.startswith("Host")) + ("EnvLoadFail",
 # Multi-turn append on decode (``Config.turns``, spec/behaviours/turns.py): not mirrored yet.
 UNENCODED += ("TurnEnd", "TurnEdit", "TurnRoute", "TurnPrefill", "DecodeTurnCut")
 UNENCODED += ("DecodeAppend", "DecodeAppendCommit", "SessionEvict")
+# Streamed offers (``Config.layers``, spec/stream/layers.py): Req.lay/cpy/fs/inl/rdy not in FIELDS.
+UNENCODED += ("PrefillSendLayer", "PrefillFreeSource", "DecodeInstallLayer", "DecodeLayerReady")
 
 PER_REQ: dict[str, ReqFn] = {
     name: traced(name)
@@ -61,7 +63,7 @@ WORKER = ("EnvCrash",)
 
 def encodable(c: Config) -> bool:
     """Does the z3 encoding model every action ``c`` enables?"""
-    return not c.restarts and not c.host_cache and not c.turns
+    return not c.restarts and not c.host_cache and not c.turns and not c.layers
 
 
 _missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER) - set(UNENCODED)

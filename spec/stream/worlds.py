@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+
+def layer_problems(layers: int, max_attempts: int) -> list[str]:
+    """``Config`` checks of ``layers``: 0..3, and one attempt when on (the layer
+    registers are the attempt's, never reset)."""
+    if not 0 <= layers <= 3 or (layers and max_attempts != 1):
+        return [f"layers={layers} not in 0..3 (with max_attempts=1)"]
+    return []
+
+
 STREAM_WORLDS: tuple[dict[str, Any], ...] = (
     {
         "name": "stream_one",
