@@ -85,3 +85,11 @@ def test_the_stream_mutants_make_the_bad_states() -> None:
     assert w.reqs[0].lay == 1 and w.reqs[0].cpy == 0  # type: ignore[union-attr]
     w = apply(W(LANDED), ST, frozenset({"layer_ready_on_staging"}), "DecodeLayerReady", 0, 0)
     assert "NoPartialUse" in violated_safety(w, ST)  # type: ignore[arg-type]
+
+
+def test_the_tour_on_the_api_refuses_a_streamed_world_naming_why() -> None:
+    from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
+
+    assert unexpressed(ST) == ["layers"] and unexpressed(HO) == []
+    with pytest.raises(ValueError, match="layers: PrefillSendLayer"):
+        ApiAdapter().build(ST, frozenset(), 0)
