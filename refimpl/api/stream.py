@@ -35,6 +35,7 @@ class Stream:
     blocks: tuple[int, ...]  # the sent blocks' ids here
     computed: int = 0  # layers [0, computed) are written and may be sent
     sent: int = 0  # layers [0, sent) are on the wire
+    copied: int = 0  # layers whose bytes were copied here (at send_layer, or by the bug later)
     digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
     sealed: bool = False
     copies: deque[tuple[int, int, int, bytes]] = field(default_factory=deque)  # to send:
@@ -49,6 +50,7 @@ class Stream:
                 payload = bytes(byte_view(t if t.device.type == "cpu" else t.cpu()))
                 self.digests.setdefault((r, j), xxhash.xxh3_64()).update(payload)
                 self.copies.append((layer, r, j, payload))
+        self.copied += 1
 
     def flush(
         self,

@@ -42,7 +42,7 @@ from tests.behaviours.test_host_cache import CASES as HOST_CACHE_CASES
 from tests.behaviours.test_identity_guards import CASES as IDENTITY_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
 from tests.behaviours.test_retract import CASES as RETRACT_CASES
-from tests.behaviours.test_stream_spec import CASES as STREAM_CASES
+from tests.behaviours.test_stream import CASES as STREAM_CASES
 from tests.behaviours.test_turns import CASES as TURNS_CASES
 from tests.spec.spec_helpers import (
     ALL_SENT,

@@ -34,7 +34,7 @@ from spec.state import (
     msg,
 )
 from tests.behaviours.test_identity_guards import PROPERTY_CASES as IDENTITY_CASES
-from tests.behaviours.test_stream_spec import PROPERTY_CASES as STREAM_CASES
+from tests.behaviours.test_stream import PROPERTY_CASES as STREAM_CASES
 from tests.spec.spec_helpers import R, W
 
 HO = CONFIGS["handoff_tp2to1"]

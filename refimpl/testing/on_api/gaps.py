@@ -25,6 +25,13 @@ _COMMIT_AFTER_CANCEL = (
     "abort(); the spec refuses DecodeValidate/DecodeCommit after a sticky end (StickyEnd)",
 )
 
+_LAYER_CHUNKS = (
+    SPEC_QUESTION,
+    "a streamed Sender sends each layer's chunks as soon as the layer is given and the "
+    "receiver is ready (one message per layer); the spec's chunk is a (rank, block) of "
+    "every layer, sent once every layer was given (spec/stream/layers.py)",
+)
+
 GAPS: dict[str, tuple[str, str]] = {
     "state differs at PrefillTimeout (net)": (
         SPEC_QUESTION,
@@ -63,4 +70,7 @@ GAPS: dict[str, tuple[str, str]] = {
         "reserved); the spec reserves it and refuses at DecodeValidate (ManifestGate): "
         "the spec has no DecodeReject of a HandoffBadManifest",
     ),
+    # streamed worlds (Config.layers, on_api/streamed.py)
+    "state differs at PrefillRecvReady (net)": _LAYER_CHUNKS,
+    "state differs at PrefillSendLayer (net)": _LAYER_CHUNKS,
 }

@@ -87,9 +87,68 @@ def test_the_stream_mutants_make_the_bad_states() -> None:
     assert "NoPartialUse" in violated_safety(w, ST)  # type: ignore[arg-type]
 
 
-def test_the_tour_on_the_api_refuses_a_streamed_world_naming_why() -> None:
+def test_the_tour_on_the_api_refuses_a_streamed_world_of_other_layers_naming_why() -> None:
     from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 
-    assert unexpressed(ST) == ["layers"] and unexpressed(HO) == []
-    with pytest.raises(ValueError, match="layers: PrefillSendLayer"):
-        ApiAdapter().build(ST, frozenset(), 0)
+    assert unexpressed(ST) == [] and unexpressed(CONFIGS["stream_reuse"]) == ["layers"]
+    with pytest.raises(ValueError, match="layers: a streamed world"):
+        ApiAdapter().build(CONFIGS["stream_reuse"], frozenset(), 0)
+
+
+# the tour on the public API (refimpl/testing/on_api/streamed.py): measured
+STREAM_FOUND = {  # the correct API's divergence classes in stream_one, each in on_api.gaps
+    "state differs at DecodeAbort (d)",
+    "state differs at DecodeAbort (d, net)",
+    "state differs at DecodeAbort (d, net, rmask)",
+    "state differs at DecodeReceiveChunk (d, net)",
+    "state differs at DecodeReceiveDone (d, net)",
+    "state differs at DecodeReclaim (net)",
+    "state differs at DecodeReject (dep)",
+    "state differs at DecodeReject (net)",
+    "state differs at PrefillRecvReady (net)",
+    "state differs at PrefillSendLayer (net)",
+    "state differs at PrefillTimeout (net)",
+}
+
+
+def _tour(dst_block: int, mutants: frozenset[str]) -> tuple[dict[str, object], list[object]]:
+    from refimpl.testing.on_api.adapter import ApiAdapter
+    from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
+
+    plan = plan_api(ST)
+    res = run_api_tour(ApiAdapter(dst_block=dst_block), plan, mutants)
+    return api_report(plan, res), [e for _, e in res.failures]
+
+
+def test_the_api_tours_a_streamed_world_and_finds_only_the_named_gaps() -> None:
+    from refimpl.testing.on_api.gaps import GAPS
+    from refimpl.testing.on_api.tour import gap_of
+
+    rep, failures = _tour(2, frozenset())
+    assert (rep["edges"], rep["edges_covered"]) == (2091, 1453), rep
+    found = {gap_of(e) for e in failures}  # type: ignore[arg-type]
+    assert found <= set(GAPS) and found == STREAM_FOUND, sorted(found)
+
+
+def test_the_api_tour_kills_a_stream_that_reads_its_blocks_at_ready() -> None:
+    """Issue #30 bug 2: the Sender takes no copy at send_layer; the refinement map reads
+    its copies (``Stream.copied``): caught at the first send_layer (4 steps)."""
+    from refimpl.api.switches import STREAM_READS_AT_READY
+    from refimpl.testing.on_api.tour import gap_of
+
+    _, failures = _tour(2, frozenset({STREAM_READS_AT_READY}))
+    caught = [e for e in failures if gap_of(e) == "state differs at PrefillSendLayer (cpy)"]  # type: ignore[arg-type]
+    assert caught and min(len(e.program) for e in caught) == 4  # type: ignore[attr-defined]
+
+
+def test_the_api_tour_kills_a_layer_reported_ready_from_staging() -> None:
+    """Issue #30 bug 1 at a block-size change (2 -> 4): the Receiver leaves the layer in
+    staging; the blocks the engine reads do not have it (8 steps)."""
+    from refimpl.api.switches import LAYER_READY_ON_STAGING
+    from refimpl.testing.on_api.tour import gap_of
+
+    rep, failures = _tour(4, frozenset())
+    assert not [e for e in failures if gap_of(e) not in STREAM_FOUND], rep  # type: ignore[arg-type]
+    _, failures = _tour(4, frozenset({LAYER_READY_ON_STAGING}))
+    caught = [e for e in failures if gap_of(e) == "state differs at DecodeReceiveChunk (inl)"]  # type: ignore[arg-type]
+    assert caught and min(len(e.program) for e in caught) == 8  # type: ignore[attr-defined]
