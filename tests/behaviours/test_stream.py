@@ -152,3 +152,16 @@ def test_the_api_tour_kills_a_layer_reported_ready_from_staging() -> None:
     _, failures = _tour(4, frozenset({LAYER_READY_ON_STAGING}))
     caught = [e for e in failures if gap_of(e) == "state differs at DecodeReceiveChunk (inl)"]  # type: ignore[arg-type]
     assert caught and min(len(e.program) for e in caught) == 8  # type: ignore[attr-defined]
+
+
+def test_the_correct_engine_refines_every_edge_of_the_streamed_world() -> None:
+    """The engine's streamed offers (refimpl/engine/behaviours/stream.py): every edge of
+    stream_one, with the refinement map, the probes and the bytes after every step."""
+    from refimpl.testing import EngineAdapter
+    from refimpl.testing.tour import plan_tour, report, run_tour
+
+    plan = plan_tour(ST, goal="edges")
+    res = run_tour(EngineAdapter(), plan)
+    assert res.failure is None, str(res.failure)
+    rep = report(plan, res.coverage)
+    assert (rep["edges"], rep["edges_covered"]) == (3369, 3369)
