@@ -46,6 +46,8 @@ def test_scope() -> None:
         "append_divergent_uncut",
         "two_writers_on_session",
         "evict_pinned_session",
+        "stream_reads_at_ready",  # streamed offers (spec/stream): not encoded in z3 yet
+        "layer_ready_on_staging",
     }
     assert set(LIVENESS_MUTANTS) == {
         "zero_block_never_done",
