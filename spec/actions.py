@@ -46,6 +46,7 @@ from spec.state import (
     msg_inc,
     msg_kind,
 )
+from spec.stream import layers as L
 
 ActionFn = Callable[[World, Config, Mutants, int, int], Result]
 ALL_MSGS = frozenset(MSG_NAMES)
@@ -141,6 +142,10 @@ ACTIONS: dict[str, Action] = {
         _a(TU.DecodeAppend, "D", "local"),
         _a(TU.DecodeAppendCommit, "D", "local"),
         _a(TU.SessionEvict, "D", "local"),
+        _a(L.PrefillSendLayer, "P", "local"),
+        _a(L.PrefillFreeSource, "P", "local"),
+        _a(L.DecodeInstallLayer, "D", "local"),
+        _a(L.DecodeLayerReady, "D", "local"),
     )
 }
 

@@ -59,6 +59,7 @@ from spec.state import (
     msg_idx,
     msg_kind,
 )
+from spec.stream.layers import layers_installed
 
 _WAITING = (RESERVED, FILLING)
 
@@ -170,6 +171,8 @@ def DecodeValidate(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if "partial_as_complete" not in m:
         if r.landed != full_chunks(c, r.hit) or r.dfl & DF_CORRUPT:
             return refuse("NoPartialUse")
+    if not layers_installed(c, r):  # a streamed replica: every layer out of staging
+        return refuse("NoPartialUse")
     if r.dfl & DF_MISMATCH and "mismatch_installed" not in m:
         return refuse("ManifestGate")
     return put(w, i, r._replace(d=COMPLETE, g=g))

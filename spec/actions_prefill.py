@@ -65,6 +65,7 @@ from spec.state import (
     msg_inc,
     msg_kind,
 )
+from spec.stream.layers import layers_given, stream_resume
 
 
 def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -220,6 +221,8 @@ def PrefillSendChunk(w: World, c: Config, m: Mutants, i: int, arg: int) -> Resul
     r = w.reqs[i]
     if not w.p_up or r.st != RUNNING or r.ps != SENDING:
         return NOT_ENABLED
+    if not layers_given(c, r):  # a streamed offer: a chunk leaves once its layers are known
+        return NOT_ENABLED
     per_rank = sent_blocks(c, r.phit)
     total = c.src_tp * (per_rank + 1)
     if per_rank == 0 and "zero_block_never_done" in m:
@@ -266,6 +269,8 @@ def PrefillResume(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     net = take(r.net, arg)
     if not c.revocable:  # decode could not fence: it holds the blocks until told
         net = send(w, net, msg(M_QUIESCED, r.ep))
+    if r.fs:  # a streamed offer that gave its source back: nothing to thaw
+        return stream_resume(w, i, net)
     return put(w, i, r._replace(p=WRITABLE, ps=IDLE, sent=0, phit=0, net=net))
 
 

@@ -110,7 +110,7 @@ def full_ranks(c: Config) -> int:
 
 
 def used_p(w: World, c: Config) -> int:
-    return sum(c.blocks for r in w.reqs if r.p != NONE)
+    return sum(c.blocks for r in w.reqs if r.p != NONE and not r.fs)  # fs: spec/stream
 
 
 def used_h(w: World, c: Config) -> int:

@@ -9,6 +9,7 @@ from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
 from spec.behaviours.worlds import COMPOSED, DERIVED
 from spec.state import COMPLETE, Req, World
+from spec.stream.worlds import STREAM_DEEP, STREAM_DEFAULT, STREAM_WORLDS, layer_problems
 
 FAULT_KINDS = frozenset({"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail"})
 
@@ -45,6 +46,7 @@ class Config:
     host_cache: int = 0  # shared host cache (behaviours/host_cache): 0 off, 1 cold, 2 warm
     turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
     max_turns: int = 1  # turns appended after the first, per request (turns worlds)
+    layers: int = 0  # streamed offers, layer by layer (spec/stream): 0 off, else layers each
     from_log: bool = False  # a log's world (spec/behaviours/compose.py): no explorer runs it
 
     def __post_init__(self) -> None:
@@ -69,6 +71,7 @@ class Config:
             problems.append(f"restarts={self.restarts} not in 0..{restarts}")
         if self.restarts and "crash" not in self.fault_kinds:
             problems.append("restarts without the 'crash' fault kind")
+        problems += layer_problems(self.layers, self.max_attempts)  # spec/stream
         if unknown := self.fault_kinds - FAULT_KINDS:
             problems.append(f"unknown fault kinds {sorted(unknown)}")
         if problems:
@@ -316,7 +319,7 @@ BEHAVIOUR_WORLDS += (  # content identity and metadata slots (behaviours/identit
 )
 CONFIGS.update((c.name, c) for c in (*BEHAVIOUR_WORLDS, *TW.worlds(Config)))
 FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
-CONFIGS.update((k["name"], Config(**k)) for k in HC_WORLDS)
+CONFIGS.update((k["name"], Config(**k)) for k in (*HC_WORLDS, *STREAM_WORLDS))
 CONFIGS.update((k, replace(CONFIGS[b], name=k, **v)) for k, (b, v) in DERIVED.items())
 CONFIGS.update((k, Config(name=k, **v)) for k, v in COMPOSED.items())  # behaviours composed
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
@@ -335,12 +338,12 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "crash_both",
     "identity_prefix",
     *TW.DEFAULT,
-    *HC_DEFAULT,
+    *HC_DEFAULT + STREAM_DEFAULT,
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: behaviours/worlds
 DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
-DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED)  # + behaviours composed
+DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED, *STREAM_DEEP)  # + composed
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 
 # Bigger instances: the scale curve and a world to check on its own.
@@ -390,11 +393,8 @@ CLUSTER: dict[str, Config] = {
 
 
 def get_config(name: str) -> Config:
-    if name in CONFIGS:
-        return CONFIGS[name]
-    if name in SCALE:
-        return SCALE[name]
-    if name in CLUSTER:
-        return CLUSTER[name]
+    for table in (CONFIGS, SCALE, CLUSTER):
+        if name in table:
+            return table[name]
     valid = ", ".join([*CONFIGS, *SCALE, "cluster_tp{1..4}_b{1..3}"])
     raise KeyError(f"unknown config {name!r}; valid configs: {valid}")

@@ -351,6 +351,23 @@ MUTANTS: dict[str, Mutant] = {
             " for it (await_ack): the request's handoff timer still runs and fails the"
             " committed request. No property of a state reads it; INVARIANTS.md's Frozen does.",
         ),
+        Mutant(
+            "stream_reads_at_ready",
+            "NoReuseUnderIO",
+            ("stream_one",),
+            "issue 30 bug 2 (a streamed offer reads its source blocks at the receiver's"
+            " Ready, not at send_layer: freed and reused blocks ship another request's bytes)",
+            "PrefillSendLayer takes no copy of the layer: its bytes are read when the chunk"
+            " is sent, after the engine may have given the blocks back (PrefillFreeSource).",
+        ),
+        Mutant(
+            "layer_ready_on_staging",
+            "NoPartialUse",
+            ("stream_one",),
+            "issue 30 bug 1 (Receiver.layer_ready True while the layer is only in staging)",
+            "DecodeLayerReady reports a layer once it landed in decode's staging copy,"
+            " before DecodeInstallLayer put it in the blocks the engine reads.",
+        ),
     )
 }
 

@@ -52,6 +52,7 @@ from spec.state import (
     msg_inc,
     msg_kind,
 )
+from spec.stream.layers import stream_bytes_held, stream_ready_installed
 
 Pred = Callable[[World, Config], bool]
 _HELD = (COMPLETE, WRITABLE)
@@ -65,6 +66,8 @@ def single_writer(w: World, c: Config) -> bool:
 
 
 def no_partial_use(w: World, c: Config) -> bool:
+    if not stream_ready_installed(w, c):  # a layer reported ready only in staging
+        return False
     for r in w.reqs:
         if r.d in _HELD and (r.landed != full_chunks(c, r.hit) or r.dfl & DF_CORRUPT):
             return False
@@ -91,6 +94,8 @@ def fencing(w: World, c: Config) -> bool:
 
 def no_reuse_under_io(w: World, c: Config) -> bool:
     if not steps_held(w, c):  # a step in flight writes blocks its worker freed
+        return False
+    if not stream_bytes_held(w, c):  # a freed source with a layer not yet copied
         return False
     for r in w.reqs:
         if r.g & G_FOREIGN:

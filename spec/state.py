@@ -155,6 +155,11 @@ class Req(NamedTuple):
     ti: int = 0  # 1: the turn ended; the session's KV waits on decode for the next one
     tdv: int = 0  # 1: decode's session KV has a tail the next prompt does not share
     tc: int = 0  # turns started after the first (bounded: spec/behaviours/turns.py)
+    lay: int = 0  # layers the sender was given (send_layer) for its attempt (spec/stream)
+    cpy: int = 0  # of them, layers the sender copied at send_layer (their snapshot point)
+    fs: int = 0  # 1: the request gave its source blocks back (a streamed offer's copies stay)
+    inl: int = 0  # layers decode installed in the blocks the engine reads (out of staging)
+    rdy: int = 0  # layers decode reported ready to its engine (Receiver.layer_ready)
 
 
 class World(NamedTuple):
@@ -242,6 +247,8 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("hk", 0 <= r.hk <= 3),
             ("tn/ti/tdv", 0 <= r.tn <= 2 and r.ti in (0, 1) and r.tdv in (0, 1)),
             ("tc", 0 <= r.tc <= 15),
+            ("lay/cpy/inl/rdy", all(0 <= x <= 15 for x in (r.lay, r.cpy, r.inl, r.rdy))),
+            ("fs", r.fs in (0, 1) and r.cpy <= r.lay),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

@@ -43,6 +43,8 @@ FINITE_ONLY: tuple[str, ...] = tuple(
     for n, a in ACTIONS.items()
     if a.fn.__module__ in ("spec.behaviours.host_cache", "spec.behaviours.turns")
 )
+# Streamed offers (``Config.layers``, spec/stream/layers.py): Req.lay/cpy/fs/inl/rdy not in FIELDS.
+UNENCODED += ("PrefillSendLayer", "PrefillFreeSource", "DecodeInstallLayer", "DecodeLayerReady")
 
 PER_REQ: dict[str, ReqFn] = {
     name: traced(name)
@@ -60,7 +62,7 @@ WORKER = ("EnvCrash",)
 
 def encodable(c: Config) -> bool:
     """Does the z3 encoding model every action ``c`` enables?"""
-    return not c.restarts
+    return not c.restarts and not c.layers
 
 
 _missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER) - set(UNENCODED)

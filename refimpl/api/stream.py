@@ -65,6 +65,7 @@ class Stream:
     blocks: tuple[int, ...]  # the sent blocks' ids here
     computed: int = 0  # layers [0, computed) are written and may be sent
     sent: int = 0  # layers [0, sent) are on the wire
+    copied: int = 0  # layers whose bytes were copied here (at send_layer, or by the bug later)
     digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
     sealed: bool = False
     copies: deque[tuple[int, int, int, memoryview, str]] = field(default_factory=deque)  # to
@@ -105,6 +106,7 @@ class Stream:
             for j in range(0, n, run):
                 piece = payload[j * per : min(n, j + run) * per]  # hashed while in cache
                 self.copies.append((layer, r, j, piece, bytes_checksum(piece)))
+        self.copied += 1
 
     def flush(
         self,

@@ -43,6 +43,7 @@ from refimpl.engine.behaviours import (
     DecodeRankActions,
     HostCacheActions,
     RetractActions,
+    StreamActions,
     TurnActions,
 )
 from refimpl.engine.data import RankPools
@@ -67,7 +68,12 @@ CODE_OF = {name: code for code, name in MSG_NAMES.items()}
 
 
 class AbstractMap(
-    TurnActions, HostCacheActions, AsyncStepActions, RetractActions, DecodeRankActions
+    TurnActions,
+    HostCacheActions,
+    AsyncStepActions,
+    RetractActions,
+    DecodeRankActions,
+    StreamActions,
 ):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
@@ -116,6 +122,11 @@ class AbstractMap(
                     ti=self.turns[i].ti,
                     tdv=int(self.turns[i].divergent()),
                     tc=self.turns[i].tc,
+                    lay=self.lay[i],
+                    cpy=len(self.copies[i]),
+                    fs=int(self.fs[i]),
+                    inl=self.inl[i],
+                    rdy=self.rdy[i],
                 )
             )
         return World(
@@ -185,6 +196,8 @@ class AbstractMap(
             if self.rx[i].phase == RX_NONE:
                 return None
             return self.D.gather(self.D.alloc.blocks_of(rid + "#pfx") + self.rx[i].own)
+        if where == "p" and self.streamed_out(i):  # a streamed offer's copies (behaviours)
+            return self.stream_copies(i)
         pools: RankPools = self.P if where == "p" else self.H
         blocks = pools.alloc.blocks_of(rid)
         return pools.gather(blocks) if blocks else None

@@ -365,6 +365,9 @@ KILL_WORLDS: dict[str, str] = {
     "append_divergent_uncut": "turns_append",
     "two_writers_on_session": "turns_append",
     "evict_pinned_session": "turns_append",
+    # issue #30 item 2: a streamed offer, layer by layer (spec/stream)
+    "stream_reads_at_ready": "stream_one",
+    "layer_ready_on_staging": "stream_one",
 }
 
 

@@ -33,6 +33,7 @@ DAMAGE = {
     "partial_as_complete": ["r0@d"],  # validated with nothing landed
     "failed_store_visible": ["r0@h"],  # a half-written host copy published
     "prefix_hash_unchecked": ["r0@d"],  # a recycled prefix block (other KV) taken as a hit
+    "stream_reads_at_ready": ["r0@p"],  # blocks given back, no copy of their layers kept
 }
 
 

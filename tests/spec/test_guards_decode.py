@@ -42,6 +42,7 @@ from tests.behaviours.test_host_cache import CASES as HOST_CACHE_CASES
 from tests.behaviours.test_identity_guards import CASES as IDENTITY_CASES
 from tests.behaviours.test_irrevocable import CASES as IRREVOCABLE_CASES
 from tests.behaviours.test_retract import CASES as RETRACT_CASES
+from tests.behaviours.test_stream import CASES as STREAM_CASES
 from tests.behaviours.test_turns import CASES as TURNS_CASES
 from tests.spec.spec_helpers import (
     ALL_SENT,
@@ -295,6 +296,7 @@ def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
     cases += ASYNC_CASES
     cases += TURNS_CASES
     cases += HOST_CACHE_CASES
+    cases += STREAM_CASES
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled

@@ -34,6 +34,7 @@ from spec.state import (
     msg,
 )
 from tests.behaviours.test_identity_guards import PROPERTY_CASES as IDENTITY_CASES
+from tests.behaviours.test_stream import PROPERTY_CASES as STREAM_CASES
 from tests.spec.spec_helpers import R, W
 
 HO = CONFIGS["handoff_tp2to1"]
@@ -138,6 +139,7 @@ CASES = [
     ),
 ]
 CASES += IDENTITY_CASES
+CASES += STREAM_CASES
 
 
 @pytest.mark.parametrize("pid,c,bad,good", CASES, ids=[f"{x[0]}-{k}" for k, x in enumerate(CASES)])

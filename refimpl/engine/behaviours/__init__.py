@@ -4,6 +4,13 @@ spec's new actions (same names) on top of the core engine's decode and env actio
 from refimpl.engine.behaviours.decode_ranks import DecodeRankActions
 from refimpl.engine.behaviours.host_cache import HostCacheActions
 from refimpl.engine.behaviours.retract import RetractActions
+from refimpl.engine.behaviours.stream import StreamActions
 from refimpl.engine.behaviours.turns import TurnActions
 
-__all__ = ["DecodeRankActions", "RetractActions", "HostCacheActions", "TurnActions"]
+__all__ = [
+    "DecodeRankActions",
+    "RetractActions",
+    "HostCacheActions",
+    "StreamActions",
+    "TurnActions",
+]

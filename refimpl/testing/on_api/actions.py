@@ -117,6 +117,10 @@ class ApiActions:
         else:
             for s in self.tx:
                 s.poll(rid)
+            self.after_reply(i, name)
+
+    def after_reply(self, i: int, name: str) -> None:
+        """The scheduler's part after a reply reached the Senders (on_api/streamed.py)."""
 
     def tell_ends(self) -> None:
         """The router tells the Receiver of every request it has ended (``Receiver.end``):
@@ -159,9 +163,9 @@ class ApiActions:
     def _PrefillDecodeStep(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING, "not running")
-        self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
         if self._live(i):  # the scheduler reads the Sender: an attempt reads these blocks
             raise OwnershipError(f"{rid}: an attempt is in progress", prop="FrozenSnapshot")
+        self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
         for r, p in enumerate(self.pp):
             self._write(p, rid, p.alloc.blocks_of(rid), self.tokens[i] + 1, i, r)
         self.tokens[i] += 1
@@ -189,7 +193,7 @@ class ApiActions:
                 layers=LAYERS,
                 free_source=True,
             )
-        for layer in range(LAYERS):
+        for layer in range(0 if self.c.layers else LAYERS):  # streamed: PrefillSendLayer
             for s in self.tx:
                 s.send_layer(rid, layer)
         self.ep[i] = e

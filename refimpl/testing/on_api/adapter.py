@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 
 from refimpl.errors import OwnershipError
-from refimpl.testing.on_api.actions import ApiRefusal
+from refimpl.testing.on_api.actions import LAYERS, ApiRefusal
 from refimpl.testing.on_api.subject import ApiSubject
 from spec.config import Config
 
@@ -35,6 +35,7 @@ UNEXPRESSED: dict[str, str] = {
     "turns": "multi-turn append is the engine's",
     "unrevocable": "revocable=False: SpecTransport revokes writes (no Quiesced handshake "
     "in the API on a Nack)",
+    "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
 }
 
 
@@ -54,6 +55,7 @@ def unexpressed(c: Config) -> list[str]:
         "host_cache": c.host_cache > 0,
         "turns": c.turns,
         "unrevocable": not c.revocable,
+        "layers": c.layers not in (0, LAYERS),
     }
     return [k for k, v in on.items() if v]
 

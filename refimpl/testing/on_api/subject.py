@@ -36,11 +36,12 @@ from refimpl.api.abstract import prefill_replica, receiver_part, sender_part
 from refimpl.api.wire import channels
 from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiActions, ApiRefusal
+from refimpl.testing.on_api.streamed import StreamedActions
 from refimpl.testing.on_api.wire import Logical, SpecTransport
 from spec.actions import decode_args
 from spec.config import Config
 from spec.manifest import RopeConfig
-from spec.state import IDLE, QUEUED, Req, World
+from spec.state import COMPLETE, IDLE, QUEUED, Req, World
 
 __all__ = ["ApiSubject"]
 
@@ -48,7 +49,7 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(ApiActions):
+class ApiSubject(StreamedActions, ApiActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(
@@ -83,6 +84,7 @@ class ApiSubject(ApiActions):
         self.frozen: list[dict[int, int]] = [{} for _ in range(self.n)]
         self.faults, self.p_up, self.d_up = 0, True, True
         self.dead_dep = [0] * self.n  # decode's epochs when it crashed (the spec keeps dep)
+        self.stream_init(self.n)  # the streamed worlds' registers (on_api/streamed.py)
 
     # ------------------------------------------------------------ names
     def code(self, lm: Logical) -> int:
@@ -129,13 +131,16 @@ class ApiSubject(ApiActions):
             reqs.append(
                 Req(
                     st=self.st[i],
-                    p=prefill_replica(held, bool(sp["live"])),
+                    p=COMPLETE  # a streamed offer's freed source: the Senders' copies
+                    if self.fs[i] and sp["live"]
+                    else prefill_replica(held, bool(sp["live"])),
                     ep=ep,
                     ps=sp["ps"],
                     sent=sp["sent"],
                     g=self.g[i],
                     net=net,
                     **rp,
+                    **self.stream_fields(i),
                 )
             )
         return World(tuple(reqs), faults=self.faults, p_up=self.p_up, d_up=self.d_up)
@@ -158,6 +163,8 @@ class ApiSubject(ApiActions):
     def replica(self, i: int, where: str) -> torch.Tensor | None:
         rid = self.rid(i)
         if where == "p":
+            if self.fs[i] and not self.pp[0].alloc.blocks_of(rid):  # the Senders' copies
+                return self.copies_replica(i)
             if not self.pp[0].alloc.blocks_of(rid):
                 return None
             return torch.cat([p.gather(p.alloc.blocks_of(rid)) for p in self.pp], dim=3)

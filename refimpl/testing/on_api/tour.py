@@ -39,7 +39,7 @@ from spec.state import DF_CORRUPT, DF_FAILED, DF_MISMATCH, FILLING, RESERVED, Wo
 
 __all__ = ["EAGER", "ApiHarness", "ApiPlan", "close", "closed_graph", "plan_api", "run_api_tour"]
 
-EAGER = ("PrefillSendChunk", "DecodeValidate", "DecodeCommit", "DecodeAbort")
+EAGER = ("PrefillSendChunk", "DecodeValidate", "DecodeCommit", "DecodeAbort", "DecodeInstallLayer")
 MAX_LEN = 60
 JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter judges
 
