@@ -27,10 +27,15 @@ PINNED = {
 }
 
 
-def test_no_divergence_class_is_left_named() -> None:
-    """Every gap the tour on the API found is closed (issue #30): a new one is a failure
-    of the tour tests below, not an entry here."""
-    assert GAPS == {}
+def test_no_divergence_class_is_left_named_but_the_streamed_layer_chunks() -> None:
+    """Every gap the tour on the API found in the handoff worlds is closed (issue #30): a
+    new one is a failure of the tour tests below, not an entry here. Left: the streamed
+    world's two (the API's chunk is one layer, the spec's every layer of a block), which
+    tests/behaviours/test_stream.py pins as the only divergences of stream_one."""
+    assert set(GAPS) == {
+        "state differs at PrefillRecvReady (net)",
+        "state differs at PrefillSendLayer (net)",
+    }
 
 
 def test_the_closed_graph_has_no_eager_step_left_and_its_walks_take_every_edge() -> None:
