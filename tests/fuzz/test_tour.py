@@ -31,6 +31,7 @@ COVERAGE_TOURS = (
     "turns_append",
     "host_cache_warm",
     "host_cache_store",
+    "stream_one",  # streamed offers (spec/stream): the four layer actions
 )
 SCAN = 800
 

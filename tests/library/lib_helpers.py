@@ -123,3 +123,18 @@ class Procs:
             if p.pid is not None and p.is_alive():
                 os.kill(p.pid, signal.SIGKILL)
                 p.join(5)
+
+
+def greedy(
+    model: Any, logits: torch.Tensor, cache: Any, steps: int
+) -> tuple[list[int], torch.Tensor]:
+    """``steps`` greedy decode steps of a transformers model from ``logits`` over ``cache``:
+    the tokens and each step's logits (to compare a handed-off cache with the model's own)."""
+    tokens, rows = [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(int(logits.argmax()))
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache)
+            cache, logits = out.cache, out.logits[0, -1]
+            rows.append(logits)
+    return tokens, torch.stack(rows)

@@ -16,7 +16,7 @@ from refimpl.adapters.hf import identity_from_hf_config
 from refimpl.api import KVGeometry, Receiver, Sender, read_kv, write_kv
 from refimpl.api.serve.groups import Group, group_request, handoff_groups
 from refimpl.transport import InProcessTransport
-from tests.library.lib_helpers import held
+from tests.library.lib_helpers import greedy, held
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,17 +33,6 @@ def build() -> tuple[Any, Any]:
     )  # fmt: skip
     torch.manual_seed(0)
     return cfg, transformers.Qwen2ForCausalLM(cfg).eval()
-
-
-def greedy(model: Any, logits: torch.Tensor, cache: Any) -> tuple[list[int], torch.Tensor]:
-    tokens, rows = [], []
-    with torch.no_grad():
-        for _ in range(STEPS):
-            tokens.append(int(logits.argmax()))
-            out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache)
-            cache, logits = out.cache, out.logits[0, -1]
-            rows.append(logits)
-    return tokens, torch.stack(rows)
 
 
 def test_a_hybrid_models_two_groups_hand_off_and_decode_the_same() -> None:
@@ -85,7 +74,7 @@ def test_a_hybrid_models_two_groups_hand_off_and_decode_the_same() -> None:
     legacy = tuple(per_layer[i] for i in range(len(TYPES)))
     rebuilt = transformers.DynamicCache(ddp_cache_data=legacy, config=cfg)
     first = own.logits[0, -1]
-    ref_tokens, ref_logits = greedy(model, first, own.cache)
-    tokens, logits = greedy(model, first, rebuilt)
+    ref_tokens, ref_logits = greedy(model, first, own.cache, STEPS)
+    tokens, logits = greedy(model, first, rebuilt, STEPS)
     assert tokens == ref_tokens and len(set(tokens)) > 1
     assert torch.equal(logits, ref_logits)

@@ -16,7 +16,7 @@ import torch
 from refimpl.adapters.hf import rope_from_hf_config
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, handoff, read_kv, write_kv
 from refimpl.transport import InProcessTransport
-from tests.library.lib_helpers import held
+from tests.library.lib_helpers import greedy, held
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,17 +53,6 @@ def cache_from_latents(kv: torch.Tensor, cfg: Any) -> Any:
     return transformers.DynamicCache(ddp_cache_data=pairs)
 
 
-def greedy(model: Any, logits: torch.Tensor, cache: Any) -> tuple[list[int], torch.Tensor]:
-    tokens, rows = [], []
-    with torch.no_grad():
-        for _ in range(STEPS):
-            tokens.append(int(logits.argmax()))
-            out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache)
-            cache, logits = out.cache, out.logits[0, -1]
-            rows.append(logits)
-    return tokens, torch.stack(rows)
-
-
 @pytest.mark.parametrize(
     "src,dst", [({}, {}), ({"tp": 2}, {}), ({}, {"tp": 2}), ({"tp": 2}, {"block_size": 8})]
 )
@@ -91,8 +80,8 @@ def test_a_deepseek_latent_cache_hands_off_bit_exact_and_decodes_the_same(
     assert torch.equal(kv.view(torch.uint8), want.contiguous().view(torch.uint8))
     assert held(ps) == {}
     rebuilt = cache_from_latents(kv, cfg)  # before the reference decode grows ``cache``
-    ref_tokens, ref_logits = greedy(model, first, cache)
-    tokens, logits = greedy(model, first, rebuilt)
+    ref_tokens, ref_logits = greedy(model, first, cache, STEPS)
+    tokens, logits = greedy(model, first, rebuilt, STEPS)
     assert tokens == ref_tokens and len(set(tokens)) > 1
     assert torch.equal(logits, ref_logits)
 
@@ -108,9 +97,9 @@ def test_the_comparison_sees_one_changed_latent_value() -> None:
     kv2[1, 0, 0, 3, 5] += 1e-3
     c = cache_from_latents(kv2, cfg)
     first = out.logits[0, -1]
-    _, la = greedy(model, first, a)
-    _, lb = greedy(model, first, b)
-    _, lc = greedy(model, first, c)
+    _, la = greedy(model, first, a, STEPS)
+    _, lb = greedy(model, first, b, STEPS)
+    _, lc = greedy(model, first, c, STEPS)
     assert torch.equal(la, lb) and not torch.equal(la, lc)
 
 
