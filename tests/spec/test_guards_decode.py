@@ -87,15 +87,7 @@ CASES = [
         W(FROZEN._replace(net=(msg(M_HANDOFF_BAD, 1),))),
         0,
         msg(M_HANDOFF_BAD, 1),
-        ("refused", "ManifestGate"),  # refused at intake: nothing reserved
-    ),
-    (
-        "DecodeReject",
-        HO,
-        W(FROZEN._replace(net=(msg(M_HANDOFF_BAD, 1),))),
-        0,
-        msg(M_HANDOFF_BAD, 1),
-        {"d": NONE, "dep": 1, "dfl": 0, "net": (msg(M_NACK, 1),)},
+        {"d": RESERVED, "dfl": DF_MISMATCH},
     ),
     ("DecodeReject", HO, W(FROZEN._replace(st=CANCELLED)), 0, msg(M_HANDOFF, 1), {"dep": 1}),
     ("DecodeReject", HO, W(FROZEN), 0, msg(M_HANDOFF, 1), ("disabled", None)),
@@ -186,7 +178,7 @@ CASES = [
         W(SENDING1._replace(st=CANCELLED, d=FILLING, landed=1)),
         0,
         0,
-        {"d": NONE, "dfl": DF_FENCED, "net": (msg(M_NACK, 1),)},  # revocable: fenced, freed
+        {"d": QUARANTINED, "net": (msg(M_NACK, 1),)},
     ),
     ("DecodeAbort", HO, W(ALL_SENT._replace(st=CANCELLED)), 0, 0, {"d": NONE}),
     (
