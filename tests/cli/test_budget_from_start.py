@@ -61,7 +61,7 @@ def test_a_command_called_in_process_starts_its_clock_at_the_call(
     """``main`` in a process that did other work first (a test run, here an hour of it) is
     not charged for it: only the executable's ``entry`` counts from the process start."""
     monkeypatch.setattr(usage, "process_started", lambda: time.monotonic() - 3600)
-    rc = kvown_main.main(["fuzz", "--config", "offload_contend", "--seconds", "2", "--json"])
+    rc = kvown_main.main(["fuzz", "--config", "handoff_tp2to1", "--seconds", "2", "--json"])
     got = json.loads(capsys.readouterr().out)
     assert rc == 0 and got["budget"]["out_of_time"] is True
     assert 2 <= got["budget"]["elapsed_s"] < 3600
