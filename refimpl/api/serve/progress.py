@@ -31,22 +31,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from refimpl.api.ranks import RankReceiver, RankSender, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.wire import State, channels, peer_failed
-
-
-class End(Protocol):
-    """What ``Progress`` asks of an end (every Sender/Receiver kind has it)."""
-
-    def state(self, request_id: str) -> State: ...
-    def poll(self, request_id: str) -> int: ...
-    def abort(self, request_id: str, reason: str = ...) -> None: ...
-    def forget(self, request_id: str) -> None: ...
-    def held(self) -> dict[str, tuple[int, ...]]: ...
 
 
 @dataclass(frozen=True, slots=True)
