@@ -81,10 +81,12 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     e = msg_epoch(arg)
     if e <= r.dep or fenced(w, c, m, arg):
         return refuse("Fencing")
+    if kind == M_HANDOFF_BAD and "mismatch_installed" not in m:
+        return refuse("ManifestGate")  # refused at intake: DecodeReject answers it
     hit = prefix_hit(w, c, m)
     if used_d(w, c) + c.blocks - hit > c.cap_d or not slot_free(w, c):
         return refuse("CapacityRefcount")
-    dfl = DF_MISMATCH if kind == M_HANDOFF_BAD else 0
+    dfl = DF_MISMATCH if kind == M_HANDOFF_BAD else 0  # only the mutant reserves one
     net = send(w, take(r.net, arg), msg(M_READY, e, hit))
     r2 = r._replace(
         d=RESERVED, dep=e, hit=hit, landed=0, rmask=0, rcnt=0, dfl=dfl, net=net, sl=slot_taken(c)
@@ -94,15 +96,19 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 
 def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
-    """No room (or the request has ended): refuse the attempt with a Nack."""
+    """An incompatible manifest (refused at intake, before anything is reserved: the
+    ManifestGate), no room, or the request has ended: refuse the attempt with a Nack."""
     r = w.reqs[i]
-    if not w.d_up or msg_kind(arg) not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE:
+    kind = msg_kind(arg)
+    if not w.d_up or kind not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE:
         return NOT_ENABLED
     e = msg_epoch(arg)
     if e <= r.dep or fenced(w, c, m, arg):
         return NOT_ENABLED
     hit = prefix_hit(w, c, m)
-    if r.st == RUNNING and used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c):
+    bad = kind == M_HANDOFF_BAD and "mismatch_installed" not in m
+    room = used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c)
+    if r.st == RUNNING and room and not bad:
         return NOT_ENABLED
     net = send(w, take(r.net, arg), msg(M_NACK, e))
     if "reject_unfenced" in m:  # the rejected epoch stays fresh: a copy of it may reserve
@@ -213,8 +219,9 @@ def DecodeFinish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Give the attempt up (cancelled, failed, or it failed validation). While a writer
-    may still land bytes, a cancelled attempt's blocks are quarantined until it quiesces;
-    an invalid attempt of a running request is fenced (its writes fail) and freed."""
+    may still land bytes, a revocable transport fences the attempt (its writes in flight
+    fail) and the blocks are freed at once; with no revoke they are quarantined until the
+    writer quiesces (``free_on_cancel_in_flight``: freed unfenced under the writes)."""
     r = w.reqs[i]
     if not w.d_up or r.d in (NONE, QUARANTINED) or r.tn:  # tn: a pinned session
         return NOT_ENABLED
@@ -225,13 +232,11 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return busy
     net = r.net if r.d == WRITABLE else send(w, r.net, msg(M_NACK, r.dep))
     if r.d in _WAITING and r.landed != full_chunks(c, r.hit):  # a writer may still land
-        if invalid and r.st == RUNNING and may_fence(c, m):  # fence its writes, free now
+        if "free_on_cancel_in_flight" in m and not (invalid and r.st == RUNNING):
+            return _free(w, i, r._replace(net=net))  # the bug: no fence, no quarantine
+        if may_fence(c, m):  # fence its writes, free now
             return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=fence(c, net, r.dep)))
-        if invalid and r.st == RUNNING:  # no revoke: quarantined while a write may land
-            return put(w, i, r._replace(d=QUARANTINED, net=net))
-        if "free_on_cancel_in_flight" in m:
-            return _free(w, i, r._replace(net=net))
-        return put(w, i, r._replace(d=QUARANTINED, net=net))
+        return put(w, i, r._replace(d=QUARANTINED, net=net))  # no revoke: quarantined
     return _free(w, i, r._replace(net=net))
 
 

@@ -104,6 +104,8 @@ class DecodeActions(PrefillActions):
         text = self.wire.entries(ch)[k][0]
         m = from_json_dict(self._header(text)["manifest"])  # the sender built it: parses
         reasons = self.manifest_refusals(text)
+        if reasons and "mismatch_installed" not in self.m:  # refused at intake: DecodeReject
+            raise ManifestError(list(reasons))
         hit = self._prefix_hit(m.token_ids)
         need = m.num_blocks - hit
         if not self.D.alloc.can_allocate(need):
@@ -126,9 +128,11 @@ class DecodeActions(PrefillActions):
             raise self._ne("DecodeReject", i)
         if self.fenced(msg):
             raise self._ne("DecodeReject", i)
-        m = from_json_dict(self._header(self.wire.entries(ch)[k][0])["manifest"])
+        text = self.wire.entries(ch)[k][0]
+        m = from_json_dict(self._header(text)["manifest"])
         room = self._room(i, m.num_blocks - self._prefix_hit(m.token_ids))
-        if self.req[i].status == RUNNING and room:
+        bad = bool(self.manifest_refusals(text)) and "mismatch_installed" not in self.m
+        if self.req[i].status == RUNNING and room and not bad:
             raise self._ne("DecodeReject", i)
         self.wire.take(ch, k)
         dep = x.dep if "reject_unfenced" in self.m else epoch  # the mutant: no fence
@@ -269,8 +273,8 @@ class DecodeActions(PrefillActions):
 
     def DecodeAbort(self, req: int) -> None:
         """Give the attempt up (cancelled, failed, or it failed validation). While a writer
-        may still land bytes, a cancelled attempt's blocks are quarantined until it
-        quiesces; an invalid attempt of a running request is fenced and freed at once."""
+        may still land bytes, a revocable transport fences the attempt and its blocks are
+        freed at once; with no revoke they are quarantined until the writer quiesces."""
         i, x = req, self.rx[req]
         if not self.d_up or x.phase in (RX_NONE, RX_QUARANTINED):
             raise self._ne("DecodeAbort", i)
@@ -281,20 +285,17 @@ class DecodeActions(PrefillActions):
         if x.phase != RX_COMMITTED:
             self.send(i, "Nack", x.dep)
         if x.phase == RX_WAITING and x.landed != self._full_chunks(i):  # a writer may land
-            if invalid and self.req[i].status == RUNNING and may_fence(self):  # fence, free
+            mine = invalid and self.req[i].status == RUNNING
+            if "free_on_cancel_in_flight" in self.m and not mine:
+                self.D.alloc.free(self.rid(i))  # the bug: frees under the in-flight write
+                self._forget_rx(i)
+                return
+            if may_fence(self):  # revocable: fence its writes, free now
                 self._drop_chunks(i, x.dep)
                 x.fenced = True
                 self._free_rx(i)
                 return
-            if invalid and self.req[i].status == RUNNING:  # no revoke: quarantine
-                self.D.alloc.quarantine(self.rid(i))
-                x.phase = RX_QUARANTINED
-                return
-            if "free_on_cancel_in_flight" in self.m:
-                self.D.alloc.free(self.rid(i))  # the bug: frees under the in-flight write
-                self._forget_rx(i)
-                return
-            self.D.alloc.quarantine(self.rid(i))
+            self.D.alloc.quarantine(self.rid(i))  # no revoke: quarantined
             x.phase = RX_QUARANTINED
             return
         self._free_rx(i)

@@ -87,7 +87,15 @@ CASES = [
         W(FROZEN._replace(net=(msg(M_HANDOFF_BAD, 1),))),
         0,
         msg(M_HANDOFF_BAD, 1),
-        {"d": RESERVED, "dfl": DF_MISMATCH},
+        ("refused", "ManifestGate"),  # refused at intake: nothing reserved
+    ),
+    (
+        "DecodeReject",
+        HO,
+        W(FROZEN._replace(net=(msg(M_HANDOFF_BAD, 1),))),
+        0,
+        msg(M_HANDOFF_BAD, 1),
+        {"d": NONE, "dep": 1, "dfl": 0, "net": (msg(M_NACK, 1),)},
     ),
     ("DecodeReject", HO, W(FROZEN._replace(st=CANCELLED)), 0, msg(M_HANDOFF, 1), {"dep": 1}),
     ("DecodeReject", HO, W(FROZEN), 0, msg(M_HANDOFF, 1), ("disabled", None)),
@@ -178,7 +186,7 @@ CASES = [
         W(SENDING1._replace(st=CANCELLED, d=FILLING, landed=1)),
         0,
         0,
-        {"d": QUARANTINED, "net": (msg(M_NACK, 1),)},
+        {"d": NONE, "dfl": DF_FENCED, "net": (msg(M_NACK, 1),)},  # revocable: fenced, freed
     ),
     ("DecodeAbort", HO, W(ALL_SENT._replace(st=CANCELLED)), 0, 0, {"d": NONE}),
     (

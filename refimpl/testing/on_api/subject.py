@@ -113,6 +113,7 @@ class ApiSubject(StreamedActions, ApiActions):
         if fn is None:
             raise ApiRefusal(f"{name}: the API adapter does not run it (see adapter.UNEXPRESSED)")
         fn(i, arg)
+        self.tell_ends()  # the step may have ended a request (a cancel, a timeout, a crash)
 
     def abstract(self) -> World:
         reqs = []

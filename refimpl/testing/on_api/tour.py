@@ -3,8 +3,8 @@
 The API takes some spec steps inside one call (``EAGER``): a Sender sends every chunk
 and every seal on Ready (``PrefillSendChunk``); a Receiver that has every layer and seal
 verifies and commits at once (``DecodeValidate``, ``DecodeCommit``), and gives up an
-attempt whose chunk failed its checksum or whose manifest it refused at once
-(``DecodeAbort`` of an invalid attempt of a running request). So the API refines the
+attempt whose chunk failed its checksum at once (``DecodeAbort`` of an invalid attempt,
+of a running request or of one the scheduler has ended). So the API refines the
 spec *closed* under them: ``close(w)`` takes those steps while one is enabled, in a
 fixed order, and the API's states are the closed ones. ``closed_graph`` explores that
 system from the spec (every edge: a non-eager spec step, then the closure); states the
@@ -35,7 +35,7 @@ from refimpl.testing.tour import _edge_cover
 from spec.actions import apply, decode_args, encode_args, successors
 from spec.common import Refused
 from spec.config import Config
-from spec.state import DF_CORRUPT, DF_FAILED, DF_MISMATCH, FILLING, RESERVED, RUNNING, World
+from spec.state import DF_CORRUPT, DF_FAILED, DF_MISMATCH, FILLING, RESERVED, World
 
 __all__ = ["EAGER", "ApiHarness", "ApiPlan", "close", "closed_graph", "plan_api", "run_api_tour"]
 
@@ -47,8 +47,8 @@ JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter 
 def _eager(w: World, c: Config, name: str, i: int) -> World | None:
     r = w.reqs[i]
     if name == "DecodeAbort":  # only the receiver's own verdict on an invalid attempt
-        bad = r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)
-        if not (r.st == RUNNING and r.d in (RESERVED, FILLING) and bad):
+        bad = r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)  # (of an ended request too)
+        if not (r.d in (RESERVED, FILLING) and bad):
             return None
     s = apply(w, c, NO_MUTANTS, name, i, 0)
     return s if isinstance(s, World) else None
