@@ -81,12 +81,10 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     e = msg_epoch(arg)
     if e <= r.dep or fenced(w, c, m, arg):
         return refuse("Fencing")
-    if kind == M_HANDOFF_BAD and "mismatch_installed" not in m:
-        return refuse("ManifestGate")  # refused at intake: DecodeReject answers it
     hit = prefix_hit(w, c, m)
     if used_d(w, c) + c.blocks - hit > c.cap_d or not slot_free(w, c):
         return refuse("CapacityRefcount")
-    dfl = DF_MISMATCH if kind == M_HANDOFF_BAD else 0  # only the mutant reserves one
+    dfl = DF_MISMATCH if kind == M_HANDOFF_BAD else 0
     net = send(w, take(r.net, arg), msg(M_READY, e, hit))
     r2 = r._replace(
         d=RESERVED, dep=e, hit=hit, landed=0, rmask=0, rcnt=0, dfl=dfl, net=net, sl=slot_taken(c)
@@ -96,8 +94,9 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 
 def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
-    """An incompatible manifest (refused at intake, before anything is reserved: the
-    ManifestGate), no room, or the request has ended: refuse the attempt with a Nack."""
+    """No room, the request has ended, or an incompatible manifest refused at intake
+    (before anything is reserved; ``DecodeReserve`` may instead reserve it and let
+    validation refuse it): refuse the attempt with a Nack."""
     r = w.reqs[i]
     kind = msg_kind(arg)
     if not w.d_up or kind not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE:
@@ -106,9 +105,8 @@ def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     if e <= r.dep or fenced(w, c, m, arg):
         return NOT_ENABLED
     hit = prefix_hit(w, c, m)
-    bad = kind == M_HANDOFF_BAD and "mismatch_installed" not in m
     room = used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c)
-    if r.st == RUNNING and room and not bad:
+    if r.st == RUNNING and room and kind != M_HANDOFF_BAD:
         return NOT_ENABLED
     net = send(w, take(r.net, arg), msg(M_NACK, e))
     if "reject_unfenced" in m:  # the rejected epoch stays fresh: a copy of it may reserve
@@ -219,9 +217,8 @@ def DecodeFinish(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Give the attempt up (cancelled, failed, or it failed validation). While a writer
-    may still land bytes, a revocable transport fences the attempt (its writes in flight
-    fail) and the blocks are freed at once; with no revoke they are quarantined until the
-    writer quiesces (``free_on_cancel_in_flight``: freed unfenced under the writes)."""
+    may still land bytes, a cancelled attempt's blocks are quarantined until it quiesces;
+    an invalid attempt of a running request is fenced (its writes fail) and freed."""
     r = w.reqs[i]
     if not w.d_up or r.d in (NONE, QUARANTINED) or r.tn:  # tn: a pinned session
         return NOT_ENABLED
@@ -232,12 +229,30 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return busy
     net = r.net if r.d == WRITABLE else send(w, r.net, msg(M_NACK, r.dep))
     if r.d in _WAITING and r.landed != full_chunks(c, r.hit):  # a writer may still land
-        if "free_on_cancel_in_flight" in m and not (invalid and r.st == RUNNING):
-            return _free(w, i, r._replace(net=net))  # the bug: no fence, no quarantine
-        if may_fence(c, m):  # fence its writes, free now
+        if invalid and r.st == RUNNING and may_fence(c, m):  # fence its writes, free now
             return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=fence(c, net, r.dep)))
-        return put(w, i, r._replace(d=QUARANTINED, net=net))  # no revoke: quarantined
+        if invalid and r.st == RUNNING:  # no revoke: quarantined while a write may land
+            return put(w, i, r._replace(d=QUARANTINED, net=net))
+        if "free_on_cancel_in_flight" in m:
+            return _free(w, i, r._replace(net=net))
+        return put(w, i, r._replace(d=QUARANTINED, net=net))
     return _free(w, i, r._replace(net=net))
+
+
+def DecodeAbortFenced(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
+    """Give up a cancelled or failed request's attempt while a writer may still land
+    bytes, on a transport that revokes writes: fence it (its writes in flight fail) and
+    free the blocks at once, instead of ``DecodeAbort``'s quarantine until the writer
+    quiesces. Both are correct; an engine (the API's ``Receiver.abort``) does one."""
+    r = w.reqs[i]
+    if not w.d_up or r.d not in _WAITING or r.tn or r.st == RUNNING or not may_fence(c, m):
+        return NOT_ENABLED
+    if r.landed == full_chunks(c, r.hit):  # nothing more can land: DecodeAbort frees
+        return NOT_ENABLED
+    if (busy := step_blocks_free(c, r, "d", m)) is not None:
+        return busy
+    net = fence(c, send(w, r.net, msg(M_NACK, r.dep)), r.dep)
+    return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=net))
 
 
 def DecodeReclaim(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:

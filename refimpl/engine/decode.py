@@ -104,8 +104,6 @@ class DecodeActions(PrefillActions):
         text = self.wire.entries(ch)[k][0]
         m = from_json_dict(self._header(text)["manifest"])  # the sender built it: parses
         reasons = self.manifest_refusals(text)
-        if reasons and "mismatch_installed" not in self.m:  # refused at intake: DecodeReject
-            raise ManifestError(list(reasons))
         hit = self._prefix_hit(m.token_ids)
         need = m.num_blocks - hit
         if not self.D.alloc.can_allocate(need):
@@ -121,7 +119,8 @@ class DecodeActions(PrefillActions):
         self.send(i, "Ready", epoch, hit, dst=own)
 
     def DecodeReject(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
-        """No room (or the request has ended): refuse the attempt with a Nack."""
+        """No room, the request has ended, or an incompatible manifest refused at intake
+        (nothing reserved): refuse the attempt with a Nack."""
         i, x = req, self.rx[req]
         ch, k = self.find(i, msg, epoch, idx)
         if not self.d_up or msg not in _HANDOFFS or x.phase != RX_NONE or epoch <= x.dep:
@@ -131,8 +130,7 @@ class DecodeActions(PrefillActions):
         text = self.wire.entries(ch)[k][0]
         m = from_json_dict(self._header(text)["manifest"])
         room = self._room(i, m.num_blocks - self._prefix_hit(m.token_ids))
-        bad = bool(self.manifest_refusals(text)) and "mismatch_installed" not in self.m
-        if self.req[i].status == RUNNING and room and not bad:
+        if self.req[i].status == RUNNING and room and not self.manifest_refusals(text):
             raise self._ne("DecodeReject", i)
         self.wire.take(ch, k)
         dep = x.dep if "reject_unfenced" in self.m else epoch  # the mutant: no fence
@@ -273,8 +271,8 @@ class DecodeActions(PrefillActions):
 
     def DecodeAbort(self, req: int) -> None:
         """Give the attempt up (cancelled, failed, or it failed validation). While a writer
-        may still land bytes, a revocable transport fences the attempt and its blocks are
-        freed at once; with no revoke they are quarantined until the writer quiesces."""
+        may still land bytes, a cancelled attempt's blocks are quarantined until it
+        quiesces; an invalid attempt of a running request is fenced and freed at once."""
         i, x = req, self.rx[req]
         if not self.d_up or x.phase in (RX_NONE, RX_QUARANTINED):
             raise self._ne("DecodeAbort", i)
@@ -285,19 +283,37 @@ class DecodeActions(PrefillActions):
         if x.phase != RX_COMMITTED:
             self.send(i, "Nack", x.dep)
         if x.phase == RX_WAITING and x.landed != self._full_chunks(i):  # a writer may land
-            mine = invalid and self.req[i].status == RUNNING
-            if "free_on_cancel_in_flight" in self.m and not mine:
-                self.D.alloc.free(self.rid(i))  # the bug: frees under the in-flight write
-                self._forget_rx(i)
-                return
-            if may_fence(self):  # revocable: fence its writes, free now
+            if invalid and self.req[i].status == RUNNING and may_fence(self):  # fence, free
                 self._drop_chunks(i, x.dep)
                 x.fenced = True
                 self._free_rx(i)
                 return
-            self.D.alloc.quarantine(self.rid(i))  # no revoke: quarantined
+            if invalid and self.req[i].status == RUNNING:  # no revoke: quarantine
+                self.D.alloc.quarantine(self.rid(i))
+                x.phase = RX_QUARANTINED
+                return
+            if "free_on_cancel_in_flight" in self.m:
+                self.D.alloc.free(self.rid(i))  # the bug: frees under the in-flight write
+                self._forget_rx(i)
+                return
+            self.D.alloc.quarantine(self.rid(i))
             x.phase = RX_QUARANTINED
             return
+        self._free_rx(i)
+
+    def DecodeAbortFenced(self, req: int) -> None:
+        """Give up an ended request's attempt while a writer may land, on a transport that
+        revokes writes: fence it (its writes in flight fail) and free at once."""
+        i, x = req, self.rx[req]
+        ended = self.req[i].status != RUNNING
+        if not self.d_up or x.phase != RX_WAITING or not ended or not may_fence(self):
+            raise self._ne("DecodeAbortFenced", i)
+        if x.landed == self._full_chunks(i):  # nothing more can land: DecodeAbort frees
+            raise self._ne("DecodeAbortFenced", i)
+        step_guard(self, i, "d", "free")
+        self.send(i, "Nack", x.dep)
+        self._drop_chunks(i, x.dep)
+        x.fenced = True
         self._free_rx(i)
 
     def DecodeReclaim(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:

@@ -11,10 +11,9 @@ NIXL's ``xferStallTimeout``, Mooncake's transfer timeout). So:
 - a sender that gives up (``PrefillTimeout``) must first see every task of its batch
   finish (``writes_drained``), and only then free its source and say ``Quiesced``;
   NIXL's cancellation "does not make its buffers immediately reusable";
-- decode that gives up an attempt (``DecodeTimeout``, ``DecodeAbort`` of a cancelled
-  or an invalid attempt; on a revocable transport both fence and free at once) keeps
-  its blocks ``quarantined`` while a write may still land (``may_fence`` is False),
-  and frees them on ``Quiesced`` (``DecodeReclaim``) or once
+- decode that gives up an attempt (``DecodeTimeout``, ``DecodeAbort`` of an invalid
+  attempt) keeps its blocks ``quarantined`` while a write may still land
+  (``may_fence`` is False), and frees them on ``Quiesced`` (``DecodeReclaim``) or once
   its quarantine has outlived the writer (``quarantine_over``: a second, longer
   timeout, which the model lets fire only when the sender can post no more writes of
   the attempt and none is in flight, the way a clock past the sender's timeout and the

@@ -15,7 +15,6 @@ from spec.config import CONFIGS
 from spec.properties import no_reuse_under_io
 from spec.state import (
     AWAIT_ACK,
-    CANCELLED,
     COMPLETE,
     DF_CORRUPT,
     DF_FENCED,
@@ -58,17 +57,6 @@ CASES = [
     # an invalid attempt of a running request: quarantined, not fenced
     ("DecodeAbort", UR, W(BOTH._replace(dfl=DF_CORRUPT)), 0, 0, {"d": QUARANTINED}),
     ("DecodeAbort", RV, W(BOTH._replace(dfl=DF_CORRUPT)), 0, 0, {"d": NONE, "net": (NACK,)}),
-    # a cancelled attempt with a write in flight: quarantined with no revoke; fenced (the
-    # write fails) and freed at once where the transport can revoke it
-    ("DecodeAbort", UR, W(BOTH._replace(st=CANCELLED)), 0, 0, {"d": QUARANTINED}),
-    (
-        "DecodeAbort",
-        RV,
-        W(BOTH._replace(st=CANCELLED)),
-        0,
-        0,
-        {"d": NONE, "dfl": DF_FENCED, "net": (NACK,)},
-    ),
     # a write of a "fenced" attempt still lands, in blocks decode no longer holds
     ("DecodeReceiveChunk", UR, W(POSTED._replace(d=NONE, dfl=DF_FENCED)), 0, C0, {"g": G_FOREIGN}),
     ("DecodeReceiveChunk", RV, W(POSTED._replace(d=NONE, dfl=DF_FENCED)), 0, C0, {"g": 0}),

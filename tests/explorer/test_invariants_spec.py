@@ -121,7 +121,7 @@ def test_release_keeping_the_wait_state_is_caught_by_frozen_alone() -> None:
 
 def test_every_conjunct_holds_on_the_correct_spec_of_the_same_config() -> None:
     c, states = _states("handoff_crash")
-    assert len(states) > 2000 and all(broken_invariants(w, c) == [] for w in states)
+    assert len(states) > 3000 and all(broken_invariants(w, c) == [] for w in states)
 
 
 def test_cli_names_the_broken_conjunct(capsys: pytest.CaptureFixture[str]) -> None:

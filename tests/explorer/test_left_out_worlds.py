@@ -57,7 +57,7 @@ def test_reject_dup_is_in_the_deep_suite_and_pinned() -> None:
     assert "reject_dup" in DEEP_SUITE and "reject_dup" not in DEFAULT_SUITE
     assert "reject_retry" in TOO_BIG
     pinned = load()["deep"]["reject_dup"]
-    assert pinned["result"] == "holds" and pinned["distinct_states"] == 20606
+    assert pinned["result"] == "holds" and pinned["distinct_states"] == 24796
     big, small = get_config("reject_retry"), get_config("reject_dup")
     assert (small.n_reqs, small.cap_d, small.fault_kinds) == (
         big.n_reqs,
@@ -72,4 +72,4 @@ def test_faults2_handoff_is_a_two_fault_world_in_the_deep_suite() -> None:
     assert not c.retract and c.max_attempts == 2
     assert "faults2_handoff" in DEEP_SUITE
     pinned = load()["deep"]["faults2_handoff"]
-    assert pinned["result"] == "holds" and pinned["distinct_states"] == 21759
+    assert pinned["result"] == "holds" and pinned["distinct_states"] == 29076

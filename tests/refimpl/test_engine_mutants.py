@@ -90,13 +90,7 @@ def test_counterexample_is_refused_by_the_correct_engine(name: str) -> None:
 
 
 def test_sweep_only_on_admit_leaves_decode_waiting_after_a_crash() -> None:
-    c = get_config("handoff_crash")  # decode reserved, then prefill crashes
-    steps = [{"action": a, "args": {"req": 0}} for a in ("PrefillAdmit", "PrefillRun")]
-    steps += [
-        {"action": "PrefillFreeze", "args": {"req": 0}},
-        {"action": "DecodeReserve", "args": {"req": 0, "msg": "Handoff", "epoch": 1, "idx": 0}},
-        {"action": "EnvCrash", "args": {"worker": "prefill"}},
-    ]  # (the model check's shortest trace loses the Handoff instead: decode holds nothing)
+    c, steps = counterexample("sweep_only_on_admit")  # ends with prefill crashed
     bad, good = Engine(c, mutants=frozenset({"sweep_only_on_admit"})), Engine(c)
     bad.replay(steps)
     good.replay(steps)

@@ -14,10 +14,9 @@ import pytest
 
 from model_checks.explicit.runner import check_mutant
 from model_checks.explicit.trace import TraceError, replay
-from spec.common import chunks_in_flight
 from spec.config import CONFIGS
 from spec.properties import violated_safety
-from spec.state import DF_FENCED, NONE
+from spec.state import NONE, QUARANTINED
 
 
 def s(action: str, **args: Any) -> dict[str, Any]:
@@ -116,11 +115,6 @@ INCIDENTS = {
 }
 
 
-# the step the correct spec refuses, where it is not the last: an incompatible manifest
-# is refused at intake (DecodeReserve: ManifestGate), before anything is reserved
-REFUSED_AT = {"trtllm_6507": 4}
-
-
 @pytest.mark.parametrize("name", list(INCIDENTS))
 def test_incident_breaks_its_property_only_with_the_bug(name: str) -> None:
     cname, steps, mutant, prop = INCIDENTS[name]
@@ -130,7 +124,7 @@ def test_incident_breaks_its_property_only_with_the_bug(name: str) -> None:
     try:
         good = replay(c, frozenset(), steps)
     except TraceError as exc:  # the correct spec refuses the buggy step
-        assert exc.index == REFUSED_AT.get(name, len(steps) - 1)
+        assert exc.index == len(steps) - 1
         assert exc.prop in (prop, None)
         if name != "lmcache_4991":
             assert exc.prop == prop
@@ -138,19 +132,22 @@ def test_incident_breaks_its_property_only_with_the_bug(name: str) -> None:
         assert violated_safety(good[-1], c) == []
 
 
-def test_vllm_32255_correct_spec_fences_and_frees_where_writes_can_be_revoked() -> None:
-    """The abort under an in-flight write, on a revocable transport: decode fences the
-    attempt (its write in flight fails) and frees at once; the writer has nothing left
-    to wait for. (With no revoke it quarantines: ``tests/behaviours/test_irrevocable``.)"""
+def test_vllm_32255_correct_spec_quarantines_until_the_writer_quiesces() -> None:
     cname, steps, _, _ = INCIDENTS["vllm_32255"]
     c = CONFIGS[cname]
-    assert c.revocable and chunks_in_flight(replay(c, frozenset(), steps[:-2])[-1].reqs[0], 1)
-    r = replay(c, frozenset(), steps)[-1].reqs[0]
-    assert r.d == NONE and r.dfl & DF_FENCED and not chunks_in_flight(r, 1)
+    w = replay(c, frozenset(), steps)[-1]
+    assert w.reqs[0].d == QUARANTINED
     later = replay(
-        c, frozenset(), [*steps, s("PrefillQuiesce", req=0), m("DecodeDiscard", "Quiesced", 1)]
+        c,
+        frozenset(),
+        [
+            *steps,
+            m("DecodeReceiveChunk", "Chunk", 1, 0),
+            s("PrefillQuiesce", req=0),
+            m("DecodeReclaim", "Quiesced", 1),
+        ],
     )
-    assert later[-1].reqs[0].p == NONE
+    assert later[-1].reqs[0].d == NONE
     assert all(violated_safety(x, c) == [] for x in later)
 
 

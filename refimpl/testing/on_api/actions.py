@@ -243,6 +243,9 @@ class ApiActions:
         self._need(not self.rx.state(rid).final, "no attempt")
         self.rx.abort(rid, "cancelled")
 
+    def _DecodeAbortFenced(self, i: int, arg: int) -> None:
+        self._DecodeAbort(i, arg)  # the API's abort on its revocable transport: fenced
+
     def _DecodeTimeout(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.d_up and not self.rx.state(rid).final, "no attempt")

@@ -13,7 +13,8 @@ What runs where:
                     which spec action consumes it is the end's own decision, and the
                     refinement map says whether it was the spec's
     PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go)
-    DecodeAbort / DecodeTimeout       ``Receiver.abort`` (a committed copy: the blocks go)
+    DecodeAbortFenced / DecodeTimeout   ``Receiver.abort`` (a committed copy: the blocks go;
+                    ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``)
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
                     the dead worker (and its writes) are gone
