@@ -100,6 +100,7 @@ ACTIONS: dict[str, Action] = {
         _a(D.DecodeStep, "D", "local"),
         _a(D.DecodeFinish, "D", "local"),
         _a(D.DecodeAbort, "D", "local"),
+        _a(D.DecodeAbortFenced, "D", "local"),
         _a(D.DecodeReclaim, "D", "recv", "msg", frozenset({M_QUIESCED})),
         _a(D.DecodeTimeout, "D", "timeout"),
         _a(D.DecodeEvictPrefix, "D", "local", "global"),

@@ -94,15 +94,19 @@ def DecodeReserve(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 
 def DecodeReject(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
-    """No room (or the request has ended): refuse the attempt with a Nack."""
+    """No room, the request has ended, or an incompatible manifest refused at intake
+    (before anything is reserved; ``DecodeReserve`` may instead reserve it and let
+    validation refuse it): refuse the attempt with a Nack."""
     r = w.reqs[i]
-    if not w.d_up or msg_kind(arg) not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE:
+    kind = msg_kind(arg)
+    if not w.d_up or kind not in (M_HANDOFF, M_HANDOFF_BAD) or r.d != NONE:
         return NOT_ENABLED
     e = msg_epoch(arg)
     if e <= r.dep or fenced(w, c, m, arg):
         return NOT_ENABLED
     hit = prefix_hit(w, c, m)
-    if r.st == RUNNING and used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c):
+    room = used_d(w, c) + c.blocks - hit <= c.cap_d and slot_free(w, c)
+    if r.st == RUNNING and room and kind != M_HANDOFF_BAD:
         return NOT_ENABLED
     net = send(w, take(r.net, arg), msg(M_NACK, e))
     if "reject_unfenced" in m:  # the rejected epoch stays fresh: a copy of it may reserve
@@ -233,6 +237,22 @@ def DecodeAbort(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
             return _free(w, i, r._replace(net=net))
         return put(w, i, r._replace(d=QUARANTINED, net=net))
     return _free(w, i, r._replace(net=net))
+
+
+def DecodeAbortFenced(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
+    """Give up a cancelled or failed request's attempt while a writer may still land
+    bytes, on a transport that revokes writes: fence it (its writes in flight fail) and
+    free the blocks at once, instead of ``DecodeAbort``'s quarantine until the writer
+    quiesces. Both are correct; an engine (the API's ``Receiver.abort``) does one."""
+    r = w.reqs[i]
+    if not w.d_up or r.d not in _WAITING or r.tn or r.st == RUNNING or not may_fence(c, m):
+        return NOT_ENABLED
+    if r.landed == full_chunks(c, r.hit):  # nothing more can land: DecodeAbort frees
+        return NOT_ENABLED
+    if (busy := step_blocks_free(c, r, "d", m)) is not None:
+        return busy
+    net = fence(c, send(w, r.net, msg(M_NACK, r.dep)), r.dep)
+    return _free(w, i, r._replace(dfl=r.dfl | DF_FENCED, net=net))
 
 
 def DecodeReclaim(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:

@@ -112,6 +112,7 @@ _FREES: dict[str, tuple[str, ...]] = {
     "PrefillOffloadCommit": ("p",),
     "DecodeFinish": ("d",),
     "DecodeAbort": ("d",),
+    "DecodeAbortFenced": ("d",),
     "DecodeTimeout": ("d",),
     "DecodeReclaim": ("d",),
 }
@@ -151,6 +152,7 @@ _EFFECT: dict[str, Callable[[Req], Req]] = {
     "DecodeStep": lambda r: _write(r, "d"),
     "DecodeFinish": lambda r: r._replace(st=FINISHED, d=NONE, hit=0),
     "DecodeAbort": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
+    "DecodeAbortFenced": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
     "DecodeTimeout": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
     "DecodeReclaim": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
     "PrefillStepDispatch": lambda r: r._replace(pstep=1),  # async steps: a step now writes

@@ -95,6 +95,7 @@ PIN_FIELDS: dict[str, tuple[str, ...]] = {
     "DecodeReserve": ("pfx",),
     "DecodeCommit": ("dep",),
     "DecodeAbort": ("dep",),
+    "DecodeAbortFenced": ("dep",),
     "DecodeTimeout": ("dep",),
 }
 

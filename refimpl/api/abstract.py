@@ -19,8 +19,9 @@ end.
     rmask   ranks whose seal the receiver holds
     dfl     the ended attempt's error: a checksum DF_CORRUPT (| DF_FENCED while other
             chunks were still to land), a manifest DF_MISMATCH | DF_FENCED, the
-            receiver's own timeout DF_FENCED (a manifest refused at intake leaves no
-            attempt: the spec's DecodeReject, dfl 0)
+            receiver's own timeout DF_FENCED, its ``abort`` DF_FENCED while chunks were
+            still to land (a manifest refused at intake leaves no attempt: the spec's
+            DecodeReject, dfl 0, dep its epoch)
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ def prefill_replica(held: bool, live: bool) -> int:
 def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
     """d, dep, landed, rmask, dfl of ``rid`` on the decode side."""
     a = rx._att.get(rid)  # noqa: SLF001 - a refinement map reads the end's state
-    out = {"d": NONE, "dep": 0, "landed": 0, "rmask": 0, "dfl": 0}
-    if a is None:  # nothing taken yet, or a manifest refused before reserving (no epoch kept)
+    refused = rx._fenced.get(rid, 0)  # noqa: SLF001 - the newest epoch refused at intake
+    out = {"d": NONE, "dep": refused, "landed": 0, "rmask": 0, "dfl": 0}
+    if a is None or a.m.epoch < refused:  # nothing taken yet, or refused at intake
         return out
     out["dep"] = a.m.epoch
     if a.state is State.RECEIVING:
@@ -116,21 +118,23 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
         out["rmask"] = (1 << len(a.ranks)) - 1
     elif a.state is State.ABORTED:
         e = a.error
-        if isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
-            s = a.stream
-            whole = (
-                0
-                if s is None
-                else sum(
-                    all((r, j, k) in s.landed for k in range(s.num_layers))
-                    for r in s.ranks
-                    for j in range(s.num_blocks)
-                )
+        s = a.stream
+        whole = (
+            len(a.landed)
+            if s is None
+            else sum(
+                all((r, j, k) in s.landed for k in range(s.num_layers))
+                for r in s.ranks
+                for j in range(s.num_blocks)
             )
-            total = len(a.ranks) * len(a.m.sent_blocks)
-            out["dfl"] = DF_CORRUPT | (DF_FENCED if whole + 1 < total else 0)
+        )
+        left = len(a.ranks) * len(a.m.sent_blocks) - whole  # chunks not (wholly) landed
+        if isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
+            out["dfl"] = DF_CORRUPT | (DF_FENCED if left > 1 else 0)
         elif isinstance(e, ManifestError):
             out["dfl"] = DF_MISMATCH | DF_FENCED
         elif e is not None and str(e).endswith(f"aborted by the receiver: {TIMEOUT_REASON}"):
             out["dfl"] = DF_FENCED
+        elif e is not None and "aborted by the receiver: " in str(e) and left:
+            out["dfl"] = DF_FENCED  # the scheduler's abort while writes may land: fenced
     return out

@@ -16,16 +16,23 @@ go to every source rank's channel.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry
 from refimpl.api.layers import LayerStream
-from refimpl.api.wire import State
+from refimpl.api.wire import ABORT, NACK, READY, State
 from refimpl.engine.data import RankPools
-from refimpl.errors import CapacityError, InUseError, ManifestError, OwnershipError
+from refimpl.errors import (
+    CancelledError,
+    CapacityError,
+    ChunkError,
+    InUseError,
+    ManifestError,
+    OwnershipError,
+)
 from spec import shardmap as sm
 from spec.manifest import Manifest, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
@@ -65,11 +72,73 @@ class Attempt:
     unstaged: set[int] = field(default_factory=set)  # layers copied from staging to targets
 
 
-def newer(header: Mapping[str, Any], a: Attempt | None) -> bool:
-    """A manifest starts an attempt unless one of this or a later epoch already ran."""
+def newer(header: Mapping[str, Any], a: Attempt | None, fenced: int = 0) -> bool:
+    """A manifest starts an attempt unless one of this or a later epoch already ran, or
+    was refused at intake (``fenced``: a copy of a refused manifest is not judged again)."""
     mf = header.get("manifest")
     epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
+    if epoch is not None and epoch <= fenced:
+        return False
     return a is None or (epoch is not None and epoch > a.m.epoch)
+
+
+def on_manifest(rx: Receiver, rid: str, header: Mapping[str, Any], a: Attempt | None) -> None:
+    """A manifest with no live attempt here: a newer one is checked and reserved (``accept``)
+    and answered ``ready``, else refused with a ``nack`` alone and its epoch fenced;
+    an older one (or a copy of a refused one) is dropped unread."""
+    if not newer(header, a, rx._fenced.get(rid, 0)):
+        return
+    if not rx.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
+        rx._att.pop(rid, None)  # this one replaces its record (else it is refused,
+        # and the committed attempt the engine still holds stays what state() answers)
+    mf = header.get("manifest")
+    epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
+    try:
+        early = rx._aborted.get(rid)
+        if early is not None and epoch is not None and epoch <= early[0]:
+            raise CancelledError(f"sender aborted before its manifest was read: {early[1]}")
+        if rid in rx._ends:  # the scheduler ended it: the spec's DecodeReject
+            raise CancelledError(f"{rid!r} has ended here: {rx._ends[rid]}")
+        new = accept(rx, rid, header, rx._expect.get(rid, Expect()))
+    except Exception as e:  # a peer's message: every failure is a nack, never raised
+        if not isinstance(e, OwnershipError):
+            e = CapacityError(f"{rid!r}: manifest not taken: {type(e).__name__}: {e}")
+        rx._errors[rid] = e
+        if epoch is not None:  # refused: a copy of this epoch is not judged again
+            rx._fenced[rid] = max(epoch, rx._fenced.get(rid, 0))
+        rx._ended_now(rid)
+        reasons = e.reasons if isinstance(e, SpecManifestError) else [str(e)]
+        for to in reply_channels(rid, header):
+            send_quietly(rx.transport, to, {"type": NACK, "epoch": epoch, "reasons": reasons})
+        return
+    rx._att[rid] = new
+    rx._errors.pop(rid, None)
+    rx._aborted.pop(rid, None)
+    if failed := rx._send(rid, {"type": READY, "epoch": new.m.epoch}):
+        rx._fail(new, ChunkError(f"{rid!r}: {failed}", prop="RankAgreement"))
+
+
+def early_abort(rx: Receiver, rid: str, header: Mapping[str, Any], a: Attempt | None) -> None:
+    """A sender's abort with no live attempt here: if it is newer than any attempt
+    seen, keep it (bounded), so its manifest, if it comes later, is refused."""
+    e = wire.epoch_of(header)
+    if e is None or (a is not None and e <= a.m.epoch):
+        return
+    rx._aborted[rid] = (e, wire.reasons_of(header))
+    rx._ended_now(rid)
+
+
+def aborting_ranks(msgs: Sequence[tuple[Any, Any]], a: Attempt) -> frozenset[int]:
+    """The source ranks whose own abort of ``a`` is among ``msgs``: they need no nack
+    (the receiver's answer to an abort goes to the sibling ranks that have not said it)."""
+    out = set()
+    for header, _ in msgs:
+        if not isinstance(header, dict) or header.get("type") != ABORT:
+            continue
+        rank = header.get("rank")
+        if wire.epoch_of(header) == a.m.epoch and type(rank) is int and rank in a.ranks:
+            out.add(rank)
+    return frozenset(out)
 
 
 def reply_channels(rid: str, header: Mapping[str, Any]) -> list[str]:
@@ -81,10 +150,12 @@ def reply_channels(rid: str, header: Mapping[str, Any]) -> list[str]:
     return [wire.channels(rid).to_sender]
 
 
-def tos(a: Attempt) -> list[str]:
-    """The channels of an attempt's sender: every rank's when ranked."""
+def tos(a: Attempt, skip: frozenset[int] = frozenset()) -> list[str]:
+    """The channels of an attempt's sender: every rank's (but ``skip``) when ranked."""
     ch = wire.channels(a.m.request_id)
-    return [ch.to_rank(r) for r in range(a.m.src_tp)] if a.ranked else [ch.to_sender]
+    if not a.ranked:
+        return [ch.to_sender]
+    return [ch.to_rank(r) for r in range(a.m.src_tp) if r not in skip]
 
 
 def send_quietly(transport: Any, channel: str, header: Mapping[str, Any]) -> str:

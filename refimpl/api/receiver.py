@@ -33,16 +33,23 @@ from typing import Any
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.install import install_block, install_layer
-from refimpl.api.intake import Attempt, Expect, accept, newer, reply_channels, send_quietly, tos
+from refimpl.api.intake import (
+    Attempt,
+    Expect,
+    aborting_ranks,
+    early_abort,
+    on_manifest,
+    send_quietly,
+    tos,
+)
 from refimpl.api.layers import SEAL
 from refimpl.api.switches import LAYER_READY_ON_STAGING, RECEIVER_SWITCHES, check_switches
 from refimpl.api.tokens import read_kv, write_kv_layer
-from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, READY, State, channels
+from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, State, channels
 from refimpl.checksum import block_checksum
 from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
-    CapacityError,
     ChecksumError,
     ChunkError,
     InUseError,
@@ -51,7 +58,6 @@ from refimpl.errors import (
 )
 from refimpl.transport import Payload, Transport
 from spec.manifest import Manifest
-from spec.manifest import ManifestError as SpecManifestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,8 @@ class Receiver:
         self._errors: dict[str, OwnershipError] = {}  # refusals before any attempt began
         self._ended: dict[str, None] = {}  # rids with an ended record, oldest first
         self._aborted: dict[str, tuple[int, list[str]]] = {}  # aborts before the manifest
+        self._fenced: dict[str, int] = {}  # the newest epoch refused at intake
+        self._ends: dict[str, str] = {}  # requests the scheduler ended (``end``), why
         self.max_records = max_records
 
     # ------------------------------------------------------------ queries
@@ -158,7 +166,7 @@ class Receiver:
     def records(self) -> dict[str, int]:
         """Per-request entries kept (a memory test reads these; ``forget`` empties them)."""
         kept: dict[str, Sized] = {"attempts": self._att, "refusals": self._errors}
-        kept.update(expected=self._expect, early_aborts=self._aborted)
+        kept.update(expected=self._expect, early_aborts=self._aborted, ends=self._ends)
         return {**{k: len(v) for k, v in kept.items()}, "staged_bytes": self.staged_bytes()}
 
     def staged_bytes(self) -> int:
@@ -195,10 +203,10 @@ class Receiver:
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
-            if kind == MANIFEST and not live and newer(header, a):
-                self._on_manifest(request_id, header)
+            if kind == MANIFEST and not live:
+                on_manifest(self, request_id, header, a)
             elif kind == ABORT and not live:
-                self._early_abort(request_id, header, a)
+                early_abort(self, request_id, header, a)
             elif a is None or a.state.final:
                 continue  # nothing to do with it: before a manifest, or after the end
             elif kind == CHUNK:
@@ -210,13 +218,15 @@ class Receiver:
                     self._fail(a, e)
             elif kind == ABORT and wire.epoch_of(header) == a.m.epoch:
                 reasons = wire.reasons_of(header)  # every other rank hears it, with why
-                self._fail(a, CancelledError(f"sender aborted: {reasons}"), answer=a.ranked)
+                told = aborting_ranks(msgs, a) if a.ranked else None  # not those that said it
+                self._fail(a, CancelledError(f"sender aborted: {reasons}"), skip=told)
             elif kind == ABORT:
                 self._ours(a, header)  # another attempt's: fenced (or the ranks disagree)
             else:
                 a.stale += 1
         a = self._att.get(request_id)
-        if a is not None and a.state is State.RECEIVING and self._complete(a):
+        ended = request_id in self._ends  # StickyEnd: no verify, no commit
+        if a is not None and a.state is State.RECEIVING and not ended and self._complete(a):
             self._finish(a)
         elif (
             a is not None
@@ -232,6 +242,14 @@ class Receiver:
         if a is not None and not a.state.final:
             self._fail(a, CancelledError(f"{request_id!r} aborted by the receiver: {reason}"))
 
+    def end(self, request_id: str, reason: str = "cancelled") -> None:
+        """The scheduler has ended the request (cancelled, failed, finished): from now on
+        its manifest is refused at intake with a nack alone (its epoch fenced), and an
+        attempt in progress is never verified or committed (``abort`` gives it up)."""
+        if request_id not in self._ends:
+            self._ends[request_id] = reason
+            self._ended_now(request_id)
+
     def forget(self, request_id: str) -> None:
         """Drop the record of an ended attempt (so the request can be received again)."""
         a = self._att.get(request_id)
@@ -239,49 +257,16 @@ class Receiver:
             raise InUseError(f"{request_id!r} is still {a.state.value}; abort it first")
         for d in (self._att, self._errors, self._expect, self._ended, self._aborted):
             d.pop(request_id, None)
+        self._fenced.pop(request_id, None)
+        self._ends.pop(request_id, None)
 
     def crash(self) -> None:
         """Lose everything (a process crash): attempts forgotten, pools reset."""
-        for d in (self._att, self._errors, self._ended, self._aborted):
+        for d in (self._att, self._errors, self._ended, self._aborted, self._fenced, self._ends):
             d.clear()
         self.pools.reset()
 
-    # ------------------------------------------------------------ the manifest
-    def _on_manifest(self, rid: str, header: Mapping[str, Any]) -> None:
-        if not self.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
-            self._att.pop(rid, None)  # this one replaces its record (else it is refused,
-            # and the committed attempt the engine still holds stays what state() answers)
-        mf = header.get("manifest")
-        epoch = wire.epoch_of(mf) if isinstance(mf, dict) else None
-        try:
-            early = self._aborted.get(rid)
-            if early is not None and epoch is not None and epoch <= early[0]:
-                raise CancelledError(f"sender aborted before its manifest was read: {early[1]}")
-            a = accept(self, rid, header, self._expect.get(rid, Expect()))
-        except Exception as e:  # a peer's message: every failure is a nack, never raised
-            if not isinstance(e, OwnershipError):
-                e = CapacityError(f"{rid!r}: manifest not taken: {type(e).__name__}: {e}")
-            self._errors[rid] = e
-            self._ended_now(rid)
-            reasons = e.reasons if isinstance(e, SpecManifestError) else [str(e)]
-            for to in reply_channels(rid, header):
-                send_quietly(self.transport, to, {"type": NACK, "epoch": epoch, "reasons": reasons})
-            return
-        self._att[rid] = a
-        self._errors.pop(rid, None)
-        self._aborted.pop(rid, None)
-        if failed := self._send(rid, {"type": READY, "epoch": a.m.epoch}):
-            self._fail(a, ChunkError(f"{rid!r}: {failed}", prop="RankAgreement"))
-
-    def _early_abort(self, rid: str, header: Mapping[str, Any], a: Attempt | None) -> None:
-        """A sender's abort with no live attempt here: if it is newer than any attempt
-        seen, keep it (bounded), so its manifest, if it comes later, is refused."""
-        e = wire.epoch_of(header)
-        if e is None or (a is not None and e <= a.m.epoch):
-            return
-        self._aborted[rid] = (e, wire.reasons_of(header))
-        self._ended_now(rid)
-
+    # ------------------------------------------------------------ records
     def _ended_now(self, rid: str) -> None:
         """``rid``'s record ended: the oldest ended ones past ``max_records`` are dropped."""
         self._ended.pop(rid, None)
@@ -290,7 +275,7 @@ class Receiver:
             old = next(iter(self._ended))
             del self._ended[old]
             if (a := self._att.get(old)) is None or a.state.final:
-                for d in (self._att, self._errors, self._aborted):
+                for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
 
     # ------------------------------------------------------------ chunks
@@ -378,8 +363,11 @@ class Receiver:
             write_kv_layer(self.pools, rid, a.target[a.prefix :], layer, list(fields))
             a.unstaged.add(layer)
 
-    def _fail(self, a: Attempt, err: OwnershipError, *, answer: bool = True) -> None:
-        """Give back every block of the attempt, drop what is in flight, tell the sender."""
+    def _fail(
+        self, a: Attempt, err: OwnershipError, *, skip: frozenset[int] | None = frozenset()
+    ) -> None:
+        """Give back every block of the attempt, drop what is in flight, tell the sender
+        (every rank but those in ``skip``; ``None``: nobody)."""
         rid, alloc = a.m.request_id, self.pools.alloc
         alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
         alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
@@ -387,14 +375,15 @@ class Receiver:
         self._ended_now(rid)
         self.transport.abort(channels(rid).to_receiver)
         wire.fence(self.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks too
-        if answer:
-            self._send(rid, {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]})
+        if skip is not None:
+            nack = {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]}
+            self._send(rid, nack, skip)
 
-    def _send(self, rid: str, header: dict[str, Any]) -> str:
-        """Send to the request's sender (every rank's, when ranked); returns why a send
-        failed ("" if none did): a route the transport cannot reach is the peer's fault,
-        never raised here."""
+    def _send(self, rid: str, header: dict[str, Any], skip: frozenset[int] = frozenset()) -> str:
+        """Send to the request's sender (every rank's, when ranked, but those in
+        ``skip``); returns why a send failed ("" if none did): a route the transport
+        cannot reach is the peer's fault, never raised here."""
         a = self._att.get(rid)
-        to = tos(a) if a is not None and a.m.epoch == header.get("epoch") else None
-        to = to or [channels(rid).to_sender]
+        to = tos(a, skip) if a is not None and a.m.epoch == header.get("epoch") else None
+        to = to if to is not None else [channels(rid).to_sender]
         return "; ".join(filter(None, (send_quietly(self.transport, x, header) for x in to)))

@@ -47,6 +47,7 @@ from refimpl.api.wire import (
     fence,
     peer_failed,
     reasons_of,
+    revoke,
 )
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.chunks import manifest_checksums as canonical_sums
@@ -345,6 +346,8 @@ class Sender:
         self._end(o, State.ABORTED, why)
         if self.rank is None:  # chunks in flight are void (a rank's channel is shared)
             self.transport.abort(channels(request_id).to_receiver)
+        else:  # this rank's own chunks in flight, where the transport can revoke them
+            revoke(self.transport, channels(request_id).to_receiver, o.epoch, self.rank)
         self._tell(o.request_id, o.epoch, why)
 
     def _tell(self, rid: str, epoch: int, reasons: list[str]) -> None:

@@ -100,6 +100,16 @@ def fence(transport: object, channel: str, epoch: int) -> None:
         f(channel, epoch)
 
 
+def revoke(transport: object, channel: str, epoch: int, rank: int) -> None:
+    """A sender's own writes (chunks) of ``epoch`` from ``rank`` still in flight on
+    ``channel`` fail, if the transport can take them back (``revoke``: a revocable
+    transport); the spec's flush at ``PrefillTimeout``. Without it they may still land,
+    and the receiver fences them once it hears of the abort."""
+    f = getattr(transport, "revoke", None)
+    if f is not None:
+        f(channel, epoch, rank)
+
+
 def peer_failed(transport: object, tos: list[str]) -> str:
     """Why the process one of ``tos`` routes to failed, if the transport detects it
     (``DistTransport.failed``: its link broke); "" otherwise."""

@@ -119,16 +119,18 @@ class DecodeActions(PrefillActions):
         self.send(i, "Ready", epoch, hit, dst=own)
 
     def DecodeReject(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
-        """No room (or the request has ended): refuse the attempt with a Nack."""
+        """No room, the request has ended, or an incompatible manifest refused at intake
+        (nothing reserved): refuse the attempt with a Nack."""
         i, x = req, self.rx[req]
         ch, k = self.find(i, msg, epoch, idx)
         if not self.d_up or msg not in _HANDOFFS or x.phase != RX_NONE or epoch <= x.dep:
             raise self._ne("DecodeReject", i)
         if self.fenced(msg):
             raise self._ne("DecodeReject", i)
-        m = from_json_dict(self._header(self.wire.entries(ch)[k][0])["manifest"])
+        text = self.wire.entries(ch)[k][0]
+        m = from_json_dict(self._header(text)["manifest"])
         room = self._room(i, m.num_blocks - self._prefix_hit(m.token_ids))
-        if self.req[i].status == RUNNING and room:
+        if self.req[i].status == RUNNING and room and not self.manifest_refusals(text):
             raise self._ne("DecodeReject", i)
         self.wire.take(ch, k)
         dep = x.dep if "reject_unfenced" in self.m else epoch  # the mutant: no fence
@@ -297,6 +299,21 @@ class DecodeActions(PrefillActions):
             self.D.alloc.quarantine(self.rid(i))
             x.phase = RX_QUARANTINED
             return
+        self._free_rx(i)
+
+    def DecodeAbortFenced(self, req: int) -> None:
+        """Give up an ended request's attempt while a writer may land, on a transport that
+        revokes writes: fence it (its writes in flight fail) and free at once."""
+        i, x = req, self.rx[req]
+        ended = self.req[i].status != RUNNING
+        if not self.d_up or x.phase != RX_WAITING or not ended or not may_fence(self):
+            raise self._ne("DecodeAbortFenced", i)
+        if x.landed == self._full_chunks(i):  # nothing more can land: DecodeAbort frees
+            raise self._ne("DecodeAbortFenced", i)
+        step_guard(self, i, "d", "free")
+        self.send(i, "Nack", x.dep)
+        self._drop_chunks(i, x.dep)
+        x.fenced = True
         self._free_rx(i)
 
     def DecodeReclaim(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:

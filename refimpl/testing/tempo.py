@@ -48,7 +48,7 @@ from spec.state import (
 
 FAULTS = frozenset(n for n, a in ACTIONS.items() if a.kind == "fault")
 QUITS = frozenset(n for n, a in ACTIONS.items() if a.kind in ("timeout", "client"))
-QUITS |= {"DecodeAbort"}
+QUITS |= {"DecodeAbort", "DecodeAbortFenced"}
 ENDINGS = frozenset({"PrefillFinish", "DecodeFinish", "DecodeValidate", "DecodeCommit"})
 CHORES = frozenset(
     {"PrefillDecodeStep", "DecodeStep", "PrefillDiscard", "DecodeDiscard", "DecodeEvictPrefix"}

@@ -96,18 +96,10 @@ def test_the_tour_on_the_api_refuses_a_streamed_world_of_other_layers_naming_why
 
 
 # the tour on the public API (refimpl/testing/on_api/streamed.py): measured
-STREAM_FOUND = {  # the correct API's divergence classes in stream_one, each in on_api.gaps
-    "state differs at DecodeAbort (d)",
-    "state differs at DecodeAbort (d, net)",
-    "state differs at DecodeAbort (d, net, rmask)",
-    "state differs at DecodeReceiveChunk (d, net)",
-    "state differs at DecodeReceiveDone (d, net)",
-    "state differs at DecodeReclaim (net)",
-    "state differs at DecodeReject (dep)",
-    "state differs at DecodeReject (net)",
+STREAM_FOUND = {  # the correct API's divergence classes in stream_one, each in on_api.gaps:
+    # only the layer chunks since the handoff worlds' gaps were closed (Receiver.end etc.)
     "state differs at PrefillRecvReady (net)",
     "state differs at PrefillSendLayer (net)",
-    "state differs at PrefillTimeout (net)",
 }
 
 
@@ -125,7 +117,7 @@ def test_the_api_tours_a_streamed_world_and_finds_only_the_named_gaps() -> None:
     from refimpl.testing.on_api.tour import gap_of
 
     rep, failures = _tour(2, frozenset())
-    assert (rep["edges"], rep["edges_covered"]) == (2091, 1453), rep
+    assert (rep["edges"], rep["edges_covered"]) == (1719, 1694), rep
     found = {gap_of(e) for e in failures}  # type: ignore[arg-type]
     assert found <= set(GAPS) and found == STREAM_FOUND, sorted(found)
 
@@ -164,4 +156,4 @@ def test_the_correct_engine_refines_every_edge_of_the_streamed_world() -> None:
     res = run_tour(EngineAdapter(), plan)
     assert res.failure is None, str(res.failure)
     rep = report(plan, res.coverage)
-    assert (rep["edges"], rep["edges_covered"]) == (3369, 3369)
+    assert (rep["edges"], rep["edges_covered"]) == (3411, 3411)  # every edge (pinned)

@@ -106,7 +106,7 @@ def test_list_names_every_script_with_its_property(capsys: pytest.CaptureFixture
 def test_one_script_narrates_the_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = kvown(capsys, "sweep_only_on_admit")
     assert rc == 0
-    assert "minimal counterexample, 5 steps" in out and "EnvCrash(prefill)" in out
+    assert "minimal counterexample, 6 steps" in out and "EnvCrash(prefill)" in out
     assert out.rstrip().endswith("verdict:   behaves as documented")
 
 

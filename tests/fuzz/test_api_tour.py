@@ -13,31 +13,29 @@ from refimpl.testing.on_api.tour import (
     api_report,
     close,
     closed_graph,
-    gap_of,
     plan_api,
     run_api_tour,
 )
 from refimpl.testing.worlds import get_world
 
-# per world: (closed edges, edges covered) and the divergence classes found: measured
+# per world: (closed edges, edges covered): measured, every edge covered
 PINNED = {
-    "mismatch_one": (588, 282),
-    "net_one": (3061, 1714),
+    "mismatch_one": (352, 352),
+    "net_one": (2102, 2102),
+    "crash_both": (1073, 1073),
+    "handoff_crash": (7696, 7696),
 }
-FOUND = {
-    "mismatch_one": {
-        "state differs at DecodeAbort (d)",
-        "state differs at DecodeAbort (d, net)",
-        "state differs at DecodeAbort (d, net, rmask)",
-        "state differs at DecodeReclaim (net)",
-        "state differs at PrefillTimeout (net)",
-        "state differs at DecodeReceiveChunk (d, net)",
-        "state differs at DecodeReceiveDone (d, net)",
-        "state differs at DecodeReject (net)",
-        "state differs at DecodeReject (dep)",
-        "state differs at DecodeReserve (dep, dfl, net)",
-    },
-}
+
+
+def test_no_divergence_class_is_left_named_but_the_streamed_layer_chunks() -> None:
+    """Every gap the tour on the API found in the handoff worlds is closed (issue #30): a
+    new one is a failure of the tour tests below, not an entry here. Left: the streamed
+    world's two (the API's chunk is one layer, the spec's every layer of a block), which
+    tests/behaviours/test_stream.py pins as the only divergences of stream_one."""
+    assert set(GAPS) == {
+        "state differs at PrefillRecvReady (net)",
+        "state differs at PrefillSendLayer (net)",
+    }
 
 
 def test_the_closed_graph_has_no_eager_step_left_and_its_walks_take_every_edge() -> None:
@@ -54,17 +52,20 @@ def test_the_closed_graph_has_no_eager_step_left_and_its_walks_take_every_edge()
 
 
 @pytest.mark.parametrize(
-    "name", ["mismatch_one", pytest.param("net_one", marks=pytest.mark.nightly)]
+    "name",
+    [
+        "mismatch_one",
+        "crash_both",
+        pytest.param("net_one", marks=pytest.mark.nightly),
+        pytest.param("handoff_crash", marks=pytest.mark.nightly),
+    ],
 )
-def test_the_api_tour_covers_its_edges_and_finds_only_the_named_gaps(name: str) -> None:
+def test_the_api_tour_covers_every_edge_with_no_divergence(name: str) -> None:
     plan = plan_api(get_world(name))
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
     assert (rep["edges"], rep["edges_covered"]) == PINNED[name], rep
-    found = {gap_of(err) for _, err in res.failures}
-    unnamed = found - set(GAPS)
-    assert not unnamed, [str(e).splitlines()[0] for _, e in res.failures if gap_of(e) in unnamed]
-    assert found == FOUND.get(name, found), sorted(found)
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
     assert res.probes > 0 and rep["sequences"] == len(plan.sequences)
 
 
@@ -112,20 +113,20 @@ def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
 
     from kvown_cli.main import main
 
-    assert main(["fuzz", "--tour", "--impl", "api", "--config", "mismatch_one", "--json"]) == 1
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "mismatch_one", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     [row] = got["configs"]
-    assert got["impl"] == "api" and not got["complete"]
+    assert got["impl"] == "api" and got["complete"]
     assert (row["edges"], row["edges_covered"]) == PINNED["mismatch_one"]
-    assert set(row["divergences"]) == FOUND["mismatch_one"]
+    assert row["divergences"] == {}
     assert main(["fuzz", "--impl", "api"]) == 2  # the tour only
     assert main(["fuzz", "--tour", "--impl", "api", "--config", "offload_crash"]) == 2
     assert main(["fuzz", "--tour", "--impl", "nope"]) == 2
 
 
 def test_the_hypothesis_machine_walks_the_api_with_faults() -> None:
-    """Random walks with faults on real Senders/Receiver (``on_api.machine``): nothing
-    but the named gaps (each ends its example); the walks take steps."""
+    """Random walks with faults on real Senders/Receiver (``on_api.machine``): no
+    divergence at all (no gap is named); the walks take steps."""
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -144,4 +145,4 @@ def test_the_hypothesis_machine_walks_the_api_with_faults() -> None:
         ),
     )
     assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
-    assert set(tally.gaps) <= set(GAPS)
+    assert not tally.gaps

@@ -91,6 +91,14 @@ CASES = [
     ),
     ("DecodeReject", HO, W(FROZEN._replace(st=CANCELLED)), 0, msg(M_HANDOFF, 1), {"dep": 1}),
     ("DecodeReject", HO, W(FROZEN), 0, msg(M_HANDOFF, 1), ("disabled", None)),
+    (  # an incompatible manifest refused at intake (the alternative to DecodeReserve's)
+        "DecodeReject",
+        HO,
+        W(FROZEN._replace(net=(msg(M_HANDOFF_BAD, 1),))),
+        0,
+        msg(M_HANDOFF_BAD, 1),
+        {"d": NONE, "dep": 1, "net": (msg(M_NACK, 1),)},
+    ),
     (
         "DecodeReceiveChunk",
         HO,
@@ -190,6 +198,16 @@ CASES = [
         {"d": NONE, "dfl": DF_CORRUPT | DF_FENCED, "net": (msg(M_NACK, 1),)},
     ),
     ("DecodeAbort", HO, W(ALL_SENT), 0, 0, ("disabled", None)),
+    (  # a revocable transport: fenced (its write in flight dropped) and freed at once
+        "DecodeAbortFenced",
+        HO,
+        W(SENDING1._replace(st=CANCELLED, d=FILLING, landed=1, net=(msg(M_CHUNK, 1, 1),))),
+        0,
+        0,
+        {"d": NONE, "dfl": DF_FENCED, "net": (msg(M_NACK, 1),)},
+    ),
+    ("DecodeAbortFenced", HO, W(ALL_SENT._replace(st=CANCELLED)), 0, 0, ("disabled", None)),
+    ("DecodeAbortFenced", HO, W(SENDING1._replace(d=FILLING, landed=1)), 0, 0, ("disabled", None)),
     (
         "DecodeReclaim",
         HO,

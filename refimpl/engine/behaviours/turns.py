@@ -163,6 +163,10 @@ class TurnActions(EnvActions):
         self._pinned("DecodeAbort", req)
         super().DecodeAbort(req)
 
+    def DecodeAbortFenced(self, req: int) -> None:
+        self._pinned("DecodeAbortFenced", req)
+        super().DecodeAbortFenced(req)
+
     def DecodeRetract(self, req: int) -> None:
         self._pinned("DecodeRetract", req)
         super().DecodeRetract(req)  # type: ignore[misc]  # RetractActions, after this in the MRO

@@ -47,6 +47,7 @@ class ApiRefusal(Exception):
 
 
 LIVE = (QUEUED, PREFILLING, RUNNING, 3)
+ENDED = {FINISHED: "finished", CANCELLED: "cancelled", FAILED: "failed"}  # the reason told
 MESSAGE_ACTIONS = RECEIVES  # the actions that consume a message sent to a worker
 
 
@@ -99,19 +100,17 @@ class ApiActions:
 
     def _deliver(self, i: int, code: int, name: str = "") -> None:
         """Hand the message to its end. The scheduler's own part (the request's status is
-        the router's, which the ends do not see): a reply for an ended request is dropped
-        unread (``PrefillDiscard``), and a manifest for one is refused at once
-        (``DecodeReject``: the Receiver takes it, and the scheduler aborts it)."""
+        the router's, which the Senders do not see): a reply for an ended request is
+        dropped unread (``PrefillDiscard``); the Receiver has heard of the end
+        (``tell_ends``) and refuses a manifest for it by itself (``DecodeReject``)."""
         lm = self._message(i, code)
         up = self.d_up if lm.to_d else self.p_up
         if not up:
             raise ApiRefusal("its receiver is down")
-        rid, ended = self.rid(i), self.st[i] in (FINISHED, CANCELLED, FAILED)
+        rid, ended = self.rid(i), self.st[i] in ENDED
         self.net.deliver(lm)
         if lm.to_d:
             self.rx.poll(rid)
-            if name == "DecodeReject" and ended and not self.rx.state(rid).final:
-                self.rx.abort(rid, "cancelled")
         elif name == "PrefillDiscard" and ended:
             for ch, _, _ in lm.copies:
                 self.net.poll(ch)
@@ -122,6 +121,14 @@ class ApiActions:
 
     def after_reply(self, i: int, name: str) -> None:
         """The scheduler's part after a reply reached the Senders (on_api/streamed.py)."""
+
+    def tell_ends(self) -> None:
+        """The router tells the Receiver of every request it has ended (``Receiver.end``):
+        no verify or commit of it from now on, and its manifest is refused at intake."""
+        if self.d_up:
+            for i in range(self.n):
+                if self.st[i] in ENDED:
+                    self.rx.end(self.rid(i), ENDED[self.st[i]])
 
     def _need(self, ok: bool, why: str, prop: str | None = None) -> None:
         if not ok:
@@ -235,6 +242,9 @@ class ApiActions:
             return
         self._need(not self.rx.state(rid).final, "no attempt")
         self.rx.abort(rid, "cancelled")
+
+    def _DecodeAbortFenced(self, i: int, arg: int) -> None:
+        self._DecodeAbort(i, arg)  # the API's abort on its revocable transport: fenced
 
     def _DecodeTimeout(self, i: int, arg: int) -> None:
         rid = self.rid(i)

@@ -25,7 +25,7 @@ from refimpl.testing.drain import drain
 from refimpl.testing.harness import Coverage, Divergence
 from refimpl.testing.machine import Cand, SpecMachine, Tally
 from refimpl.testing.on_api.gaps import GAPS
-from refimpl.testing.on_api.tour import JUDGED, ApiHarness, close, gap_of
+from refimpl.testing.on_api.tour import JUDGED, ApiHarness, close, declined, gap_of
 from refimpl.testing.probes import MSG_ACTIONS
 from refimpl.testing.tempo import tempos
 from spec.actions import decode_args
@@ -71,7 +71,9 @@ class ApiMachine(SpecMachine):
 
     def menu(self, name: str) -> tuple[list[Cand], list[Cand], list[Cand]]:
         enabled, named, dull = super().menu(name)
-        net = self.harness.w.reqs
+        h = self.harness
+        enabled = [c for c in enabled if not declined(h.w, h.c, name, *decode_args(name, c[0]))]
+        net = h.w.reqs
         keep = [c for c in named if _judged(name, c[0], lambda i: net[i].net)]
         return enabled, keep, [c for c in dull if _judged(name, c[0], lambda i: net[i].net)]
 

@@ -13,7 +13,8 @@ What runs where:
                     which spec action consumes it is the end's own decision, and the
                     refinement map says whether it was the spec's
     PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go)
-    DecodeAbort / DecodeTimeout       ``Receiver.abort`` (a committed copy: the blocks go)
+    DecodeAbortFenced / DecodeTimeout   ``Receiver.abort`` (a committed copy: the blocks go;
+                    ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``)
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
                     the dead worker (and its writes) are gone
@@ -113,6 +114,7 @@ class ApiSubject(StreamedActions, ApiActions):
         if fn is None:
             raise ApiRefusal(f"{name}: the API adapter does not run it (see adapter.UNEXPRESSED)")
         fn(i, arg)
+        self.tell_ends()  # the step may have ended a request (a cancel, a timeout, a crash)
 
     def abstract(self) -> World:
         reqs = []

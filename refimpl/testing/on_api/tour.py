@@ -3,8 +3,8 @@
 The API takes some spec steps inside one call (``EAGER``): a Sender sends every chunk
 and every seal on Ready (``PrefillSendChunk``); a Receiver that has every layer and seal
 verifies and commits at once (``DecodeValidate``, ``DecodeCommit``), and gives up an
-attempt whose chunk failed its checksum or whose manifest it refused at once
-(``DecodeAbort`` of an invalid attempt of a running request). So the API refines the
+attempt whose chunk failed its checksum at once (``DecodeAbort`` of an invalid attempt,
+of a running request or of one the scheduler has ended). So the API refines the
 spec *closed* under them: ``close(w)`` takes those steps while one is enabled, in a
 fixed order, and the API's states are the closed ones. ``closed_graph`` explores that
 system from the spec (every edge: a non-eager spec step, then the closure); states the
@@ -35,9 +35,27 @@ from refimpl.testing.tour import _edge_cover
 from spec.actions import apply, decode_args, encode_args, successors
 from spec.common import Refused
 from spec.config import Config
-from spec.state import DF_CORRUPT, DF_FAILED, DF_MISMATCH, FILLING, RESERVED, RUNNING, World
+from spec.state import (
+    DF_CORRUPT,
+    DF_FAILED,
+    DF_MISMATCH,
+    FILLING,
+    M_HANDOFF_BAD,
+    RESERVED,
+    World,
+    msg_kind,
+)
 
-__all__ = ["EAGER", "ApiHarness", "ApiPlan", "close", "closed_graph", "plan_api", "run_api_tour"]
+__all__ = [
+    "EAGER",
+    "ApiHarness",
+    "ApiPlan",
+    "close",
+    "closed_graph",
+    "declined",
+    "plan_api",
+    "run_api_tour",
+]
 
 EAGER = ("PrefillSendChunk", "DecodeValidate", "DecodeCommit", "DecodeAbort", "DecodeInstallLayer")
 MAX_LEN = 60
@@ -47,11 +65,25 @@ JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter 
 def _eager(w: World, c: Config, name: str, i: int) -> World | None:
     r = w.reqs[i]
     if name == "DecodeAbort":  # only the receiver's own verdict on an invalid attempt
-        bad = r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)
-        if not (r.st == RUNNING and r.d in (RESERVED, FILLING) and bad):
+        bad = r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)  # (of an ended request too)
+        if not (r.d in (RESERVED, FILLING) and bad):
             return None
     s = apply(w, c, NO_MUTANTS, name, i, 0)
     return s if isinstance(s, World) else None
+
+
+def declined(w: World, c: Config, name: str, i: int, arg: int) -> bool:
+    """A spec step the API never takes because it takes the spec's alternative instead (a
+    refinement may choose): it refuses an incompatible manifest at intake (``DecodeReject``,
+    not ``DecodeReserve`` and a refusal at validation), and gives up an ended request's
+    attempt on its revocable transport by fencing it (``DecodeAbortFenced``, not
+    ``DecodeAbort``'s quarantine). The alternative is enabled wherever the step declined
+    is, so declining one never leaves the API stuck where the spec can go on."""
+    if name == "DecodeReserve":
+        return msg_kind(arg) == M_HANDOFF_BAD
+    if name == "DecodeAbort":
+        return isinstance(apply(w, c, NO_MUTANTS, "DecodeAbortFenced", i, 0), World)
+    return False
 
 
 def close(w: World, c: Config) -> World:
@@ -110,6 +142,8 @@ def closed_graph(c: Config, max_states: int = 200_000) -> ClosedGraph:
         w = q.popleft()
         sid = ids[w]
         for name, i, arg, s in successors(w, c, NO_MUTANTS):
+            if declined(w, c, name, i, arg):
+                continue
             t = close(s, c)
             tid = ids.get(t)
             if tid is None:

@@ -116,6 +116,17 @@ class SpecTransport:
         self._delivered[channel] = left
         return before - len(self.flight)
 
+    def revoke(self, channel: str, epoch: int, rank: int) -> int:
+        """Revoke ``rank``'s chunks of ``epoch`` in flight on ``channel`` (a revocable
+        transport: the spec's flush of a sender's own writes)."""
+        before = len(self.flight)
+        self.flight = [
+            lm
+            for lm in self.flight
+            if not (lm.group[:3] == (CHUNK, epoch, rank) and lm.copies[0][0] == channel)
+        ]
+        return before - len(self.flight)
+
     # ------------------------------------------------------------ the environment
     def deliver(self, lm: Logical) -> None:
         self.flight.remove(lm)
