@@ -59,6 +59,21 @@ def test_good_chunk_after_the_fence_still_lands_in_freed_blocks() -> None:
     assert (v.line, v.violated) == (11, "NoReuseUnderIO"), v.reason
 
 
+def test_reuse_under_an_unfenced_write_is_still_flagged_at_its_line() -> None:
+    """A cancel quarantines (no fence): blocks freed while its write is in flight are
+    reuse under IO at the free's line, and a failed write reported later hides nothing."""
+    freed = {"action": "DecodeAbort", "args": R0, "observed": {"d": "none"}}
+    text = _log(
+        "handoff_decode_fail",
+        *HANDOFF,
+        ("ClientCancel", R0),
+        freed,
+        ("DecodeReceiveChunk", _msg("ChunkCorrupt", 1)),
+    )
+    v = check_text(text)
+    assert (v.line, v.violated) == (10, "NoReuseUnderIO"), v.reason
+
+
 def test_failed_write_of_an_unfenced_attempt_is_not_a_stutter() -> None:
     """Before any fence a reported failed write is the chunk's own (corrupted) delivery."""
     text = _log(
