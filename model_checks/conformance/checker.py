@@ -268,8 +268,7 @@ class Checker:
         assert self.pending is not None
         if not bears_on(self.pending[1], e):  # a Now, another request's line: still open
             return True
-        (v, nodes), self.pending = self.pending, None
-        self.verdict = v
+        (self.verdict, nodes), self.pending = self.pending, None
         if e.action is not None and not any(type(self._apply(s, e)) is World for s, _ in nodes):
             self._refuted(e, nodes, need=True)
         return False
