@@ -8,9 +8,9 @@ faults) may be filled in before it. Request ids are concrete: no symmetry reduct
 Assumed steps are hypotheses. A frontier of candidate states (each with the chain of
 steps it assumed) is kept; an event that applies directly to one needs no search, else
 a BFS over assumable steps finds the fewest that enable it. When no candidate explains
-a line and an earlier line was explained only by assuming a delivery that this line
-shows had not happened yet, the verdict moves to that earlier line, judged without the
-assumption, and the explanation tried is reported. Every verdict names a property
+a line and an earlier line was explained only by assuming a delivery that a later line
+shows had not happened yet, the verdict moves to that earlier line (judged without the
+assumption). Every verdict names a property
 (``blame``), or ``Unmodelled`` with what had no path (``nearest``). Waits are timed on
 per-worker clocks with a stated skew bound (``clocks``: ``BoundedExit``); at the end of
 the log a stall with blocks held is ``NoDeadlock``.
@@ -25,7 +25,7 @@ from model_checks.conformance.clocks import Deadlines
 from model_checks.conformance.events import DEFAULT_SKEW_S, OBSERVABLE, Event, Observed
 from model_checks.conformance.growth import grow
 from model_checks.conformance.nearest import detail
-from model_checks.conformance.refute import assumes, failed_at_fence, refutation
+from model_checks.conformance.refute import assumes, bears_on, failed_at_fence, refutation
 from model_checks.conformance.stall import stuck
 from model_checks.conformance.verdict import Chain, Verdict, chain_steps, describe_world
 from spec.actions import ACTIONS, WORKERS
@@ -235,9 +235,8 @@ class Checker:
 
     def step(self, e: Event) -> bool:
         """Replay one event; False (and ``verdict`` set) at a violation. An ``Unmodelled``
-        verdict whose explanation assumed steps waits one line (``pending``): a next line
-        that logs a step the explanation assumed refutes it, and the line is judged
-        without the assumption (rule 4 of spec/EVENTLOG.md's verdicts)."""
+        verdict on assumed steps waits (``pending``) for a line that ``bears_on`` them: one
+        logging an assumed step refutes it (rule 4 of spec/EVENTLOG.md's verdicts)."""
         self.n += 1
         if self.pending is not None:
             return self._resolve(e)
@@ -265,10 +264,11 @@ class Checker:
         return True
 
     def _resolve(self, e: Event) -> bool:
-        """The line after a pending Unmodelled verdict: does it refute the assumption?"""
+        """A line after a pending Unmodelled verdict: does it refute the assumption?"""
         assert self.pending is not None
-        (v, nodes), self.pending = self.pending, None
-        self.verdict = v
+        if not bears_on(self.pending[1], e):  # a Now, another request's line: still open
+            return True
+        (self.verdict, nodes), self.pending = self.pending, None
         if e.action is not None and not any(type(self._apply(s, e)) is World for s, _ in nodes):
             self._refuted(e, nodes, need=True)
         return False

@@ -2,7 +2,7 @@
 
 ``failed_at_fence``: a write the engine reports as failed after decode's fence already
 failed it. ``assumes``: does an explanation rest on assumed steps (an ``Unmodelled``
-verdict on one waits a line for its refutation, ``Checker.step``)? ``refutation``: the
+verdict on one waits for a line that ``bears_on`` it, ``Checker.step``)? ``refutation``: the
 earliest line whose explanation a later line refutes, judged without the assumption.
 """
 
@@ -17,7 +17,7 @@ from spec.common import Mutants, Refused
 from spec.config import Config
 from spec.state import World, msg_epoch, msg_kind
 
-__all__ = ["assumes", "failed_at_fence", "refutation"]
+__all__ = ["assumes", "bears_on", "failed_at_fence", "refutation"]
 
 
 def failed_at_fence(w: World, c: Config, name: str, i: int, code: int) -> bool:
@@ -41,6 +41,20 @@ def assumes(ch: Chain | None) -> bool:
         if ch.steps:
             return True
         ch = ch.parent
+    return False
+
+
+def bears_on(nodes: list[tuple[World, Chain | None]], e: Event) -> bool:
+    """Can line ``e`` decide an assumption of ``nodes``' explanations? A ``Now`` (nothing
+    acts) cannot, nor a line of a request no assumed step acts on: a pending
+    ``Unmodelled`` verdict stays open across them (issue #32)."""
+    if e.action is None:
+        return False
+    for _w, ch in nodes:
+        while ch is not None:
+            if any(i == e.i for _n, i, _arg in ch.steps):
+                return True
+            ch = ch.parent
     return False
 
 
