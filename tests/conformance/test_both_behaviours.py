@@ -46,7 +46,9 @@ def test_a_fenced_abort_frees_at_once_and_its_late_failed_write_conforms() -> No
 
 def test_a_free_with_neither_fence_nor_quarantine_is_still_the_bug() -> None:
     text = _log(
-        "handoff_decode_fail", *SENT, {"action": "DecodeAbort", "args": R0, "observed": {"d": "none"}}
+        "handoff_decode_fail",
+        *SENT,
+        {"action": "DecodeAbort", "args": R0, "observed": {"d": "none"}},
     )
     v = check_text(text)
     assert (v.line, v.violated) == (11, "NoReuseUnderIO"), v.reason
