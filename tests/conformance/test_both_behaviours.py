@@ -7,24 +7,10 @@ the bug (vllm #32255), and a fence on a transport with no revoke is refused."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from model_checks.conformance import check_text
-from tests.conformance.test_checker_defects import R0, _log, _msg
+from tests.conformance.test_checker_defects import HANDOFF, R0, TRACES, _log, _msg
 
-TRACES = Path(__file__).resolve().parents[2] / "repro" / "traces"
-
-SENT = [
-    ("PrefillAdmit", R0),
-    ("PrefillRun", R0),
-    ("PrefillFreeze", R0),
-    ("DecodeReserve", _msg("Handoff")),
-    ("PrefillRecvReady", _msg("Ready")),
-    ("PrefillSendChunk", R0),
-    ("PrefillSendChunk", R0),
-    ("DecodeReceiveChunk", _msg("Chunk", 0)),
-    ("ClientCancel", R0),
-]
+SENT = [*HANDOFF, ("DecodeReceiveChunk", _msg("Chunk", 0)), ("ClientCancel", R0)]
 
 
 def test_the_quarantine_log_still_conforms() -> None:

@@ -68,6 +68,8 @@ def _eager(w: World, c: Config, name: str, i: int) -> World | None:
         bad = r.dfl & (DF_CORRUPT | DF_MISMATCH | DF_FAILED)  # (of an ended request too)
         if not (r.d in (RESERVED, FILLING) and bad):
             return None
+        if declined(w, c, name, i, 0):  # an ended request's, a write may land: fenced
+            name = "DecodeAbortFenced"
     s = apply(w, c, NO_MUTANTS, name, i, 0)
     return s if isinstance(s, World) else None
 
