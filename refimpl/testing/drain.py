@@ -32,12 +32,16 @@ _ORDER = {"client": 0, "timeout": 1, "recv": 2, "local": 3}
 MAX_STATES = 20_000  # spec states the search may visit before it gives up
 
 
+Skip = Callable[[World, str, int, int], bool]
+
+
 def drain_path(
-    w: World, c: Any, close: Callable[[World], World] | None = None
+    w: World, c: Any, close: Callable[[World], World] | None = None, skip: Skip | None = None
 ) -> list[tuple[str, dict[str, Any]]] | None:
     """Steps (trace form) from ``w`` to a quiescent terminal state of the correct spec, or
     None when none is found within ``MAX_STATES``. ``close``: each step is followed by
-    the steps an implementation takes at once (``api_tour.close``)."""
+    the steps an implementation takes at once (``api_tour.close``); ``skip(w, name, i,
+    arg)``: a step the implementation never takes (``api_tour.declined``)."""
     if quiescent_terminal(w, c):
         return []
     seen = {canonical(w)}
@@ -47,7 +51,9 @@ def drain_path(
         nxt = [
             (name, i, arg, s)
             for name, i, arg, s in successors(v, c, frozenset())
-            if ACTIONS[name].kind in DRAIN_KINDS and name not in TOKEN_STEPS
+            if ACTIONS[name].kind in DRAIN_KINDS
+            and name not in TOKEN_STEPS
+            and not (skip is not None and skip(v, name, i, arg))
         ]
         nxt.sort(key=lambda e: (_ORDER[ACTIONS[e[0]].kind], e[0], e[1], e[2]), reverse=True)
         for name, i, arg, s in nxt:  # reversed: the preferred step is popped first
@@ -65,10 +71,12 @@ def drain_path(
     return None
 
 
-def drain(h: Harness, close: Callable[[World], World] | None = None) -> int:
+def drain(
+    h: Harness, close: Callable[[World], World] | None = None, skip: Skip | None = None
+) -> int:
     """Drain ``h`` to quiescence with every check; returns the steps taken. Raises
     ``Divergence`` (kind "drain: ...") on a leak, a broken integrity or no way out."""
-    path = drain_path(h.w, h.c, close)
+    path = drain_path(h.w, h.c, close, skip)
     if path is None:
         h.fail("drain: no way out", "the spec finds no way to a quiescent state from here")
     for name, args in path:

@@ -143,6 +143,17 @@ TOUR_WORLDS: dict[str, Config] = {
             max_attempts=1,
         ),
         Config(
+            name="tp2_one",
+            doc="one request, 1 block, one attempt, prefill TP 2 -> decode TP 1, a lost message",
+            blocks=1,
+            src_tp=2,
+            cap_p=1,
+            cap_d=1,
+            faults=1,
+            fault_kinds=frozenset({"lose"}),
+            max_attempts=1,
+        ),
+        Config(
             name="ranks_one",
             doc="one request, 1 block, one attempt, decode TP 2: each rank installs its shard",
             blocks=1,

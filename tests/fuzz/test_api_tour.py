@@ -1,6 +1,8 @@
 """The graph tour on the public API (issue #30): real Senders/Receiver, every edge of the
-spec closed under the API's eager steps, the refinement map after every step, the
-probes the API can judge, the content ghost, the Receiver's layers and the drain."""
+spec closed under the API's eager steps (the small worlds, and a TP 2 one) or every
+reachable (action, outcome) pair (the large handoff worlds, ``on_api/pairs.py``), the
+refinement map after every step, the probes the API can judge, the content ghost, the
+Receiver's layers and the drain."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 
 from refimpl.testing.on_api.adapter import UNEXPRESSED, ApiAdapter, unexpressed
 from refimpl.testing.on_api.gaps import GAPS
+from refimpl.testing.on_api.pairs import api_refusals, first_api_pairs, plan_api_pairs
 from refimpl.testing.on_api.tour import (
     EAGER,
     api_report,
@@ -146,3 +149,83 @@ def test_the_hypothesis_machine_walks_the_api_with_faults() -> None:
     )
     assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
     assert not tally.gaps
+
+
+# per world: (reachable pairs, pairs covered): measured, every pair covered
+PAIRS = {
+    "stream_one": (42, 42),
+    "handoff_tp2to1": (43, 43),
+    "handoff_two": (40, 40),
+    "faults2_handoff": (42, 42),
+    "reject_dup": (39, 39),
+}
+
+
+def test_a_tp2_world_is_toured_edge_by_edge_with_every_rank_a_sender() -> None:
+    """Prefill TP 2: each rank's Sender aborts and tells its sibling (issue #30 bug 3);
+    the receiver sees the ranks' aborts of one step as the spec's one Quiesced. Before
+    the transport grouped them so, 955 of 1,007 walks diverged at the abort."""
+    plan = plan_api(get_world("tp2_one"))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["edges"], rep["edges_covered"]) == (2376, 2376), rep
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
+
+
+def test_the_pair_plan_takes_each_pair_at_its_shallowest_closed_state() -> None:
+    c = get_world("stream_one")
+    g = closed_graph(c)
+    found = first_api_pairs(g)
+    for (name, outcome), (sid, e) in found.items():
+        if outcome == "ok":
+            assert e is not None and g.src[e] == sid and g.lab[e][0] == name
+        else:
+            assert e is None
+            assert (name, outcome.split(":", 1)[-1] if ":" in outcome else None) in {
+                (n, p) for n, _, _, p in api_refusals(g.states[sid], c)
+            }
+        for earlier in range(sid):  # no shallower state (BFS order) offers the pair
+            w = g.states[earlier]
+            if outcome == "ok":
+                assert all(g.lab[x][0] != name for x in g.out_edges(earlier))
+            else:
+                assert all(
+                    n != name or f"refused:{p}" != outcome for n, _, _, p in api_refusals(w, c)
+                )
+    plan = plan_api_pairs(c)
+    assert plan.goal == "pairs" and plan.pairs == frozenset(found)
+    assert len(plan.sequences) < len(found)  # a path that is a prefix of another is dropped
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "stream_one",
+        pytest.param("handoff_tp2to1", marks=pytest.mark.nightly),
+        pytest.param("handoff_two", marks=pytest.mark.nightly),
+        pytest.param("faults2_handoff", marks=pytest.mark.nightly),
+        pytest.param("reject_dup", marks=pytest.mark.nightly),
+    ],
+)
+def test_the_api_tour_covers_every_pair_of_a_large_world(name: str) -> None:
+    plan = plan_api_pairs(get_world(name))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["pairs"], rep["pairs_covered"]) == PAIRS[name], rep["pairs_missed"]
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
+    assert res.probes > 0
+
+
+def test_kvown_fuzz_tour_impl_api_tours_a_large_world_by_pairs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from kvown_cli.main import main
+
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "stream_one", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    [row] = got["configs"]
+    assert got["complete"] and row["goal"] == "pairs"
+    assert (row["pairs"], row["pairs_covered"]) == PAIRS["stream_one"]
+    assert row["pairs_missed"] == [] and row["divergences"] == {}

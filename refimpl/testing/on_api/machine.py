@@ -112,7 +112,14 @@ class ApiMachine(SpecMachine):
 
     def teardown(self) -> None:
         if self.h is not None and not self.failed:
-            self._guard(lambda: drain(self.harness, lambda w: close(w, self.config)))
+            c = self.config
+            self._guard(
+                lambda: drain(
+                    self.harness,
+                    lambda w: close(w, c),
+                    lambda w, n, i, a: declined(w, c, n, i, a),
+                )
+            )
 
 
 def make_api_machine(

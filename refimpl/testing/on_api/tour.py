@@ -171,6 +171,8 @@ class ApiPlan:
     spec_states: int  # the spec's own graph, for the report
     spec_edges: int
     seconds: float
+    goal: str = "edges"  # or "pairs" (``on_api.pairs``)
+    pairs: frozenset[tuple[str, str]] = frozenset()  # the closed system's pairs, for "pairs"
 
 
 _PLANS: dict[str, ApiPlan] = {}
@@ -259,7 +261,11 @@ def run_api_tour(
                 h.check_state()
                 probe(h)
                 res.steps += 1
-            res.steps += drain(h, lambda w: close(w, plan.config))
+            res.steps += drain(
+                h,
+                lambda w: close(w, plan.config),
+                lambda w, n, i, a: declined(w, plan.config, n, i, a),
+            )
         except Divergence as err:
             res.failures.append((k, err))
     res.seconds = time.process_time() - t0
@@ -286,9 +292,17 @@ def api_report(plan: ApiPlan, res: ApiTourResult) -> dict[str, Any]:
         key = gap_of(err)
         kinds[key] = kinds.get(key, 0) + 1
     covered = len(plan.edge_keys & (res.coverage.edges or set()))
+    got_pairs = {p for p, n in res.coverage.pairs.items() if n}
+    pairs = {
+        "pairs": len(plan.pairs),
+        "pairs_covered": len(plan.pairs & got_pairs),
+        "pairs_missed": sorted(f"{a} {o}" for a, o in plan.pairs - got_pairs),
+    }
     return {
         "config": plan.config.name,
         "impl": "api",
+        "goal": plan.goal,
+        **(pairs if plan.goal == "pairs" else {}),
         "spec_states": plan.spec_states,
         "spec_edges": plan.spec_edges,
         "closed_states": plan.states,

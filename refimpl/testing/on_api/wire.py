@@ -14,7 +14,10 @@ One *logical* message is what the spec calls one message:
     seal (rank)                 RankDone (idx = rank)
     ready / ack / nack          Ready / Ack / Nack, one message although the receiver sends
                                 a copy to every source rank's channel (``to_rank``)
-    abort (sender -> receiver)  Quiesced: the sender's writes of the attempt are over
+    abort (sender -> receiver)  Quiesced: the sender's writes of the attempt are over (one
+                                for the aborts of every rank in one step)
+    abort (rank -> rank)        none: a ranked Sender tells its siblings (issue #30 bug 3);
+                                the spec's prefill is one worker, so it is there at once
 
 ``abort(channel)`` revokes the *writes* (chunks) in flight on the channel, as the spec's
 fence and flush do (``drop_chunks``); a control message once posted is not recalled.
@@ -81,6 +84,9 @@ class SpecTransport:
         if not self.alive(to_d):
             return  # a message to a dead worker vanishes (its connection is gone)
         kind = header.get("type")
+        if kind == ABORT and not to_d:  # a prefill rank's abort told to its siblings
+            self._delivered.setdefault(channel, []).append((text, bytes(payload)))
+            return  # inside the spec's one prefill worker: no spec message, no delay
         if kind == CHUNK:
             group: tuple[Any, ...] = (
                 CHUNK,
@@ -89,7 +95,7 @@ class SpecTransport:
                 header.get("block_index"),
             )
         elif kind == ABORT:
-            group = (text, self.tick)  # every rank's abort of one step: one Quiesced
+            group = (ABORT, header.get("epoch"), self.tick)  # every rank's, one step: one
         elif to_d:
             group = (text, len(self.flight))  # one message per send
         else:
