@@ -70,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="NAME", help="fuzz one config (default: the suite)")
     p.add_argument("--impl", choices=("engine", "api"), default="engine", help="--tour on it")
     p.add_argument(
+        "--across-processes",
+        action="store_true",
+        help="with --tour --impl api: the Receiver in its own OS process, over DistTransport",
+    )
+    p.add_argument(
         "--examples",
         type=int_in(1, MAX_EXAMPLES),
         metavar="N",
@@ -126,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         return _err(f"--examples must be in [1, {MAX_EXAMPLES}]")
     if args.all_mutants or args.mutant:
         return _matrix(args, adapter, list(switches) if args.all_mutants else args.mutant)
+    if args.across_processes and args.impl != "api":
+        return _err("--across-processes is for --tour --impl api")
     if args.impl == "api":  # the tour on the public API (``refimpl.testing.on_api.report``)
         from refimpl.testing.on_api.report import tour_api
 

@@ -216,9 +216,10 @@ class DistTransport:
             self.stats["malformed"] += 1
             self.dropped.append(f"from {peer}: malformed header: {e!s:.100}")
             return []
-        view, out, at = memoryview(payload), [], 0
-        for e, n in zip(entries, sizes, strict=True):
-            out.append((e, view[at : at + n] if n else b""))
+        view, at = memoryview(payload), 0
+        out: list[tuple[Any, Payload]] = []
+        for entry, n in zip(entries, sizes, strict=True):
+            out.append((entry, view[at : at + n] if n else b""))
             at += n
         return out
 

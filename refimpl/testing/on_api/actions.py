@@ -58,8 +58,9 @@ class ApiActions:
     n: int
     tx: list[Sender]
     pp: list[RankPools]
-    rx: Receiver
+    rx: Receiver  # or its proxy (on_api.remote)
     dp: RankPools
+    tag: str  # the request ids' prefix (unique per run across processes)
     gp: KVGeometry
     gd: KVGeometry
     net: SpecTransport
@@ -75,7 +76,7 @@ class ApiActions:
     dead_dep: list[int]
 
     def rid(self, i: int) -> str:
-        return f"r{i}"
+        return f"{self.tag}r{i}"
 
     def token_ids(self) -> list[int]:
         return list(range(self.c.blocks * BLOCK))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from refimpl.errors import OwnershipError
 from refimpl.testing.on_api.actions import LAYERS, ApiRefusal
@@ -70,6 +71,7 @@ class ApiAdapter:
     randoms: tuple[random.Random, ...] = ()
     stage: bool = False
     dst_block: int = 2
+    remote: Any = None  # an on_api.remote.RemoteDecode: the Receiver in its own process
 
     def build(self, config: Config, mutants: frozenset[str], seed: int) -> ApiSubject:
         if bad := unexpressed(config):
@@ -79,7 +81,12 @@ class ApiAdapter:
         if unknown := set(mutants) - set(known):
             raise ValueError(f"unknown API switches {sorted(unknown)}; known: {sorted(known)}")
         return ApiSubject(
-            config, seed, stage=self.stage, dst_block=self.dst_block, mutants=frozenset(mutants)
+            config,
+            seed,
+            stage=self.stage,
+            dst_block=self.dst_block,
+            mutants=frozenset(mutants),
+            remote=self.remote,
         )
 
     def switches(self) -> dict[str, bool]:

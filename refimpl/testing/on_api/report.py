@@ -5,11 +5,13 @@ with the refinement map after every step: every edge of the small worlds
 (``EDGE_WORLDS``), every reachable (action, outcome) pair of the others
 (``on_api.pairs``). The report lists what was covered and every divergence class found,
 with its reason where ``gaps`` names it. A world whose features the API cannot run is
-refused naming them (``UNEXPRESSED``).
+refused naming them (``UNEXPRESSED``). ``--across-processes``: the Receiver in its own OS
+process over ``DistTransport`` (``on_api.remote``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 from refimpl.testing.on_api.adapter import UNEXPRESSED, ApiAdapter, unexpressed
 from refimpl.testing.on_api.gaps import GAPS
 from refimpl.testing.on_api.pairs import plan_api_pairs
+from refimpl.testing.on_api.remote import RemoteDecode
 from refimpl.testing.on_api.tour import ApiPlan, api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 
@@ -48,12 +51,14 @@ def _covered(row: dict[str, Any]) -> str:
     return f"{row['edges_covered']}/{row['edges']} edges"
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def render(rows: list[dict[str, Any]], remote: bool = False) -> str:
     """The report as text: one row per world, then every divergence class and its reason."""
     cells = [{**r, "covered": _covered(r)} for r in rows]
     table = [COLUMNS, *(tuple(str(r[k]) for k in COLUMNS) for r in cells)]
     widths = [max(len(row[k]) for row in table) for k in range(len(COLUMNS))]
     lines = ["the graph tour on refimpl.api (the spec closed under its eager steps)"]
+    if remote:
+        lines.append("the Receiver in its own OS process, over DistTransport (gloo)")
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in table]
     for r in rows:
         for gap, n in r["divergences"].items():
@@ -67,18 +72,22 @@ def tour_api(args: Any, refuse: Callable[[str], int]) -> int:
     covered and nothing diverged, 1 otherwise; ``refuse(message)`` on misuse (exit 2)."""
     if not args.tour:
         return refuse("--impl api is for --tour (the machine and the matrix drive the engine)")
+    remote = getattr(args, "across_processes", False)
     names = (args.config,) if args.config else API_WORLDS
     for name in names:
         if bad := unexpressed(get_world(name)):
             why = "; ".join(f"{b}: {UNEXPRESSED[b]}" for b in bad)
             return refuse(f"--impl api cannot run {name!r} ({why})")
     rows = []
-    for name in names:
-        plan = plan_for(name)
-        rows.append(api_report(plan, run_api_tour(ApiAdapter(), plan)))
+    with contextlib.ExitStack() as stack:
+        rd = stack.enter_context(RemoteDecode()) if remote else None
+        for name in names:
+            plan = plan_for(name)
+            rows.append(api_report(plan, run_api_tour(ApiAdapter(remote=rd), plan)))
     clean = all(complete(r) for r in rows)
     if args.json:
-        print(json.dumps({"impl": "api", "configs": rows, "complete": clean}))
+        out = {"impl": "api", "across_processes": remote, "configs": rows, "complete": clean}
+        print(json.dumps(out))
     else:
-        print(render(rows))
+        print(render(rows, remote))
     return 0 if clean else 1

@@ -24,10 +24,10 @@ import torch
 import xxhash
 
 from refimpl.api import Receiver, Sender
-from refimpl.api.wire import State
 from refimpl.checksum import byte_view
 from refimpl.engine.data import RankPools
 from refimpl.testing.ghost import Ghost
+from refimpl.testing.on_api.views import view
 from spec.config import Config
 from spec.state import FAILED, G_END_FAILED, RUNNING
 
@@ -89,11 +89,7 @@ class StreamedActions:
 
     def _DecodeLayerReady(self, i: int, arg: int) -> None:
         rid = self.rid(i)
-        a = self.rx._att.get(rid) if self.d_up else None  # noqa: SLF001
-        held = a is not None and (
-            a.state is State.RECEIVING
-            or (a.state is State.DONE and self.rx.pools.alloc.blocks_of(rid))
-        )
+        held = self.d_up and view(self.rx, "attempt_held", rid)
         self._need(bool(self.c.layers) and bool(held) and self.rdy[i] < self.c.layers, "none")
         self._need(self.rx.layer_ready(rid, self.rdy[i]), "the layer is not ready")
         self.rdy[i] += 1
@@ -112,23 +108,9 @@ class StreamedActions:
         }
 
     def _installed(self, i: int) -> int:
-        a = self.rx._att.get(self.rid(i)) if self.d_up else None  # noqa: SLF001
-        if a is None:
+        if not self.d_up:
             return 0
-        if a.state is State.DONE:
-            return self.c.layers
-        s = a.stream
-        if s is None:
-            return 0
-        if a.staging is not None:
-            return len(a.unstaged)
-        whole = all(
-            (r, j, k) in s.landed
-            for r in s.ranks
-            for j in range(s.num_blocks)
-            for k in range(s.num_layers)
-        )
-        return self.c.layers if whole and s.landed else 0
+        return int(view(self.rx, "installed_layers", self.rid(i), self.c.layers))
 
     def copies_replica(self, i: int) -> torch.Tensor | None:
         """A freed source's replica: the content whose digests the Senders' copies have."""

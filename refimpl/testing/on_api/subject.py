@@ -33,11 +33,12 @@ from typing import Any
 import torch
 
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender
-from refimpl.api.abstract import prefill_replica, receiver_part, sender_part
+from refimpl.api.abstract import prefill_replica, sender_part
 from refimpl.api.wire import channels
 from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiActions, ApiRefusal
 from refimpl.testing.on_api.streamed import StreamedActions
+from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
 from spec.actions import decode_args
 from spec.config import Config
@@ -61,13 +62,14 @@ class ApiSubject(StreamedActions, ApiActions):
         stage: bool = False,
         dst_block: int = BLOCK,
         mutants: frozenset[str] = frozenset(),
+        remote: Any = None,
     ) -> None:
         """``dst_block``: decode's block size (another than prefill's: the Receiver lands
-        in staging and reshards); ``stage``: it stages even at one block size."""
+        in staging and reshards); ``stage``: it stages even at one block size;
+        ``remote``: an ``on_api.remote.RemoteDecode``, the decode side in its own process."""
         self.c, self.seed, self.n = c, seed, c.n_reqs
         heads = max(2, c.src_tp, c.dst_tp)
         self.gp = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.src_tp)
-        self.gd = KVGeometry(LAYERS, heads, HEAD_DIM, dst_block, "float32", tp=c.dst_tp)
         self.net = SpecTransport(_rid_of)
         self.net.alive = lambda to_d: self.d_up if to_d else self.p_up
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
@@ -76,9 +78,12 @@ class ApiSubject(StreamedActions, ApiActions):
             Sender(p, self.gp, self.net, MODEL, rank=r, blocks_per_chunk=1, **tx_kw)
             for r, p in enumerate(self.pp)
         ]  # a chunk per (rank, block, layer): the spec's chunk is one (rank, block)
-        per_req = self.gd.blocks_for(c.blocks * BLOCK)  # the requests that fit: the spec's
-        self.dp = self.gd.make_pools(max(1, c.cap_d // c.blocks) * per_req)
-        self.rx = Receiver(self.dp, self.gd, self.net, MODEL, stage=stage, **rx_kw)
+        if remote is None:
+            self.tag = ""
+            self.gd, self.dp, self.rx = decode_end(c, self.net, stage, dst_block, rx_kw)
+        else:  # the same end, built in the decode process; proxies here
+            end = remote.decode(c, self.net, stage, dst_block, rx_kw)
+            self.tag, self.gd, self.dp, self.rx = end
         self.model = self.ghost()  # the model's forward pass: the KV a request computes
         self.st, self.ep, self.g = [QUEUED] * self.n, [0] * self.n, [0] * self.n
         self.tokens = [0] * self.n
@@ -125,7 +130,7 @@ class ApiSubject(StreamedActions, ApiActions):
             ep = sp.get("ep") or self.ep[i]
             held = bool(self.pp[0].alloc.blocks_of(rid))
             if self.d_up:
-                rp = receiver_part(self.rx, rid, m)
+                rp = view(self.rx, "part", rid, m)
             else:
                 rp = {"d": 0, "dep": self.dead_dep[i], "landed": 0, "rmask": 0, "dfl": 0}
             net = tuple(sorted(self.code(lm) for lm in self.net.flight if lm.rid == rid))
@@ -148,8 +153,9 @@ class ApiSubject(StreamedActions, ApiActions):
 
     def check_integrity(self) -> None:
         problems = []
-        for p in (*self.pp, self.dp):
+        for p in self.pp:
             p.alloc.check_integrity()
+        view(self.rx, "pool_integrity")
         for i in range(self.n):
             rid = self.rid(i)
             held = {len(p.alloc.blocks_of(rid)) for p in self.pp}
@@ -200,10 +206,10 @@ class ApiSubject(StreamedActions, ApiActions):
         for i in range(self.n):
             rid = self.rid(i)
             blocks = self.rx.held().get(rid) if self.d_up else None
-            a = self.rx._att.get(rid) if blocks else None  # noqa: SLF001
-            if a is None or blocks is None:
+            epoch = view(self.rx, "attempt_epoch", rid) if blocks else None
+            if epoch is None or blocks is None:
                 continue
-            want = self.model.content(i, self.frozen[i].get(a.m.epoch, self.tokens[i]))
+            want = self.model.content(i, self.frozen[i].get(epoch, self.tokens[i]))
             got = self.to_source(self.dp.gather(list(blocks)))
             for layer in range(LAYERS):
                 if self.rx.layer_ready(rid, layer) and not torch.equal(
@@ -219,8 +225,8 @@ class ApiSubject(StreamedActions, ApiActions):
                 tuple(p.alloc.holders()),
                 p.gather(range(p.alloc.capacity)).sum().item(),
             )
-            for p in (*self.pp, self.dp)
-        )
+            for p in self.pp
+        ) + (tuple(view(self.rx, "pool_snapshot")),)
         flight = tuple(
             (lm.rid, tuple((c, t, bytes(d)) for c, t, d in lm.copies)) for lm in self.net.flight
         )
@@ -229,10 +235,7 @@ class ApiSubject(StreamedActions, ApiActions):
                 [(k, o.state, o.epoch) for k, o in s._offers.items()]  # noqa: SLF001
                 for s in self.tx
             ]
-            + [
-                (k, a.state, a.m.epoch, len(a.stream.landed) if a.stream else 0)
-                for k, a in self.rx._att.items()
-            ]  # noqa: SLF001
+            + view(self.rx, "ends")
         )
         regs = (tuple(self.st), tuple(self.ep), tuple(self.g), self.faults, self.p_up, self.d_up)
         return (self.abstract(), pools, flight, ends, regs)
@@ -240,8 +243,24 @@ class ApiSubject(StreamedActions, ApiActions):
     def held_blocks(self) -> dict[str, int]:
         return {
             "P": sum(p.alloc.capacity - p.alloc.num_free for p in self.pp),
-            "D": self.dp.alloc.capacity - self.dp.alloc.num_free,
+            "D": view(self.rx, "pool_used"),
         }
+
+
+def decode_geometry(c: Config, dst_block: int) -> KVGeometry:
+    heads = max(2, c.src_tp, c.dst_tp)
+    return KVGeometry(LAYERS, heads, HEAD_DIM, dst_block, "float32", tp=c.dst_tp)
+
+
+def decode_end(
+    c: Config, net: Any, stage: bool, dst_block: int, rx_kw: dict[str, Any]
+) -> tuple[KVGeometry, Any, Receiver]:
+    """The decode side of a world: its geometry, its pools (the requests that fit: the
+    spec's ``cap_d``) and its Receiver over ``net``."""
+    gd = decode_geometry(c, dst_block)
+    per_req = gd.blocks_for(c.blocks * BLOCK)
+    dp = gd.make_pools(max(1, c.cap_d // c.blocks) * per_req)
+    return gd, dp, Receiver(dp, gd, net, MODEL, stage=stage, **rx_kw)
 
 
 def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:

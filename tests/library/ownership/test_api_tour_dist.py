@@ -1,0 +1,106 @@
+"""The tour on the API across processes (issue #30): the Receiver in its own OS process,
+the Senders in the tour's, every message over ``DistTransport`` (gloo) between them
+while the spec schedules the network (``refimpl/testing/on_api/remote.py``). The
+refinement map, every safety property, the content ghost, the Receiver's layers, the
+refusal probes and the drain after every step, as in process. The decode process is
+ended by its pid."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from refimpl.testing.on_api.adapter import ApiAdapter
+from refimpl.testing.on_api.pairs import plan_api_pairs
+from refimpl.testing.on_api.remote import RemoteDecode
+from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
+from refimpl.testing.worlds import get_world
+
+pytestmark = pytest.mark.xdist_group("dist-tour")  # one process group per worker at a time
+
+
+@pytest.fixture(scope="module")
+def rd() -> Iterator[RemoteDecode]:
+    with RemoteDecode() as r:
+        yield r
+    assert r.proc.poll() is not None  # the decode process is gone
+    with pytest.raises(ProcessLookupError):
+        os.kill(r.proc.pid, 0)
+
+
+def _tour(rd: RemoteDecode, name: str, pairs: bool, **kw: object) -> dict[str, object]:
+    c = get_world(name)
+    plan = plan_api_pairs(c) if pairs else plan_api(c)
+    res = run_api_tour(ApiAdapter(remote=rd, **kw), plan)  # type: ignore[arg-type]
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
+    assert res.probes > 0
+    return api_report(plan, res)
+
+
+def test_kvown_fuzz_tour_impl_api_across_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    """First in the file: the command makes its own process group (one per process at a
+    time), before the module's decode process below makes the other."""
+    from kvown_cli.main import main
+
+    argv = ["fuzz", "--tour", "--impl", "api", "--across-processes", "--config", "stream_one"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["across_processes"] and got["complete"]
+    assert main(["fuzz", "--across-processes"]) == 2  # the engine's tour runs in process
+
+
+def test_a_streamed_world_across_processes_covers_every_pair(rd: RemoteDecode) -> None:
+    rep = _tour(rd, "stream_one", pairs=True)
+    assert (rep["pairs"], rep["pairs_covered"]) == (42, 42), rep["pairs_missed"]
+
+
+def test_the_tour_across_processes_kills_a_layer_ready_only_in_staging(
+    rd: RemoteDecode,
+) -> None:
+    """Bug 1 (layer_ready_on_staging) in the decode process: a layer reported ready
+    that is not in the blocks held() names is caught there too, in 6 steps."""
+    plan = plan_api(get_world("mismatch_one"))
+    mut = frozenset({"layer_ready_on_staging"})
+    res = run_api_tour(ApiAdapter(remote=rd, dst_block=4), plan, mut, limit=40)
+    caught = [e for _, e in res.failures if e.kind == "bytes differ"]
+    assert caught and "ready, not in its blocks" in str(caught[0])
+    assert min(len(e.program) for e in caught) == 6
+
+
+def test_a_fenced_attempts_writes_in_flight_are_dropped_by_the_decode_transport(
+    rd: RemoteDecode,
+) -> None:
+    """A timeout and a cancel with a chunk still in flight (mismatch_one's walks through
+    DecodeTimeout and DecodeAbortFenced): the decode process's DistTransport drops the
+    late write on arrival, so it never lands (the spec's fence)."""
+    plan = plan_api(get_world("mismatch_one"))
+
+    def fenced_in_flight(seq: list[dict[str, object]]) -> bool:  # a write out, then fenced
+        names = [st["action"] for st in seq]
+        ready = names.index("PrefillRecvReady") if "PrefillRecvReady" in names else len(names)
+        return any(n in ("DecodeTimeout", "DecodeAbortFenced") for n in names[ready + 1 :])
+
+    seqs = [s for s in plan.sequences if fenced_in_flight(s)][:12]
+    res = run_api_tour(ApiAdapter(remote=rd), dataclasses.replace(plan, sequences=seqs))
+    assert res.sequences == 12 and not res.failures
+
+
+@pytest.mark.nightly
+@pytest.mark.parametrize(
+    "name,pairs,want",
+    [
+        ("handoff_tp2to1", True, (43, 43)),
+        ("mismatch_one", False, (352, 352)),
+        ("crash_both", False, (1073, 1073)),
+    ],
+)
+def test_the_api_tour_across_processes_covers_its_goal(
+    rd: RemoteDecode, name: str, pairs: bool, want: tuple[int, int]
+) -> None:
+    rep = _tour(rd, name, pairs)
+    got = (rep["pairs"], rep["pairs_covered"]) if pairs else (rep["edges"], rep["edges_covered"])
+    assert got == want
