@@ -15,8 +15,10 @@ failing program by delta debugging (``shrink_program``): a replay costs a fracti
 Hypothesis shrink step.
 
 A time budget is a hard bound: a ``Deadline`` that the machine checks at every step (a
-Hypothesis run in progress is stopped, not waited for), the tour before every sequence
-and the shrink before every replay. What was done when it ran out is reported
+Hypothesis run in progress is stopped, not waited for: ``BudgetSpent`` interrupts it as
+Hypothesis lets an interruption do, recording nothing; only its replay of a failure it
+found, one example, runs to its end), the tour before every sequence and the shrink
+before every replay. What was done when it ran out is reported
 (``RunResult.out_of_time``, ``Kill.out_of_time``).
 """
 
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import get_state_machine_test
 
 from refimpl.testing.harness import Adapter, Coverage, Divergence, Step, replay_program
@@ -50,8 +54,18 @@ PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 FIND = (Phase.generate,)  # hunts: find, then shrink_program
 
 
-class BudgetSpent(BaseException):
-    """The deadline passed (a BaseException: Hypothesis must not take it for a failure)."""
+class BudgetSpent(KeyboardInterrupt):
+    """The deadline passed: the run in progress is interrupted at its next step.
+
+    A ``KeyboardInterrupt``, the one exception Hypothesis's engine treats as an
+    interruption of the run rather than as the end of the example: it neither records
+    the example in its tree of choices nor saves it to the database. Any other exception
+    ends the example where it was raised, and Hypothesis concludes it there: an example
+    cut short at the deadline while it was still replaying a prefix of an earlier one
+    (a mutation of it) then drew less than that example had on the same choices, and the
+    run ended in ``FlakyStrategyDefinition`` ("the second run stopped drawing earlier
+    than the first"), reported as a failure (issue #33). Caught by ``run_machine``; it
+    never reaches the caller."""
 
 
 class Deadline:
@@ -77,8 +91,20 @@ class Deadline:
 NO_DEADLINE = Deadline(None)
 
 
+def _replaying_the_failure() -> bool:
+    """Is Hypothesis replaying the failure it found, to report it? That replay (one
+    example) runs to its end: Hypothesis records however it ends in its tree of choices,
+    whatever the exception, so one cut short reads as a different draw of the same data
+    (``FlakyStrategyDefinition``) in place of the failure."""
+    try:
+        return bool(current_build_context().is_final)
+    except InvalidArgument:  # not in a Hypothesis example
+        return False
+
+
 class _Budgeted(Tally):
-    """A tally whose step count checks the deadline: the machine stops at the next step."""
+    """A tally whose step count checks the deadline: the machine stops at the next step
+    (except in Hypothesis's replay of a failure: ``_replaying_the_failure``)."""
 
     def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
@@ -91,7 +117,7 @@ class _Budgeted(Tally):
     @steps.setter
     def steps(self, n: int) -> None:
         self._steps = n
-        if n:
+        if n and not _replaying_the_failure():
             self.deadline.check()
 
 
@@ -181,6 +207,9 @@ def run_machine(
         test()
     except BudgetSpent:
         spent = True
+        # A divergence the machine caught before the budget ran out (while Hypothesis
+        # shrank it) is still the run's failure.
+        failure = tally.last
     except Exception as exc:  # the failure (or Hypothesis's own complaint)
         failure = exc
     return RunResult(
