@@ -15,11 +15,9 @@ failing program by delta debugging (``shrink_program``): a replay costs a fracti
 Hypothesis shrink step.
 
 A time budget is a hard bound: a ``Deadline`` that the machine checks at every step (a
-Hypothesis run in progress is stopped, not waited for: ``BudgetSpent`` interrupts it as
-Hypothesis lets an interruption do, recording nothing; only its replay of a failure it
-found, one example, runs to its end), the tour before every sequence and the shrink
-before every replay. What was done when it ran out is reported
-(``RunResult.out_of_time``, ``Kill.out_of_time``).
+run in progress is interrupted, ``BudgetSpent``; only Hypothesis's replay of a failure
+runs to its end), the tour before every sequence and the shrink before every replay.
+What was done when it ran out is reported (``RunResult.out_of_time``, ``Kill.out_of_time``).
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from hypothesis.control import current_build_context
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import get_state_machine_test
 
+from refimpl.testing.coverage import state_share as state_share
 from refimpl.testing.harness import Adapter, Coverage, Divergence, Step, replay_program
 from refimpl.testing.machine import Tally, make_machine
 from refimpl.testing.worlds import get_world
@@ -55,17 +54,11 @@ FIND = (Phase.generate,)  # hunts: find, then shrink_program
 
 
 class BudgetSpent(KeyboardInterrupt):
-    """The deadline passed: the run in progress is interrupted at its next step.
-
-    A ``KeyboardInterrupt``, the one exception Hypothesis's engine treats as an
-    interruption of the run rather than as the end of the example: it neither records
-    the example in its tree of choices nor saves it to the database. Any other exception
-    ends the example where it was raised, and Hypothesis concludes it there: an example
-    cut short at the deadline while it was still replaying a prefix of an earlier one
-    (a mutation of it) then drew less than that example had on the same choices, and the
-    run ended in ``FlakyStrategyDefinition`` ("the second run stopped drawing earlier
-    than the first"), reported as a failure (issue #33). Caught by ``run_machine``; it
-    never reaches the caller."""
+    """The deadline passed: the run in progress stops at its next step. A
+    ``KeyboardInterrupt``: Hypothesis takes it for an interruption, recording nothing;
+    any other exception ends the example there, and one cut short while it replayed an
+    earlier example's prefix read as ``FlakyStrategyDefinition`` (issue #33). Caught by
+    ``run_machine``."""
 
 
 class Deadline:
@@ -92,10 +85,8 @@ NO_DEADLINE = Deadline(None)
 
 
 def _replaying_the_failure() -> bool:
-    """Is Hypothesis replaying the failure it found, to report it? That replay (one
-    example) runs to its end: Hypothesis records however it ends in its tree of choices,
-    whatever the exception, so one cut short reads as a different draw of the same data
-    (``FlakyStrategyDefinition``) in place of the failure."""
+    """Is Hypothesis replaying the failure it found (one example, recorded however it
+    ends: it runs to its end, or the failure would read as another draw)?"""
     try:
         return bool(current_build_context().is_final)
     except InvalidArgument:  # not in a Hypothesis example
@@ -103,8 +94,7 @@ def _replaying_the_failure() -> bool:
 
 
 class _Budgeted(Tally):
-    """A tally whose step count checks the deadline: the machine stops at the next step
-    (except in Hypothesis's replay of a failure: ``_replaying_the_failure``)."""
+    """A tally whose step count checks the deadline (not in the replay of a failure)."""
 
     def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
@@ -207,9 +197,7 @@ def run_machine(
         test()
     except BudgetSpent:
         spent = True
-        # A divergence the machine caught before the budget ran out (while Hypothesis
-        # shrank it) is still the run's failure.
-        failure = tally.last
+        failure = tally.last  # a divergence caught before (while shrinking) still counts
     except Exception as exc:  # the failure (or Hypothesis's own complaint)
         failure = exc
     return RunResult(
@@ -409,14 +397,3 @@ def kill(
         int(err.where["seed"]),
         f"{err.kind}: {err.program[-1]['action']}" if err.program else err.kind,
     )
-
-
-def state_share(visited: set[Any], config: Config) -> tuple[int, int]:
-    """(visited, total) canonical abstract states of ``config``'s explicit graph."""
-    from model_checks.explicit.explore import explore
-
-    states = set(explore(config).states)
-    outside = visited - states
-    if outside:  # the machine checks refinement, so this is a bug of the harness
-        raise AssertionError(f"{len(outside)} visited states are not in the spec's graph")
-    return len(visited), len(states)
