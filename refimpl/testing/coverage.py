@@ -171,3 +171,14 @@ class Coverage:
             self.states |= other.states
         if self.edges is not None and other.edges is not None:
             self.edges |= other.edges
+
+
+def state_share(visited: set[Any], config: Config) -> tuple[int, int]:
+    """(visited, total) canonical abstract states of ``config``'s explicit graph."""
+    from model_checks.explicit.explore import explore
+
+    states = set(explore(config).states)
+    outside = visited - states
+    if outside:  # the machine checks refinement, so this is a bug of the harness
+        raise AssertionError(f"{len(outside)} visited states are not in the spec's graph")
+    return len(visited), len(states)

@@ -9,21 +9,29 @@ draws those patterns directly:
     copy_blocks   random source and destination ids (any order, gaps, runs): every
                   destination block equals its source block, every other block is
                   untouched
-    reshard       random TP/CP/block size/axis order on both sides, block tables
-                  shuffled with spare blocks: every token of every head, read back
-                  slot by slot from the destination's pools through its table, equals
-                  the original (and ``unshard`` returns it)
+    reshard       random TP/CP/block size/axis order on both sides (half the time one
+                  block size on both, where whole blocks merge into spans), block tables
+                  shuffled with spare blocks or adjacent ascending ids: every token of
+                  every head, read back slot by slot from the destination's pools
+                  through its table, equals the original (and ``unshard`` returns it)
     receiver      a handoff through ``Sender``/``Receiver`` of permuted source blocks,
                   with a chunk lost, duplicated, reordered or corrupted, into permuted
                   reserved blocks of either axis order behind a prefix held there: it
                   commits exactly when nothing was lost, with every block's source
-                  bytes, else it gives back what it reserved; forged chunks of another
-                  attempt or request change nothing
+                  bytes, else it gives back what it reserved; the transport counts the
+                  fault once, under its own name; forged chunks of another attempt or
+                  request change nothing
+    inbox         random puts, takes, drops and fences on an ``Inbox`` (what a transport
+                  between processes keeps unpolled) with small caps, against a plain
+                  model: results, ``sizes()`` and the ``fenced``/``dropped_full`` counters
 
-``run_datapath()`` runs all three (derandomised) and returns the first failure's text.
+``run_datapath()`` runs all four (derandomised) and returns the first failure's text.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from typing import Any
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -42,11 +50,18 @@ from refimpl.api import (
 from refimpl.blocks import BlockStatus
 from refimpl.pool import KVPool, PoolGeometry, copy_blocks
 from refimpl.reshard import KVLayout, allocate, reshard, unshard
-from refimpl.transport import Fault, InProcessTransport
+from refimpl.transport import Fault, Inbox, InProcessTransport
 from spec import shardmap as sm
 from spec.manifest import LocalConfig, RopeConfig
 
 EXAMPLES = 60  # per property, in run_datapath
+MODES = ("runs", "reversed", "any")  # block table patterns (``_table``)
+FAULT_STATS = {
+    "lose": "lost",
+    "duplicate": "duplicated",
+    "reorder": "reordered",
+    "corrupt": "corrupted",
+}
 
 LOCAL = LocalConfig(
     model_id="tiny",
@@ -91,23 +106,27 @@ def check_copy_blocks(cap: int, src_ids: list[int], dst_ids: list[int], seed: in
 
 
 @st.composite
-def _layouts(draw: st.DrawFn, kv_heads: int) -> KVLayout:
+def _layouts(draw: st.DrawFn, kv_heads: int, block_size: int | None = None) -> KVLayout:
     tp = draw(st.sampled_from([t for t in (1, 2, 4) if kv_heads % t == 0 or t % kv_heads == 0]))
     return KVLayout(
         draw(st.sampled_from(sorted(sm.LAYOUTS))),
         layers=2,
         kv_heads=kv_heads,
-        block_size=draw(st.integers(1, 4)),
+        block_size=draw(st.integers(1, 4)) if block_size is None else block_size,
         head_dim=2,
         tp=tp,
         cp=draw(st.integers(1, 2)),
     )
 
 
-def _table(draw: st.DrawFn, n: int, phys: int) -> list[int]:
+def _table(draw: st.DrawFn, n: int, phys: int, modes: tuple[str, ...] = MODES) -> list[int]:
     """``n`` distinct ids of ``range(phys)``: in runs of adjacent ids with gaps (where
-    merging goes wrong), reversed, or any permutation."""
-    mode = draw(st.sampled_from(["runs", "reversed", "any"]), label="table mode")
+    merging goes wrong), reversed, any permutation, or (``ascending``, when ``modes``
+    has it) adjacent ids from a random first one (where every whole block merges)."""
+    mode = draw(st.sampled_from(modes), label="table mode")
+    if mode == "ascending":
+        first = draw(st.integers(0, phys - n), label="first id")
+        return list(range(first, first + n))
     if mode == "any":
         return list(draw(st.permutations(range(phys)), label="table"))[:n]
     if mode == "reversed":
@@ -124,9 +143,11 @@ def _table(draw: st.DrawFn, n: int, phys: int) -> list[int]:
 
 
 def _shuffled(kv: object, draw: st.DrawFn, spare: int) -> None:
-    """Replace each block table by distinct physical blocks of the pool, not in order."""
+    """Replace each block table by distinct physical blocks of the pool: permuted, or
+    adjacent ascending ids (so that whole blocks merge into one span on both sides)."""
     for c, table in enumerate(kv.block_tables):  # type: ignore[attr-defined]
-        kv.block_tables[c] = _table(draw, len(table) - spare, len(table))  # type: ignore[attr-defined]
+        new = _table(draw, len(table) - spare, len(table), (*MODES, "ascending"))
+        kv.block_tables[c] = new  # type: ignore[attr-defined]
 
 
 def read_back(kv: object) -> torch.Tensor:
@@ -151,7 +172,9 @@ def read_back(kv: object) -> torch.Tensor:
 @st.composite
 def _reshard_case(draw: st.DrawFn) -> tuple[KVLayout, KVLayout, int, int]:
     heads = draw(st.sampled_from([1, 2, 4]), label="kv_heads")
-    a, b = draw(_layouts(heads)), draw(_layouts(heads))
+    a = draw(_layouts(heads))
+    same = draw(st.booleans(), label="same block size")  # where whole blocks merge into spans
+    b = draw(_layouts(heads, a.block_size if same else None))
     tokens = draw(st.integers(1, 12), label="tokens")
     return a, b, tokens, draw(st.integers(0, 3), label="spare")
 
@@ -218,10 +241,16 @@ def check_receiver(
         rx.poll("r")
         assert rx.state("r") is State.RECEIVING, rx.error("r")
         assert all(torch.equal(p.kv, b) for p, b in zip(pd.pools, before, strict=True))
+    skip = min(at, max(n - first - 1, 0))
     if fault is not None:
-        t.inject(ch, fault, skip=min(at, max(n - first - 1, 0)))
+        t.inject(ch, fault, skip=skip)
+    counted = {k: t.stats[k] for k in FAULT_STATS.values()}
     for h, payload in chunks:
         t.send(ch, h, payload)
+    hit = fault is not None and len(chunks) > skip  # the fault fell on one of the chunks
+    got = {k: t.stats[k] - v for k, v in counted.items()}
+    want = {k: int(hit and k == FAULT_STATS.get(fault or "")) for k in counted}
+    assert got == want, f"fault {fault} on chunk {skip} of {len(chunks)}: counted {got}"
     idle = 0
     while not (rx.state("r").final and tx.state("r").final) and idle < 3:
         idle = 0 if rx.poll("r") + tx.poll("r") else idle + 1
@@ -238,6 +267,63 @@ def check_receiver(
     else:
         assert set(pd.alloc.holders()) <= {"cache"}, pd.alloc.holders()
     pd.alloc.check_integrity()
+
+
+def check_inbox(caps: tuple[int, int, int, int], ops: list[tuple[Any, ...]]) -> None:
+    """``Inbox`` (what a transport between processes keeps unpolled: bounded, fenced)
+    against a plain model: per channel the filed messages in order; per channel the
+    newest ended epoch, the least recently fenced forgotten past ``max_fences``; a put
+    refused when fenced (``fenced``) or past a cap on channels, messages or bytes
+    (``dropped_full``). After every call its result, ``sizes()`` and both counters agree."""
+    max_channels, max_messages, max_bytes, max_fences = caps
+    stats: Counter[str] = Counter()
+    box: Inbox[int] = Inbox(
+        stats,
+        max_channels=max_channels,
+        max_messages=max_messages,
+        max_bytes=max_bytes,
+        max_fences=max_fences,
+    )
+    filed: dict[str, list[tuple[int, int | None, int]]] = {}  # (item, epoch, bytes)
+    ended: dict[str, int] = {}  # channel -> fenced epoch, least recently fenced first
+    dropped = fenced = 0
+    for k, (kind, ch, arg, nbytes) in enumerate(ops):
+        messages = sum(len(q) for q in filed.values())
+        held = sum(n for q in filed.values() for _, _, n in q)
+        if kind == "put":
+            void = ch in ended and (arg is None or arg <= ended[ch])
+            full = (ch not in filed and len(filed) >= max_channels) or (
+                messages >= max_messages or held + nbytes > max_bytes
+            )
+            fenced, dropped = fenced + void, dropped + (full and not void)
+            if not (void or full):
+                filed.setdefault(ch, []).append((k, arg, nbytes))
+            got, want = box.put(ch, k, arg, nbytes), not (void or full)
+        elif kind in ("take", "drop"):
+            items = [item for item, _, _ in filed.pop(ch, [])]
+            got = box.take(ch) if kind == "take" else box.drop(ch)
+            want = items if kind == "take" else len(items)
+        else:  # fence
+            ended[ch] = max(arg, ended.pop(ch, arg))
+            while len(ended) > max_fences:
+                del ended[next(iter(ended))]
+            was = filed.pop(ch, [])
+            keep = [m for m in was if m[1] is not None and m[1] > ended[ch]]
+            if keep:
+                filed[ch] = keep
+            fenced += len(was) - len(keep)
+            got, want = box.fence(ch, arg), len(was) - len(keep)
+        where = f"call {k} {(kind, ch, arg, nbytes)} with caps {caps}"
+        assert got == want, f"{where}: returned {got!r}, the model {want!r}"
+        sizes = {
+            "channels": len(filed),
+            "messages": sum(len(q) for q in filed.values()),
+            "bytes": sum(n for q in filed.values() for _, _, n in q),
+            "fences": len(ended),
+        }
+        assert box.sizes() == sizes, f"{where}: sizes {box.sizes()}, the model {sizes}"
+        counters = {"dropped_full": dropped, "fenced": fenced}
+        assert {c: stats[c] for c in counters} == counters, f"{where}: {stats}, not {counters}"
 
 
 _SETTINGS = settings(
@@ -277,7 +363,24 @@ def receiver_agrees(case: tuple[int, int, int, str | None, int], data: st.DataOb
     check_receiver(*case, data)
 
 
-PROPERTIES = (copy_blocks_agrees, reshard_agrees, receiver_agrees)
+_CHANNELS = st.sampled_from("abc")
+_INBOX_CALL = st.one_of(
+    st.tuples(st.just("put"), _CHANNELS, st.sampled_from([None, 0, 1, 2]), st.integers(0, 5)),
+    st.tuples(st.sampled_from(["take", "drop"]), _CHANNELS, st.none(), st.just(0)),
+    st.tuples(st.just("fence"), _CHANNELS, st.integers(0, 2), st.just(0)),
+)
+
+
+@_SETTINGS
+@given(
+    st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(0, 15), st.integers(1, 3)),
+    st.lists(_INBOX_CALL, max_size=30),
+)
+def inbox_agrees(caps: tuple[int, int, int, int], ops: list[tuple[Any, ...]]) -> None:
+    check_inbox(caps, ops)
+
+
+PROPERTIES = (copy_blocks_agrees, reshard_agrees, receiver_agrees, inbox_agrees)
 
 
 def run_datapath() -> str | None:

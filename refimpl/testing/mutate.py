@@ -18,7 +18,8 @@ mutate`` stops a mutant's run at the first check that kills it:
 
     tour   ``python -m refimpl.testing.mutate tour``: the graph tour (``tour``) of every
            edge of the worlds of ``TOURS``, deterministic, to the first divergence.
-    fuzz   ``python -m refimpl.testing.mutate fuzz``: the block-table fuzz, then the
+    fuzz   ``python -m refimpl.testing.mutate fuzz``: the data-path fuzz (``datapath``:
+           block tables, the receiver's faults, the transport's ``Inbox``), then the
            Hypothesis machine on every world of ``FUZZ_WORLDS`` (ci profile,
            derandomised), to the first failure.
     unit   ``pytest tests/refimpl`` (engine, chunk, transport, block, pool, reshard,

@@ -15,9 +15,9 @@ failing program by delta debugging (``shrink_program``): a replay costs a fracti
 Hypothesis shrink step.
 
 A time budget is a hard bound: a ``Deadline`` that the machine checks at every step (a
-Hypothesis run in progress is stopped, not waited for), the tour before every sequence
-and the shrink before every replay. What was done when it ran out is reported
-(``RunResult.out_of_time``, ``Kill.out_of_time``).
+run in progress is interrupted, ``BudgetSpent``; only Hypothesis's replay of a failure
+runs to its end), the tour before every sequence and the shrink before every replay.
+What was done when it ran out is reported (``RunResult.out_of_time``, ``Kill.out_of_time``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import get_state_machine_test
 
+from refimpl.testing.coverage import state_share as state_share
 from refimpl.testing.harness import Adapter, Coverage, Divergence, Step, replay_program
 from refimpl.testing.machine import Tally, make_machine
 from refimpl.testing.worlds import get_world
@@ -50,8 +53,12 @@ PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 FIND = (Phase.generate,)  # hunts: find, then shrink_program
 
 
-class BudgetSpent(BaseException):
-    """The deadline passed (a BaseException: Hypothesis must not take it for a failure)."""
+class BudgetSpent(KeyboardInterrupt):
+    """The deadline passed: the run in progress stops at its next step. A
+    ``KeyboardInterrupt``: Hypothesis takes it for an interruption, recording nothing;
+    any other exception ends the example there, and one cut short while it replayed an
+    earlier example's prefix read as ``FlakyStrategyDefinition`` (issue #33). Caught by
+    ``run_machine``."""
 
 
 class Deadline:
@@ -77,8 +84,17 @@ class Deadline:
 NO_DEADLINE = Deadline(None)
 
 
+def _replaying_the_failure() -> bool:
+    """Is Hypothesis replaying the failure it found (one example, recorded however it
+    ends: it runs to its end, or the failure would read as another draw)?"""
+    try:
+        return bool(current_build_context().is_final)
+    except InvalidArgument:  # not in a Hypothesis example
+        return False
+
+
 class _Budgeted(Tally):
-    """A tally whose step count checks the deadline: the machine stops at the next step."""
+    """A tally whose step count checks the deadline (not in the replay of a failure)."""
 
     def __init__(self, deadline: Deadline) -> None:
         self.deadline = deadline
@@ -91,7 +107,7 @@ class _Budgeted(Tally):
     @steps.setter
     def steps(self, n: int) -> None:
         self._steps = n
-        if n:
+        if n and not _replaying_the_failure():
             self.deadline.check()
 
 
@@ -181,6 +197,7 @@ def run_machine(
         test()
     except BudgetSpent:
         spent = True
+        failure = tally.last  # a divergence caught before (while shrinking) still counts
     except Exception as exc:  # the failure (or Hypothesis's own complaint)
         failure = exc
     return RunResult(
@@ -380,14 +397,3 @@ def kill(
         int(err.where["seed"]),
         f"{err.kind}: {err.program[-1]['action']}" if err.program else err.kind,
     )
-
-
-def state_share(visited: set[Any], config: Config) -> tuple[int, int]:
-    """(visited, total) canonical abstract states of ``config``'s explicit graph."""
-    from model_checks.explicit.explore import explore
-
-    states = set(explore(config).states)
-    outside = visited - states
-    if outside:  # the machine checks refinement, so this is a bug of the harness
-        raise AssertionError(f"{len(outside)} visited states are not in the spec's graph")
-    return len(visited), len(states)

@@ -6,7 +6,9 @@ and the data-path fuzz kills broken run/span merging on permuted block tables.
                             prefix), a crash that keeps the prefix cache (crash+prefix)
     not probed              a forged message index accepted
     not independent         recompute losing the generated tokens (the ghost)
-    never driven            copy_blocks / reshard merging over non-contiguous tables
+    never driven            copy_blocks / reshard merging over non-contiguous tables;
+                            (issue #33) a merge of whole adjacent blocks, a fault's
+                            counter, ``Inbox``'s accounting
 """
 
 from __future__ import annotations
@@ -15,9 +17,15 @@ import pytest
 
 import refimpl.pool
 import refimpl.reshard
+import refimpl.transport
 from refimpl.engine import Engine
 from refimpl.testing import Divergence
-from refimpl.testing.datapath import copy_blocks_agrees, reshard_agrees
+from refimpl.testing.datapath import (
+    copy_blocks_agrees,
+    inbox_agrees,
+    receiver_agrees,
+    reshard_agrees,
+)
 from refimpl.testing.run import hunt
 from refimpl.testing.worlds import get_world
 
@@ -77,3 +85,51 @@ def test_reshard_fuzz_kills_a_span_merged_over_a_gap(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(refimpl.reshard, "_spans", spans)
     with pytest.raises((AssertionError, RuntimeError)):  # wrong bytes, or a shape clash
         reshard_agrees()
+
+
+def test_reshard_fuzz_kills_a_merge_written_over_the_span_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = refimpl.reshard._spans
+
+    def spans(pieces, src_table, dst_table, src_bs, dst_bs):  # type: ignore[no-untyped-def]
+        out: list[refimpl.reshard._Span] = []
+        for p in pieces:  # the mutant spans[-2] = ... of issue #33, on the real pieces
+            got = real([p], src_table, dst_table, src_bs, dst_bs)[0]
+            last = out[-1] if out else None
+            whole = got.length == src_bs == dst_bs and got.src_slot == got.dst_slot == 0
+            if whole and last and last.n == 1 and last.length == got.length:
+                if (last.src + 1, last.dst + 1) == (got.src, got.dst):
+                    out[-2] = refimpl.reshard._Span(last.src, last.dst, 2, 0, 0, got.length)
+                    continue
+            out.append(got)
+        return out
+
+    monkeypatch.setattr(refimpl.reshard, "_spans", spans)
+    with pytest.raises((AssertionError, IndexError)):  # wrong bytes, or no span before
+        reshard_agrees()
+
+
+def test_receiver_fuzz_kills_a_reorder_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = refimpl.transport.InProcessTransport.send
+
+    def send(self, channel, header, payload=b""):  # type: ignore[no-untyped-def]
+        before = self.stats["reordered"]
+        real(self, channel, header, payload)
+        self.stats["reordered"] = before  # the counter's line dropped
+
+    monkeypatch.setattr(refimpl.transport.InProcessTransport, "send", send)
+    with pytest.raises(AssertionError, match="reorder"):
+        receiver_agrees()
+
+
+def test_inbox_fuzz_kills_counts_that_start_at_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = refimpl.transport.Inbox.__init__
+
+    def init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real(self, *args, **kwargs)
+        self.messages = self.bytes = 1
+
+    monkeypatch.setattr(refimpl.transport.Inbox, "__init__", init)
+    with pytest.raises(AssertionError):
+        inbox_agrees()

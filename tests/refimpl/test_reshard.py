@@ -238,3 +238,17 @@ def test_a_refused_reshard_leaves_the_destination_as_it_was() -> None:
     with pytest.raises(ValueError, match="needs 2"):
         reshard(shard(full, good), short)
     assert short.num_tokens == 0
+
+
+def test_whole_adjacent_blocks_merge_into_one_span_and_a_gap_splits_it() -> None:
+    """Equal block sizes and adjacent ascending ids on both sides: each whole block joins
+    the span before it, so one copy moves all three (issue #33: a merge written over the
+    span before the last one survived the fuzz); a gap on one side starts a new span."""
+    full = _full(2, 2, 12, 4)
+    src = shard(full, KVLayout("heads_major", 2, 2, 4, 4))
+    for table, copies in (([1, 2, 3], 1), ([1, 2, 0], 2)):
+        dst = allocate(KVLayout("tokens_major", 2, 2, 4, 4), 12, spare_blocks=1)
+        dst.block_tables = [table]
+        stats = reshard(src, dst)
+        assert (stats.copies, stats.blocks_written) == (copies, 3), table
+        _assert_holds_its_slice(dst, full)

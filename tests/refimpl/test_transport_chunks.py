@@ -4,6 +4,7 @@ public API's receiving end (``refimpl.api.Receiver``, the one receive path) wher
 sends what it must not: a manifest whose every block the receiver already holds, a
 hostile manifest, a chunk of a rank the manifest does not name."""
 
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -13,7 +14,7 @@ from refimpl.api import State, channels, read_kv, write_kv
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.errors import ChunkError, FrozenError, ManifestError, OwnerError
 from refimpl.pool import KVPool, PoolGeometry, copy_blocks
-from refimpl.transport import InProcessTransport
+from refimpl.transport import Inbox, InProcessTransport
 from spec.manifest import LocalConfig, Manifest, RopeConfig
 from tests.library.lib_helpers import Pair, geo, held, pair, prefill
 
@@ -171,3 +172,41 @@ def test_a_chunk_of_a_rank_the_manifest_does_not_name_aborts_by_name() -> None:
     assert p.rx.state("r") is State.ABORTED and isinstance(err, ChunkError)
     assert err.prop == "RankAgreement" and "rank 1" in str(err)
     assert held(p.dst) == {}
+
+
+FAULT_COUNTERS = ("lost", "duplicated", "reordered", "corrupted")
+
+
+@pytest.mark.parametrize(
+    ("fault", "counter", "order"),
+    [
+        ("lose", "lost", [0, 2]),
+        ("duplicate", "duplicated", [0, 1, 1, 2]),
+        ("reorder", "reordered", [0, 2, 1]),
+        ("corrupt", "corrupted", [0, 1, 2]),
+    ],
+)
+def test_each_fault_falls_on_its_message_and_is_counted_once(
+    fault: str, counter: str, order: list[int]
+) -> None:
+    t = InProcessTransport()
+    t.inject("c", fault, skip=1)
+    for i in range(3):
+        t.send("c", {"i": i}, bytes([i, i]))
+    got = t.poll("c")
+    assert [h["i"] for h, _ in got] == order
+    changed = [h["i"] for h, p in got if bytes(p) != bytes([h["i"], h["i"]])]
+    assert changed == ([1] if fault == "corrupt" else [])
+    assert {k: t.stats[k] for k in FAULT_COUNTERS} == {k: int(k == counter) for k in FAULT_COUNTERS}
+    assert t.stats["sent"] == 3 and t.stats["delivered"] == len(order)
+
+
+def test_an_inbox_counts_what_it_keeps_from_zero() -> None:
+    box: Inbox[str] = Inbox(Counter(), max_messages=2, max_bytes=10)
+    assert box.sizes() == {"channels": 0, "messages": 0, "bytes": 0, "fences": 0}
+    assert box.put("a", "x", 1, 4) and box.put("b", "y", 1, 6)
+    assert box.sizes() == {"channels": 2, "messages": 2, "bytes": 10, "fences": 0}
+    assert not box.put("a", "z", 1, 0)  # a third message: past max_messages
+    assert box.take("a") == ["x"] and box.take("b") == ["y"]
+    assert box.sizes() == {"channels": 0, "messages": 0, "bytes": 0, "fences": 0}
+    assert box.put("a", "w", 1, 10)  # all ten bytes again, once the others were taken
