@@ -10,7 +10,9 @@ a short, printable prefix. No exception other than ``LogError`` leaves ``loads_l
 from __future__ import annotations
 
 import os
+import select
 import stat
+import time
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -75,6 +77,7 @@ def loads_line(n: int, raw: bytes | str) -> Any:
 
 CHUNK = 1 << 16  # bytes asked of the stream at a time
 HEAD = 1 << 16  # bytes of a stream's beginning kept for a hint (``LogError.head``)
+GRACE = 0.5  # seconds a pipe's writer is given to end, at most, for that hint
 
 
 class LineReader:
@@ -110,31 +113,41 @@ class LineReader:
 
     def whole(self) -> bytes | None:
         """The whole input when it is at most ``keep`` bytes: what was read, and from a
-        pipe or FIFO what it holds now (read without waiting: a live writer's pipe is not
-        waited on), else None."""
+        pipe or FIFO what it holds now and what its writer adds before it ends, waited
+        for at most ``GRACE`` seconds in all (a live writer's pipe is not waited on past
+        that: a writer that wrote everything but had not closed yet was a missing hint,
+        issue #34), else None."""
         if not self.eof and self._size is None:
             self._drain()
         done = self.eof or (self._size is not None and self.total >= self._size)
         return bytes(self.head) if done and self.total <= self.keep else None
 
     def _drain(self) -> None:
-        """Read on without blocking, up to one byte past ``keep``, until the stream would
-        wait or ends."""
+        """Read on without blocking, up to one byte past ``keep``, until the stream ends
+        or has said nothing more for what is left of ``GRACE`` seconds."""
         try:
             fd = self.f.fileno()
             was = os.get_blocking(fd)
         except (OSError, AttributeError, ValueError):
             return
+        end = time.monotonic() + GRACE
         try:
             os.set_blocking(fd, False)
             while self.total <= self.keep:
-                b = os.read(fd, self.keep + 1 - self.total)
+                try:
+                    b = os.read(fd, self.keep + 1 - self.total)
+                except BlockingIOError:  # the writer is there: wait for it, bounded
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        return
+                    select.select([fd], [], [], left)
+                    continue
                 if not b:
                     self.eof = True
                     return
                 self.head += b[: self.keep - len(self.head)]
                 self.total += len(b)
-        except OSError:  # BlockingIOError: the writer is there and has said nothing more
+        except OSError:  # the stream failed: what was read is all there is
             return
         finally:
             try:

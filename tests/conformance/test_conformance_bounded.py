@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from kvown_cli.main import main
 from model_checks.conformance import LogError, check_file, check_text
 from model_checks.conformance.events import MAX_CLOCKS
+from model_checks.conformance.jsonline import GRACE
 
 TRACES = Path(__file__).resolve().parents[2] / "repro" / "traces"
 # a stall: decode holds r0's blocks since line 5 and nothing happens (the bug's last two
@@ -55,10 +57,12 @@ def test_within_the_cap_a_stall_is_read_again_on_one_of_the_clocks() -> None:
     assert v.line == len(STALL) + MAX_CLOCKS + 1 and "decode/c63 clock" in v.reason
 
 
-def _feed_fifo(path: Path, data: bytes) -> threading.Thread:
+def _feed_fifo(path: Path, data: bytes, linger: float = 0.0) -> threading.Thread:
     def write() -> None:
         with open(path, "wb") as f:
             f.write(data)
+            f.flush()
+            time.sleep(linger)  # written, not closed yet
 
     t = threading.Thread(target=write, daemon=True)
     t.start()
@@ -88,6 +92,29 @@ def test_a_fifo_streams_and_a_malformed_one_is_not_read_again(
     w.join()
     err = capsys.readouterr().err
     assert result == [2] and f"`kvown replay {fifo}` replays it" in err
+
+
+@pytest.mark.parametrize("linger", [0.2, 5.0])
+def test_a_fifo_writer_that_closes_late_still_gets_the_hint_and_is_not_waited_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], linger: float
+) -> None:
+    """The race behind the flaky hint (issue #34): the writer has written everything but
+    not closed when line 1 fails. Within the reader's grace (0.2 s) its end is waited
+    for and the hint is given; past it (5 s) the checker answers without the hint while
+    the writer still holds the FIFO: it never waits on a live writer for long."""
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    cex = {"config": "handoff_tp2to1", "mutants": [], "violated": "NoReuseUnderIO", "trace": []}
+    w = _feed_fifo(fifo, json.dumps(cex, indent=1).encode(), linger)
+    assert main(["check-trace", str(fifo)]) == 2
+    err = capsys.readouterr().err
+    hint = f"`kvown replay {fifo}` replays it" in err
+    assert 0.2 < GRACE < 5.0  # the grace the two cases stand either side of
+    if linger < 1.0:
+        assert hint, err
+    else:
+        assert w.is_alive() and not hint  # answered while the writer still held it
+    w.join()
 
 
 def test_a_big_malformed_log_gets_no_hint_and_is_read_once(tmp_path: Path) -> None:
