@@ -20,6 +20,7 @@ from model_checks.explicit.explore import explore
 from refimpl.testing.coverage import edge_key
 from refimpl.testing.on_api.tour import JUDGED, ApiPlan, ClosedGraph, closed_graph
 from refimpl.testing.probes import MSG_ACTIONS, spec_refusals
+from refimpl.testing.tour import first_pairs
 from spec.actions import encode_args
 from spec.config import Config
 from spec.state import World
@@ -40,20 +41,10 @@ def api_refusals(w: World, c: Config) -> list[tuple[str, int, int, str | None]]:
     return out
 
 
-def _outcome(prop: str | None) -> str:
-    return "refused" + (f":{prop}" if prop else "")
-
-
 def first_api_pairs(g: ClosedGraph) -> dict[Pair, tuple[int, int | None]]:
     """Each pair the closed graph offers, with the shallowest state offering it (its ids
     are in BFS order) and, for "ok", the edge."""
-    found: dict[Pair, tuple[int, int | None]] = {}
-    for sid in range(g.n_states):
-        for e in g.out_edges(sid):
-            found.setdefault((g.lab[e][0], "ok"), (sid, e))
-        for name, _, _, prop in api_refusals(g.states[sid], g.config):
-            found.setdefault((name, _outcome(prop)), (sid, None))
-    return found
+    return first_pairs(g, None, api_refusals)  # type: ignore[arg-type]
 
 
 def _tree(g: ClosedGraph) -> list[int]:
