@@ -85,9 +85,8 @@ def first_pairs(
     g: Graph, scan: int | None = None, refusals: Any = spec_refusals
 ) -> dict[Pair, tuple[int, int | None]]:
     """Each reachable pair, with the shallowest state that offers it (and, for "ok", the
-    edge): states are scanned in BFS order, the first ``scan`` of them (None: all).
-    ``refusals(w, c)``: the probes of a state (``on_api.pairs``: those the API judges);
-    ``g``: any graph of that shape (``on_api.tour.ClosedGraph`` too)."""
+    edge), in BFS order, the first ``scan`` states (None: all); ``refusals(w, c)``: a
+    state's probes (``on_api.pairs``: the API's, on its ``ClosedGraph``)."""
     found: dict[Pair, tuple[int, int | None]] = {}
     for sid in range(g.n_states if scan is None else min(scan, g.n_states)):
         for e in g.out_edges(sid):
