@@ -81,14 +81,17 @@ def state_pairs(g: Graph, sid: int) -> set[Pair]:
     return out
 
 
-def first_pairs(g: Graph, scan: int | None = None) -> dict[Pair, tuple[int, int | None]]:
+def first_pairs(
+    g: Graph, scan: int | None = None, refusals: Any = spec_refusals
+) -> dict[Pair, tuple[int, int | None]]:
     """Each reachable pair, with the shallowest state that offers it (and, for "ok", the
-    edge): states are scanned in BFS order, the first ``scan`` of them (None: all)."""
+    edge), in BFS order, the first ``scan`` states (None: all); ``refusals(w, c)``: a
+    state's probes (``on_api.pairs``: the API's, on its ``ClosedGraph``)."""
     found: dict[Pair, tuple[int, int | None]] = {}
     for sid in range(g.n_states if scan is None else min(scan, g.n_states)):
         for e in g.out_edges(sid):
             found.setdefault((g.lab[e][0], "ok"), (sid, e))
-        for n, _, _, p in spec_refusals(g.states[sid], g.config):
+        for n, _, _, p in refusals(g.states[sid], g.config):
             found.setdefault((n, _outcome(p)), (sid, None))
     return found
 

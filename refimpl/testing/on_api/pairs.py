@@ -20,6 +20,7 @@ from model_checks.explicit.explore import explore
 from refimpl.testing.coverage import edge_key
 from refimpl.testing.on_api.tour import JUDGED, ApiPlan, ClosedGraph, closed_graph
 from refimpl.testing.probes import MSG_ACTIONS, spec_refusals
+from refimpl.testing.tour import _without_prefixes, first_pairs
 from spec.actions import encode_args
 from spec.config import Config
 from spec.state import World
@@ -27,7 +28,6 @@ from spec.state import World
 __all__ = ["Pair", "api_refusals", "first_api_pairs", "plan_api_pairs"]
 
 Pair = tuple[str, str]
-Label = tuple[str, int, int]
 
 
 def api_refusals(w: World, c: Config) -> list[tuple[str, int, int, str | None]]:
@@ -40,20 +40,10 @@ def api_refusals(w: World, c: Config) -> list[tuple[str, int, int, str | None]]:
     return out
 
 
-def _outcome(prop: str | None) -> str:
-    return "refused" + (f":{prop}" if prop else "")
-
-
 def first_api_pairs(g: ClosedGraph) -> dict[Pair, tuple[int, int | None]]:
     """Each pair the closed graph offers, with the shallowest state offering it (its ids
     are in BFS order) and, for "ok", the edge."""
-    found: dict[Pair, tuple[int, int | None]] = {}
-    for sid in range(g.n_states):
-        for e in g.out_edges(sid):
-            found.setdefault((g.lab[e][0], "ok"), (sid, e))
-        for name, _, _, prop in api_refusals(g.states[sid], g.config):
-            found.setdefault((name, _outcome(prop)), (sid, None))
-    return found
+    return first_pairs(g, None, api_refusals)  # type: ignore[arg-type]
 
 
 def _tree(g: ClosedGraph) -> list[int]:
@@ -75,27 +65,19 @@ def _path(g: ClosedGraph, parent: list[int], sid: int) -> list[int]:
     return out[::-1]
 
 
-def _without_prefixes(paths: list[list[int]], g: ClosedGraph) -> list[list[int]]:
-    kept: list[list[int]] = []
-    seen: set[tuple[Label, ...]] = set()
-    for p in sorted(paths, key=len, reverse=True):
-        labels = tuple(g.lab[e] for e in p)
-        if labels not in seen:
-            kept.append(p)
-            seen.update(labels[:k] for k in range(len(labels) + 1))
-    return kept
-
-
 def plan_api_pairs(c: Config) -> ApiPlan:
     """The pair tour of ``c`` on the API (see the module doc)."""
     t0 = time.process_time()
     g = closed_graph(c)
     found = first_api_pairs(g)
     parent = _tree(g)
-    paths = [_path(g, parent, s) + ([] if e is None else [e]) for s, e in found.values()]
-    walks = _without_prefixes(paths, g)
+    paths = [
+        [g.lab[e] for e in _path(g, parent, s) + ([] if e is None else [e])]
+        for s, e in found.values()
+    ]
     seqs = [
-        [{"action": g.lab[e][0], "args": encode_args(*g.lab[e])} for e in walk] for walk in walks
+        [{"action": lab[0], "args": encode_args(*lab)} for lab in walk]
+        for walk in _without_prefixes(paths)
     ]
     keys = frozenset(edge_key(g.states[g.src[e]], *g.lab[e]) for e in range(g.n_edges))
     spec = explore(c)

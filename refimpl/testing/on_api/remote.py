@@ -143,13 +143,7 @@ class RemoteDecode:
         cmd += ["--timeout", str(timeout_s)]
         self.proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
         try:
-            dist.init_process_group(
-                "gloo",
-                init_method=f"tcp://127.0.0.1:{port}",
-                rank=DRIVER,
-                world_size=2,
-                timeout=timedelta(seconds=timeout_s),
-            )
+            _join(port, DRIVER, timeout_s)
             self.t = DistTransport(route)
         except BaseException:
             self._kill()
@@ -242,6 +236,17 @@ class RemoteDecode:
                 self.proc.wait()
 
 
+def _join(port: int, rank: int, timeout_s: float) -> None:
+    """Join the two-process gloo group of the tour (driver 0, decode process 1)."""
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -303,13 +308,7 @@ class _Fencing(DistTransport):
 def serve(port: int, timeout_s: float) -> None:
     """The decode process: answer the driver's requests until it says bye."""
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=DECODE,
-        world_size=2,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    _join(port, DECODE, timeout_s)
     t = _Fencing(route)
     end: Any = None
     try:
