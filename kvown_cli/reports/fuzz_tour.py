@@ -42,7 +42,8 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
                     bar.update(note=f"planning {name}")
                     plans.append(plan_tour(get_config(name)))
         except BudgetSpent:
-            cut = f", while planning {names[len(plans)]}"
+            cut = f" while planning {names[len(plans)]}, before any tour ({len(plans)} of"
+            cut += f" {len(names)} configs planned)"
         bar.total = sum(p.steps for p in plans)
         bar.start_work()
         for name, plan in zip(names, plans, strict=False):
@@ -75,9 +76,9 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     out_of_time = deadline.passed() and failure is None
     if out_of_time:
         whole = False
+        done = f" after {len(rows)} of {len(names)} configs (the last one partly)"
         print(
-            f"kvown fuzz --tour: the {args.seconds:g} s budget ran out after"
-            f" {len(rows)} of {len(names)} configs (the last one partly){cut}",
+            f"kvown fuzz --tour: the {args.seconds:g} s budget ran out{cut or done}",
             file=sys.stderr,
         )
     if args.json:
