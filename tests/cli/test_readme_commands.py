@@ -120,3 +120,11 @@ def test_the_fuzz_rows_switch_count_is_the_engines() -> None:
     n = len(EngineAdapter().switches())
     row = next(ln for ln in TABLE.splitlines() if ln.startswith("| `kvown fuzz --all-mutants`"))
     assert f"{n} switches: " in row and f"within {n} × S" in row, n
+
+
+def test_the_check_rows_bug_count_is_the_mutants() -> None:
+    """``kvown check --all-mutants`` judges every mutant of spec/mutants.py (the row said 44
+    when there were 46)."""
+    from spec.mutants import MUTANTS
+
+    assert f"| `kvown check --all-mutants` | the {len(MUTANTS)} known bugs of" in TABLE
