@@ -112,3 +112,16 @@ def test_the_budget_cuts_the_state_share_after_a_hunt(
     got = json.loads(capsys.readouterr().out)
     assert got["budget"]["out_of_time"] is True
     assert got["coverage"]["state_share"] == {}
+
+
+def test_a_switch_out_of_time_reads_as_the_readme_says(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README: 'a switch not caught in it is reported `NO (out of time)`'."""
+    monkeypatch.setattr(kvown_main, "_ENTRY_START", [time.monotonic() - SLOW_START])
+    rc = kvown_main.main(["fuzz", "--mutant", "reject_unfenced", "--seconds", "5"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "NO (out of time)" in out, out
+    assert "out of time (5 s each): reject_unfenced" in out
+    readme = (ROOT / "README.md").read_text()
+    assert "a switch not caught in it is reported `NO (out of time)`" in readme
