@@ -19,10 +19,11 @@ from refimpl.testing.run import BudgetSpent, Deadline
 @contextlib.contextmanager
 def hard_deadline(deadline: Deadline) -> Iterator[None]:
     """Raise ``BudgetSpent`` in the block once ``deadline`` passes (at once when it has);
-    no bound when it is None, or off the main thread (no signals there)."""
+    no bound when it is None, off the main thread, or while another timer is armed."""
     left = deadline.left()
-    if left is None or threading.current_thread() is not threading.main_thread():
-        yield
+    main = threading.current_thread() is threading.main_thread()
+    if left is None or not main or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield  # no bound, no signals here, or the timer is someone else's (left alone)
         return
     if left <= 0:
         raise BudgetSpent
