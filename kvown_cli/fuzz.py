@@ -30,6 +30,7 @@ from rich.table import Table
 
 from kvown_cli.junit import Case, write_junit
 from kvown_cli.progress import Progress, console
+from kvown_cli.reports.budget import hard_deadline
 from kvown_cli.usage import (
     MAX_EXAMPLES,
     MAX_SECONDS,
@@ -45,6 +46,7 @@ from refimpl.testing import EngineAdapter
 from refimpl.testing.harness import NONTRIVIAL, Coverage
 from refimpl.testing.run import (
     PROFILES,
+    BudgetSpent,
     Deadline,
     Kill,
     RunResult,
@@ -136,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
     if args.impl == "api":  # the tour on the public API (``refimpl.testing.on_api.report``)
         from refimpl.testing.on_api.report import tour_api
 
-        return tour_api(args, _err)
+        deadline = Deadline(args.seconds, since=started())  # from the command's start
+        return tour_api(args, _err, lambda: hard_deadline(deadline))
     if args.tour:
         from kvown_cli.reports.fuzz_tour import tour
 
@@ -176,13 +179,17 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
             bar.advance()
             if res.failed:
                 break
-            if args.coverage or _small(name):
-                assert cov.states is not None
-                shares[name] = state_share(cov.states, get_config(name))
-            if args.coverage:  # the graph's edges and (action, outcome) pairs it took
-                from refimpl.testing.tour import plan_tour, report
+            try:  # the share and the graph explore the config: within the budget too
+                with hard_deadline(budget):
+                    if args.coverage or _small(name):
+                        assert cov.states is not None
+                        shares[name] = state_share(cov.states, get_config(name))
+                    if args.coverage:  # the graph's edges and (action, outcome) pairs it took
+                        from refimpl.testing.tour import plan_tour, report
 
-                graph[name] = report(plan_tour(get_config(name), "pairs"), cov)
+                        graph[name] = report(plan_tour(get_config(name), "pairs"), cov)
+            except BudgetSpent:
+                pass  # out of time: reported without them
     failed = next((r for r in results if r.failed), None)
     detail = _failure_text(adapter, failed) if failed is not None else None
     if args.junit:
@@ -201,7 +208,7 @@ def _fuzz(args: argparse.Namespace, adapter: EngineAdapter) -> int:
         "seconds": args.seconds,  # the budget, from the command's start
         "startup_s": round(startup_s, 2),  # start-up and imports, before the first hunt
         "elapsed_s": round(since_start(), 2),  # the whole command, to its report
-        "out_of_time": any(r.out_of_time for r in results),
+        "out_of_time": any(r.out_of_time for r in results) or budget.passed(),
     }
     if args.json:
         out = _fuzz_json(results, total, shares, detail)

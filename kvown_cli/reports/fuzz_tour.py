@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from kvown_cli.progress import Progress, console
+from kvown_cli.reports.budget import hard_deadline
 from kvown_cli.usage import started
 from refimpl.testing import EngineAdapter
-from refimpl.testing.run import Deadline
+from refimpl.testing.run import BudgetSpent, Deadline
 from refimpl.testing.worlds import get_world as get_config
 
 
@@ -27,18 +28,25 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     names = (args.config,) if args.config else (*DEFAULT_SUITE, *EDGE_TOURS[2:])
     deadline = Deadline(args.seconds, since=started())  # from the command's start
     rows: list[dict[str, Any]] = []
+    cut = ""  # the config whose plan the budget cut
     failure: str | None = None
     err = Console(stderr=True)
     with Progress("fuzz --tour", None, "planned steps") as bar:
         # Every plan first (the explorations: a one-off), then the work left is known in
         # planned steps (the configs' tours differ 100-fold: a rate per config misleads).
+        # The explorer and the planner check no deadline: a hard one cuts them.
         plans = []
-        for name in names:
-            bar.update(note=f"planning {name}")
-            plans.append(plan_tour(get_config(name)))
+        try:
+            with hard_deadline(deadline):
+                for name in names:
+                    bar.update(note=f"planning {name}")
+                    plans.append(plan_tour(get_config(name)))
+        except BudgetSpent:
+            cut = f" while planning {names[len(plans)]}, before any tour ({len(plans)} of"
+            cut += f" {len(names)} configs planned)"
         bar.total = sum(p.steps for p in plans)
         bar.start_work()
-        for name, plan in zip(names, plans, strict=True):
+        for name, plan in zip(names, plans, strict=False):
             bar.update(note=f"touring {name}")
             if not args.json:
                 err.print(f"touring {name} ...", highlight=False)
@@ -68,9 +76,9 @@ def tour(args: argparse.Namespace, adapter: EngineAdapter) -> int:
     out_of_time = deadline.passed() and failure is None
     if out_of_time:
         whole = False
+        done = f" after {len(rows)} of {len(names)} configs (the last one partly)"
         print(
-            f"kvown fuzz --tour: the {args.seconds:g} s budget ran out after"
-            f" {len(rows)} of {len(names)} configs (the last one partly)",
+            f"kvown fuzz --tour: the {args.seconds:g} s budget ran out{cut or done}",
             file=sys.stderr,
         )
     if args.json:

@@ -65,3 +65,63 @@ def test_a_command_called_in_process_starts_its_clock_at_the_call(
     got = json.loads(capsys.readouterr().out)
     assert rc == 0 and got["budget"]["out_of_time"] is True
     assert 2 <= got["budget"]["elapsed_s"] < 3600
+
+
+# Work that checks no deadline itself (an exploration, a tour's plan, the API tour) is cut
+# by the budget all the same (kvown_cli.reports.budget): ``fuzz --tour --seconds 10``
+# planned handoff_tp2to1 for minutes, ``--impl api`` ignored ``--seconds``, and the state
+# share after a hunt ran past the budget. Each stand-in below never ends by itself.
+def _endless(*args: object, **kw: object) -> None:
+    for _ in range(3000):  # 30 s, far past the 1 s budget: then the test fails
+        time.sleep(0.01)
+    raise AssertionError("the budget did not cut the work")
+
+
+def test_the_budget_cuts_a_tour_plan(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import refimpl.testing.tour as tour
+
+    monkeypatch.setattr(tour, "plan_tour", _endless)
+    rc = kvown_main.main(["fuzz", "--tour", "--config", "mismatch_one", "--seconds", "1"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "budget ran out while planning mismatch_one, before any tour (0 of 1" in err, err
+
+
+def test_the_budget_cuts_the_api_tour(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import refimpl.testing.on_api.report as report
+
+    monkeypatch.setattr(report, "plan_for", _endless)
+    argv = ["fuzz", "--tour", "--impl", "api", "--seconds", "1", "--json"]
+    assert kvown_main.main(argv) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["out_of_time_in"] == "mismatch_one" and got["complete"] is False
+
+
+def test_the_budget_cuts_the_state_share_after_a_hunt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvown_cli.fuzz as fuzz
+
+    monkeypatch.setattr(fuzz, "state_share", _endless)
+    argv = ["fuzz", "--config", "offload_contend", "--examples", "2", "--seconds", "1", "--json"]
+    assert kvown_main.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["budget"]["out_of_time"] is True
+    assert got["coverage"]["state_share"] == {}
+
+
+def test_a_switch_out_of_time_reads_as_the_readme_says(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README: 'a switch not caught in it is reported `NO (out of time)`'."""
+    monkeypatch.setattr(kvown_main, "_ENTRY_START", [time.monotonic() - SLOW_START])
+    rc = kvown_main.main(["fuzz", "--mutant", "reject_unfenced", "--seconds", "5"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "NO (out of time)" in out, out
+    assert "out of time (5 s each): reject_unfenced" in out
+    readme = (ROOT / "README.md").read_text()
+    assert "a switch not caught in it is reported `NO (out of time)`" in readme

@@ -66,3 +66,30 @@ def test_all_mutants_writes_every_counterexample(
     assert all(r["reproduced"] for r in rows)
     assert main(["replay", *(str(tmp_path / f) for f in files)]) == 1
     assert capsys.readouterr().out.count("REPRODUCED: config") == 2
+
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+VERDICT = (  # the README's words for `kvown check --config reject_retry` (the bound's verdict)
+    "state bound reached, {n} states explored (every safety property held on them);"
+    " no verdict on the states beyond"
+)
+
+
+def test_reject_retry_reaches_a_small_bound_with_the_readme_verdict(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README's reject_retry row, on the same code path with a bound of 2,000 states
+    (the default 2,000,000 takes 12.6 minutes at load 4 to 8: the nightly twin below)."""
+    from model_checks.explicit.runner import MAX_STATES
+
+    assert MAX_STATES == 2_000_000 and VERDICT.format(n=MAX_STATES) in README
+    assert "`kvown check --config reject_retry` ends with the bound's verdict, exit 4" in README
+    assert main(["check", "--config", "reject_retry", "--max-states", "2000"]) == 4
+    out = capsys.readouterr()
+    assert VERDICT.format(n=2000) in out.out and "internal error" not in out.err
+
+
+@pytest.mark.nightly
+def test_reject_retry_ends_with_the_bound_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--config", "reject_retry"]) == 4
+    assert VERDICT.format(n=2_000_000) in capsys.readouterr().out

@@ -110,3 +110,21 @@ def test_the_counterexample_row_saves_and_replays(
     assert main(["replay", str(path), "--json"]) == 1
     v = json.loads(capsys.readouterr().out)
     assert v["reproduced"] and v["violated"] == "NoReuseUnderIO"
+
+
+def test_the_fuzz_rows_switch_count_is_the_engines() -> None:
+    """The kill matrix's row names its switch count twice (the measured run, the bound
+    N × S): both are the engine's switches (the row said 45 when there were 47)."""
+    from refimpl.testing import EngineAdapter
+
+    n = len(EngineAdapter().switches())
+    row = next(ln for ln in TABLE.splitlines() if ln.startswith("| `kvown fuzz --all-mutants`"))
+    assert f"{n} switches: " in row and f"within {n} × S" in row, n
+
+
+def test_the_check_rows_bug_count_is_the_mutants() -> None:
+    """``kvown check --all-mutants`` judges every mutant of spec/mutants.py (the row said 44
+    when there were 46)."""
+    from spec.mutants import MUTANTS
+
+    assert f"| `kvown check --all-mutants` | the {len(MUTANTS)} known bugs of" in TABLE

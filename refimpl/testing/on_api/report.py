@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from refimpl.testing.on_api.adapter import UNEXPRESSED, ApiAdapter, unexpressed
@@ -21,6 +23,7 @@ from refimpl.testing.on_api.gaps import GAPS
 from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.remote import RemoteDecode
 from refimpl.testing.on_api.tour import ApiPlan, api_report, plan_api, run_api_tour
+from refimpl.testing.run import BudgetSpent
 from refimpl.testing.worlds import get_world
 
 __all__ = ["API_WORLDS", "EDGE_WORLDS", "complete", "plan_for", "render", "tour_api"]
@@ -67,9 +70,15 @@ def render(rows: list[dict[str, Any]], remote: bool = False) -> str:
     return "\n".join(lines)
 
 
-def tour_api(args: Any, refuse: Callable[[str], int]) -> int:
+def tour_api(
+    args: Any,
+    refuse: Callable[[str], int],
+    budget: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+) -> int:
     """Run the tour for ``args.config`` (None: ``API_WORLDS``); 0 when its goal was
-    covered and nothing diverged, 1 otherwise; ``refuse(message)`` on misuse (exit 2)."""
+    covered and nothing diverged, 1 otherwise; ``refuse(message)`` on misuse (exit 2).
+    ``budget()``: each world's plan and tour run in it; a ``BudgetSpent`` it raises ends
+    the tour there (that world dropped, reported out of time: exit 1)."""
     if not args.tour:
         return refuse("--impl api is for --tour (the machine and the matrix drive the engine)")
     remote = getattr(args, "across_processes", False)
@@ -79,15 +88,27 @@ def tour_api(args: Any, refuse: Callable[[str], int]) -> int:
             why = "; ".join(f"{b}: {UNEXPRESSED[b]}" for b in bad)
             return refuse(f"--impl api cannot run {name!r} ({why})")
     rows = []
+    late = None  # the world the budget cut
     with contextlib.ExitStack() as stack:
         rd = stack.enter_context(RemoteDecode()) if remote else None
         for name in names:
-            plan = plan_for(name)
-            rows.append(api_report(plan, run_api_tour(ApiAdapter(remote=rd), plan)))
-    clean = all(complete(r) for r in rows)
+            try:
+                with budget():
+                    plan = plan_for(name)
+                    rows.append(api_report(plan, run_api_tour(ApiAdapter(remote=rd), plan)))
+            except BudgetSpent:
+                late = name
+                break
+    clean = late is None and all(complete(r) for r in rows)
     if args.json:
         out = {"impl": "api", "across_processes": remote, "configs": rows, "complete": clean}
-        print(json.dumps(out))
+        print(json.dumps({**out, "out_of_time_in": late}))
     else:
         print(render(rows, remote))
+    if late is not None:
+        print(
+            f"kvown fuzz --tour --impl api: the budget ran out in {late} after {len(rows)}"
+            f" of {len(names)} worlds",
+            file=sys.stderr,
+        )
     return 0 if clean else 1

@@ -7,8 +7,10 @@ leaves none either (the forked workers die with it, the watchdog of
 A test waits for a state (the command's first progress line, its workers started), never
 for a duration; the only bound is the 10 s the issue gives for the end. The suite runs a
 fast representative of each kind (the explorer's forked workers, mutate's process
-groups and copies) and ``prove`` (z3's forked claim workers: 5 s a case at load 17); the
-torch commands (16 to 130 s a case at load 17, most of it importing torch) run nightly."""
+groups and copies) and ``prove`` (z3's forked claim workers: 5 s a case at load 17), and
+Ctrl-C of fuzz, repro --all and cluster (2.3 to 3.6 s a case at load 0, 16 to 130 s at
+load 17, most of it importing torch); their SIGKILL and ``mutate --target refimpl`` (17 to
+21 s a case at load 0: generating its mutants) run nightly."""
 
 from __future__ import annotations
 
@@ -189,17 +191,18 @@ FAST = {  # command -> (argv, ready): in the suite
     "check --workers 2": (["check", "--workers", "2", "--json"], _workers(2)),
     "mutate --target spec": (SPEC_MUTATE, _has("model_checks.mutation.spec_check")),
     "prove": (["prove", "--jobs", "2", "--json"], _workers(2)),
-}
-NIGHTLY = {  # the torch commands: seconds of imports each
-    "mutate --target refimpl": (
-        ["mutate", "--sample", "2", "--jobs", "2", "--no-unit"],
-        _has("refimpl.testing.mutate"),
-    ),
+    # the torch commands: 2.3 to 3.6 s wall a case at load 0 (most of it importing torch)
     "fuzz": (["fuzz", "--json", "--config", "offload_contend"], _workers(0)),
     "repro --all": (["repro", "--all", "--json"], _workers(2)),
     "cluster": (
         ["cluster", "--requests", "200", "--json", "--log-dir", "LOGS"],
         _has("refimpl.cluster.worker"),
+    ),
+}
+NIGHTLY = {  # 17 to 21 s wall a case at load 0: generating the mutants (~20 CPU s)
+    "mutate --target refimpl": (
+        ["mutate", "--sample", "2", "--jobs", "2", "--no-unit"],
+        _has("refimpl.testing.mutate"),
     ),
 }
 
@@ -208,16 +211,26 @@ def _argv(argv: list[str], tmp: Path) -> list[str]:
     return [str(tmp / "logs") if a == "LOGS" else a for a in argv]
 
 
-# The suite's cases: ``check`` SIGINT is in test_signals; SIGKILL (the forked workers die
-# with it), SIGTERM; mutate's process groups and copies after SIGINT and SIGKILL; prove's
-# claim workers after SIGINT and SIGKILL.
+# The suite's cases: ``check --workers 2`` after SIGINT, SIGKILL (the forked workers die
+# with it) and SIGTERM; mutate's process groups and copies after SIGINT and SIGKILL (the
+# refimpl target's runner is the same: its cases are nightly); prove's claim workers after
+# SIGINT and SIGKILL; fuzz, repro --all and cluster after SIGINT (SIGKILL nightly).
 SUITE = [
+    ("check --workers 2", signal.SIGINT),
     ("check --workers 2", signal.SIGKILL),
     ("check --workers 2", signal.SIGTERM),
     ("mutate --target spec", signal.SIGINT),
     ("mutate --target spec", signal.SIGKILL),
     ("prove", signal.SIGINT),
     ("prove", signal.SIGKILL),
+    ("fuzz", signal.SIGINT),
+    ("repro --all", signal.SIGINT),
+    ("cluster", signal.SIGINT),
+]
+TORCH = ("fuzz", "repro --all", "cluster")
+LATER = [  # nightly
+    *((c, s) for c in NIGHTLY for s in (signal.SIGINT, signal.SIGKILL)),
+    *((c, signal.SIGKILL) for c in TORCH),
 ]
 
 
@@ -228,10 +241,9 @@ def test_a_signal_ends_the_whole_tree(command: str, sig: signal.Signals, tmp_pat
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
-@pytest.mark.parametrize("command", list(NIGHTLY))
+@pytest.mark.parametrize(("command", "sig"), LATER, ids=[f"{c}-{s.name}" for c, s in LATER])
 def test_a_signal_ends_the_whole_tree_of_a_torch_command(
     command: str, sig: int, tmp_path: Path
 ) -> None:
-    argv, ready = NIGHTLY[command]
+    argv, ready = {**FAST, **NIGHTLY}[command]
     _signal_case(_argv(argv, tmp_path), ready, tmp_path, sig)
