@@ -127,6 +127,11 @@ class CancelledError(OwnershipError):
     prop = "StickyEnd"
 
 
+class DecodeFailedError(CancelledError):
+    """The decode side failed the attempt itself (``Receiver.fail``, the spec's
+    ``DecodeFail``): never validated, committed or stepped; the sender may retry."""
+
+
 class IdentityError(OwnershipError):
     """A block whose content is not the one its hash names: never staged, or foreign."""
 

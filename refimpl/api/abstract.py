@@ -21,7 +21,8 @@ end.
             chunks were still to land), a manifest DF_MISMATCH | DF_FENCED, the
             receiver's own timeout DF_FENCED, its ``abort`` DF_FENCED while chunks were
             still to land (a manifest refused at intake leaves no attempt: the spec's
-            DecodeReject, dfl 0, dep its epoch)
+            DecodeReject, dfl 0, dep its epoch); the engine's ``fail`` DF_FAILED (|
+            DF_FENCED while chunks were still to land)
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from typing import Any
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.wire import State
-from refimpl.errors import ChecksumError, ManifestError
+from refimpl.errors import ChecksumError, DecodeFailedError, ManifestError
 from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
     COMPLETE,
     DF_CORRUPT,
+    DF_FAILED,
     DF_FENCED,
     DF_MISMATCH,
     FILLING,
@@ -129,7 +131,9 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
             )
         )
         left = len(a.ranks) * len(a.m.sent_blocks) - whole  # chunks not (wholly) landed
-        if isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
+        if isinstance(e, DecodeFailedError):  # Receiver.fail: DecodeFail, then its abort
+            out["dfl"] = DF_FAILED | (DF_FENCED if left else 0)
+        elif isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
             out["dfl"] = DF_CORRUPT | (DF_FENCED if left > 1 else 0)
         elif isinstance(e, ManifestError):
             out["dfl"] = DF_MISMATCH | DF_FENCED

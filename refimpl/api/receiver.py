@@ -52,6 +52,7 @@ from refimpl.errors import (
     CancelledError,
     ChecksumError,
     ChunkError,
+    DecodeFailedError,
     InUseError,
     OwnershipError,
     StaleError,
@@ -241,6 +242,13 @@ class Receiver:
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             self._fail(a, CancelledError(f"{request_id!r} aborted by the receiver: {reason}"))
+
+    def fail(self, request_id: str, reason: str) -> None:
+        """The engine's own failure of the attempt being received (a load error, its step
+        failed): never verified or committed, every block given back, the sender nacked
+        with the reason (it may retry); nothing if the attempt is final (see README)."""
+        if (a := self._att.get(request_id)) is not None and not a.state.final:
+            self._fail(a, DecodeFailedError(f"{request_id!r} failed on decode: {reason}"))
 
     def end(self, request_id: str, reason: str = "cancelled") -> None:
         """The scheduler has ended the request (cancelled, failed, finished): from now on

@@ -58,3 +58,30 @@ def test_a_copy_of_a_manifest_refused_at_intake_is_not_judged_again() -> None:
     p.t.send(to_rx, manifest)
     p.rx.poll("r")
     assert _answers(p) == ["ready"]
+
+
+def test_the_engine_fails_an_attempt_on_the_decode_side() -> None:
+    """``Receiver.fail`` (the spec's DecodeFail, issue #30 item 1): the engine's own
+    failure of an attempt being received gives back every block, nacks the sender with
+    the reason (it may retry with a new offer), and the attempt is never committed; once
+    final, ``fail`` does nothing. Failed first: the Receiver had no ``fail``."""
+    from refimpl.errors import DecodeFailedError
+
+    p = pair(geo(), geo())
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")  # reserved, ready
+    assert held(p.dst) != {}
+    p.rx.fail("r", "its load failed")
+    assert p.rx.state("r") is State.ABORTED and held(p.dst) == {}
+    assert isinstance(p.rx.error("r"), DecodeFailedError)
+    [(ready, _), (nack, _)] = p.t.poll(channels("r").to_sender)
+    assert (ready["type"], nack["type"]) == ("ready", "nack")
+    assert "failed on decode: its load failed" in nack["reasons"][0]
+    p.t.send(channels("r").to_sender, ready)
+    p.t.send(channels("r").to_sender, nack)
+    p.tx.poll("r")  # every chunk goes, then the nack ends the attempt there
+    assert p.tx.state("r").final and p.tx.state("r") is not State.DONE
+    p.rx.poll("r")  # the chunks are the failed attempt's: fenced, nothing committed
+    p.rx.fail("r", "again")
+    assert p.rx.state("r") is State.ABORTED and held(p.dst) == {}

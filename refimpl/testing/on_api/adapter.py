@@ -25,7 +25,6 @@ UNEXPRESSED: dict[str, str] = {
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
-    "decode_failure": "DecodeFail: the API's Receiver has no failure of its own to inject",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "the API has one Receiver for all decode ranks (no per-rank install)",
     "restarts": "EnvRestart: a new incarnation's fencing (inc in every message) is not in "
@@ -47,7 +46,6 @@ def unexpressed(c: Config) -> list[str]:
         "recompute": c.recompute,
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
-        "decode_failure": c.decode_failure,
         "retract": c.retract,
         "decode_ranks": c.decode_ranks,
         "restarts": c.restarts > 0,

@@ -111,6 +111,9 @@ class _Receiver:
     def abort(self, rid: str, reason: str = "cancelled") -> None:
         self.rd.call("abort", {"rid": rid, "reason": reason})
 
+    def fail(self, rid: str, reason: str) -> None:
+        self.rd.call("fail", {"rid": rid, "reason": reason})
+
     def crash(self) -> None:
         self.rd.call("crash", {})
 
@@ -266,7 +269,7 @@ def _answer(end: Any, op: str, a: dict[str, Any], payload: bytes, t: Any) -> tup
     out: Any = None
     if op == "poll":
         rx.poll(a["rid"])
-    elif op in ("end", "abort"):
+    elif op in ("end", "abort", "fail"):
         getattr(rx, op)(a["rid"], a["reason"])
     elif op == "crash":
         rx.crash()

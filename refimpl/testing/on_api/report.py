@@ -29,7 +29,8 @@ from refimpl.testing.worlds import get_world
 __all__ = ["API_WORLDS", "EDGE_WORLDS", "complete", "plan_for", "render", "tour_api"]
 
 API_WORLDS = ("mismatch_one", "net_one", "handoff_crash")  # the default: small worlds
-EDGE_WORLDS = frozenset({*API_WORLDS, "crash_both"})  # toured edge by edge; others by pairs
+# toured edge by edge; others by pairs
+EDGE_WORLDS = frozenset({*API_WORLDS, "crash_both", "handoff_decode_fail"})
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")
 
 

@@ -18,6 +18,8 @@ What runs where:
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
                     the dead worker (and its writes) are gone
+    DecodeFail      ``Receiver.fail``: the engine's own failure of the attempt being
+                    received (``on_api/failure.py``; its abort is eager)
 
 The API does some spec steps inside one call (``api_tour.EAGER``: a Sender sends every
 chunk and seal on Ready; a Receiver verifies and commits once complete, and aborts at
@@ -37,6 +39,7 @@ from refimpl.api.abstract import prefill_replica, sender_part
 from refimpl.api.wire import channels
 from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiActions, ApiRefusal
+from refimpl.testing.on_api.failure import FailureActions
 from refimpl.testing.on_api.streamed import StreamedActions
 from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
@@ -51,7 +54,7 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(StreamedActions, ApiActions):
+class ApiSubject(FailureActions, StreamedActions, ApiActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(

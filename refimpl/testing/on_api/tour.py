@@ -3,7 +3,8 @@
 The API takes some spec steps inside one call (``EAGER``): a Sender sends every chunk
 and every seal on Ready (``PrefillSendChunk``); a Receiver that has every layer and seal
 verifies and commits at once (``DecodeValidate``, ``DecodeCommit``), and gives up an
-attempt whose chunk failed its checksum at once (``DecodeAbort`` of an invalid attempt,
+attempt whose chunk failed its checksum, or that the engine failed (``Receiver.fail``:
+``DecodeFail``), at once (``DecodeAbort`` of an invalid attempt,
 of a running request or of one the scheduler has ended). So the API refines the
 spec *closed* under them: ``close(w)`` takes those steps while one is enabled, in a
 fixed order, and the API's states are the closed ones. ``closed_graph`` explores that
