@@ -5,13 +5,15 @@ by default, so the README's test command gives the same result on every machine;
 The ``nightly`` marker: a long run left to ``.ci/nightly`` (``KVOWN_NIGHTLY=1``). The
 worker count of ``-n auto`` (pyproject's addopts): ``auto_workers``. ``KVOWN_CPU_LOG=PATH``
 writes each test's CPU seconds (its process and the children it waited for, setup to
-teardown) to ``PATH.<worker>`` as JSON lines: the figures of benchmarks/RESULTS.md's suite
-section, read by CPU rather than by wall clock on a shared machine."""
+teardown), its wall seconds and its end time to ``PATH.<worker>`` as JSON lines: the
+figures of benchmarks/RESULTS.md's suite section, read by CPU rather than by wall clock
+on a shared machine (the end times: when each worker finished)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 
 import pytest
@@ -108,9 +110,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not path:
         yield
         return
-    c0 = _cpu_now()
+    c0, w0 = _cpu_now(), time.time()
     yield
-    cpu = _cpu_now() - c0
+    cpu, end = _cpu_now() - c0, time.time()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    rec = {"id": item.nodeid, "cpu": round(cpu, 3), "wall": round(end - w0, 3), "end": end}
     with open(f"{path}.{worker}", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"id": item.nodeid, "cpu": round(cpu, 3)}) + "\n")
+        f.write(json.dumps(rec) + "\n")
