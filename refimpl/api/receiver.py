@@ -26,13 +26,13 @@ flight are dropped (and fenced), and the sender gets a ``nack`` naming the error
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.install import install_block, install_layer
+from refimpl.api.install import ChunkIntake
 from refimpl.api.intake import (
     Attempt,
     Expect,
@@ -51,12 +51,11 @@ from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
     ChecksumError,
-    ChunkError,
     InUseError,
     OwnershipError,
     StaleError,
 )
-from refimpl.transport import Payload, Transport
+from refimpl.transport import Transport
 from spec.manifest import Manifest
 
 
@@ -70,7 +69,7 @@ class Received:
     manifest: Manifest
 
 
-class Receiver:
+class Receiver(ChunkIntake):
     """The destination side: validates, reserves, installs, verifies, commits or aborts."""
 
     def __init__(
@@ -277,48 +276,6 @@ class Receiver:
             if (a := self._att.get(old)) is None or a.state.final:
                 for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
-
-    # ------------------------------------------------------------ chunks
-    def _on_chunk(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
-        if not self._ours(a, header):
-            return
-        try:
-            if a.stream is None:
-                install_block(self.pools, a, header, payload)
-            elif (layer := install_layer(self.pools, a, header, payload)) is not None:
-                staged = a.staging is not None and not self.stage
-                if staged and a.stream.layer_ready(layer):  # the whole layer is in staging:
-                    if LAYER_READY_ON_STAGING not in self.mutants:  # (the bug leaves it there)
-                        self._unstage(a, [layer])  # into the target blocks, now
-        except OwnershipError as err:
-            self._fail(a, err)
-
-    def _ours(self, a: Attempt, header: Mapping[str, Any]) -> bool:
-        """This attempt's message, else counted as stale (fenced, changes nothing). A
-        source rank speaking of a newer epoch than the attempt's means the ranks
-        disagree on the attempt: refused by name (``RankAgreement``), never a stall."""
-        e = wire.epoch_of(header)
-        if header.get("request_id") == a.m.request_id and e == a.m.epoch:
-            return True
-        a.stale += 1
-        rank = header.get("rank")
-        if a.ranked and e is not None and e > a.m.epoch and type(rank) is int and rank in a.ranks:
-            why = (
-                f"rank {rank} sends epoch {e} of {a.m.request_id!r}, but the attempt "
-                f"(rank 0's manifest) is epoch {a.m.epoch}: the ranks disagree"
-            )
-            send_quietly(
-                self.transport,
-                channels(a.m.request_id).to_rank(rank),
-                {"type": NACK, "epoch": e, "reasons": [f"[RankAgreement] {why}"]},
-            )
-            self._fail(a, ChunkError(why, prop="RankAgreement"))
-        return False
-
-    def _complete(self, a: Attempt) -> bool:
-        if a.stream is not None:
-            return a.stream.complete()
-        return len(a.landed) == len(a.ranks) * len(a.m.sent_blocks)
 
     # ------------------------------------------------------------ the end
     def _finish(self, a: Attempt) -> None:

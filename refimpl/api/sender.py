@@ -29,12 +29,11 @@ epochs); one rank's ``abort`` reaches every sibling rank and the receiver with i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.intake import send_quietly
-from refimpl.api.stream import Buffers, Stream
-from refimpl.api.switches import SENDER_SWITCHES, STREAM_READS_AT_READY, check_switches
+from refimpl.api.stream import Buffers, LayerOffers, _Offer
+from refimpl.api.switches import SENDER_SWITCHES, check_switches
 from refimpl.api.wire import (
     ABORT,
     ACK,
@@ -58,21 +57,7 @@ from spec import shardmap as sm
 from spec.manifest import Manifest
 
 
-@dataclass
-class _Offer:
-    request_id: str
-    epoch: int
-    manifest: Manifest
-    snaps: list[Snapshot]  # one per primary TP rank, all pinning the same block ids
-    free_source: bool  # free the request's blocks here once the receiver acked
-    state: State = State.OFFERED
-    reasons: list[str] = field(default_factory=list)  # why it was refused or aborted
-    chunks: int = 0
-    bytes_sent: int = 0
-    stream: Stream | None = None
-
-
-class Sender:
+class Sender(LayerOffers):
     """The source side: offers a request's KV, sends chunks on ``ready``, releases at the end."""
 
     def __init__(
@@ -221,85 +206,6 @@ class Sender:
             self._end(self._offers.pop(request_id), State.ABORTED, [])
             raise
         return m
-
-    def _offer_stream(
-        self,
-        rid: str,
-        token_ids: Sequence[int],
-        sent: list[int],
-        epoch: int,
-        dst_tp: int,
-        dst_cp: int,
-        prefix_blocks: int,
-        free_source: bool,
-        layers: int | None,
-    ) -> Manifest:
-        g = self.geometry
-        if layers != g.num_layers:
-            raise ValueError(
-                f"{rid!r}: layers={layers!r}; a streamed offer sends all {g.num_layers} layers "
-                "(and a Sender of one rank offers layer by layer)"
-            )
-        if not_held := sorted(set(sent) - set(self.pools.alloc.blocks_of(rid))):
-            raise ChunkError(f"blocks {not_held} to send are not held by {rid!r}")
-        zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
-        snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
-        m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
-        st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
-        o = _Offer(rid, epoch, m, [], free_source, stream=st)
-        self._offers[rid] = o
-        if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
-            header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
-            header["layers"] = layers
-            if self.rank is not None:
-                header["ranked"] = True
-            try:
-                self.transport.send(channels(rid).to_receiver, header)
-            except Exception:
-                del self._offers[rid]
-                raise
-        return m
-
-    def send_layer(self, request_id: str, layer: int) -> int:
-        """Layer ``layer`` of every sent block is written here: send it (or, before the
-        receiver's ready, once it comes). Layers go in order; returns the chunks sent now."""
-        o = self._offers.get(request_id)
-        if o is None or o.stream is None:
-            raise ValueError(f"{request_id!r} has no streamed offer here (offer(..., layers=L))")
-        if o.state.final:
-            return 0  # the attempt ended (refused, aborted): nothing more to send
-        if type(layer) is not int or layer != o.stream.computed:
-            raise ValueError(
-                f"{request_id!r}: layer {layer!r} out of order; the next is {o.stream.computed}"
-            )
-        if not_held := sorted(set(o.stream.blocks) - set(self.pools.alloc.blocks_of(request_id))):
-            raise ChunkError(
-                f"{request_id!r}: send_layer({layer}): blocks {not_held} are not held by it "
-                "(a layer is copied at send_layer: free the blocks only after it returned)"
-            )
-        if STREAM_READS_AT_READY not in self.mutants:
-            o.stream.copy_layer(self.pools, self._ranks(), layer)
-        o.stream.computed += 1
-        return self._flush(o) if o.state is State.SENDING else 0
-
-    def _ranks(self) -> list[tuple[int, int]]:
-        return [(r, self._pool_of[r]) for r in self.ranks]
-
-    def _flush(self, o: _Offer) -> int:
-        """Send every computed layer not sent yet, then the seals once all are out."""
-        st = o.stream
-        assert st is not None
-        read_now = None
-        if STREAM_READS_AT_READY in self.mutants:  # the bug: the bytes there now
-
-            def read_now(layer: int) -> None:
-                st.copy_layer(self.pools, self._ranks(), layer)
-
-        head = {"request_id": o.request_id, "epoch": o.epoch}
-        ch, first = channels(o.request_id).to_receiver, o.manifest.prefix_blocks
-        n, nbytes = st.flush(self.transport, ch, head, first, self.ranks, read_now)
-        o.chunks, o.bytes_sent = o.chunks + n, o.bytes_sent + nbytes
-        return n
 
     def poll(self, request_id: str) -> int:
         """Handle the receiver's replies; returns the number of messages read."""
