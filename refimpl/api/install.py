@@ -135,6 +135,7 @@ class ChunkIntake:
     transport: Transport
     stage: bool
     mutants: frozenset[str]
+    inc: wire.Incarnations
 
     def _fail(self, a: Attempt, err: OwnershipError) -> None:
         raise NotImplementedError  # ``Receiver._fail``
@@ -173,7 +174,9 @@ class ChunkIntake:
             send_quietly(
                 self.transport,
                 channels(a.m.request_id).to_rank(rank),
-                {"type": NACK, "epoch": e, "reasons": [f"[RankAgreement] {why}"]},
+                wire.stamp(
+                    {"type": NACK, "epoch": e, "reasons": [f"[RankAgreement] {why}"]}, self.inc.own
+                ),
             )
             self._fail(a, ChunkError(why, prop="RankAgreement"))
         return False

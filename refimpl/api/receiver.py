@@ -43,7 +43,12 @@ from refimpl.api.intake import (
     tos,
 )
 from refimpl.api.layers import SEAL
-from refimpl.api.switches import LAYER_READY_ON_STAGING, RECEIVER_SWITCHES, check_switches
+from refimpl.api.switches import (
+    LAYER_READY_ON_STAGING,
+    RECEIVER_SWITCHES,
+    STALE_INCARNATION_ACCEPTED,
+    check_switches,
+)
 from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, State, channels
 from refimpl.checksum import block_checksum
@@ -83,6 +88,7 @@ class Receiver(ChunkIntake):
         disabled_guards: Iterable[str] = (),
         mutants: Iterable[str] = (),
         max_records: int = 4096,
+        incarnation: int = 0,
     ) -> None:
         """``stage``: land every chunk in staging, so that the target blocks are written
         only after every block verified (else only a block-size change stages).
@@ -90,8 +96,13 @@ class Receiver(ChunkIntake):
         the ``mismatch_installed`` bug, for demonstrations only; ``mutants``: bug
         switches (``refimpl.api.switches``), for demonstrations only. ``max_records``:
         ended attempts and refusals kept for ``state``/``result`` until ``forget`` (past
-        it the oldest ended ones are forgotten: a peer cannot fill memory with them)."""
+        it the oldest ended ones are forgotten: a peer cannot fill memory with them).
+        ``incarnation``: this process's restarts so far (a restarted decode builds a new
+        Receiver, with the next one, over its new pools): its replies carry it, and a
+        write addressed to another incarnation's registration is refused by name."""
         self.mutants = check_switches(mutants, RECEIVER_SWITCHES, "Receiver")
+        stale_ok = STALE_INCARNATION_ACCEPTED in self.mutants
+        self.inc = wire.Incarnations(incarnation, "Receiver", stale_ok)
         geometry.check_pools(pools, "receiver pools")
         if geometry.cp != 1:
             raise ValueError(f"Receiver: cp={geometry.cp}; a receiver worker holds cp=1")
@@ -172,7 +183,22 @@ class Receiver(ChunkIntake):
         """Staging copies held by live attempts (bounded in total by the pool's bytes)."""
         return sum(a.staged for a in self._att.values() if a.staging is not None)
 
+    @property
+    def incarnation(self) -> int:
+        return self.inc.own
+
+    def stale(self) -> list[str]:
+        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
+        return list(self.inc.refused)
+
     # ------------------------------------------------------------ commands
+    def peer_restarted(self, incarnation: int) -> None:
+        """The sender's process came back as ``incarnation`` (the engine's membership
+        says so): from now on an older one's manifest, seal or abort is refused by name
+        and changes nothing. An attempt it opened here still ends by its timeout
+        (``abort``), as the spec's ``DecodeTimeout``."""
+        self.inc.restarted(incarnation)
+
     def expect(
         self,
         request_id: str,
@@ -197,8 +223,8 @@ class Receiver(ChunkIntake):
         """Handle every message that arrived; returns the number read."""
         msgs = self.transport.poll(channels(request_id).to_receiver)
         for header, payload in msgs:
-            if not isinstance(header, dict):
-                continue  # not a header: ignored
+            if not isinstance(header, dict) or self.inc.stale(request_id, header):
+                continue  # not a header, or a dead incarnation's (named): ignored
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
@@ -340,6 +366,7 @@ class Receiver(ChunkIntake):
         """Send to the request's sender (every rank's, when ranked, but those in
         ``skip``); returns why a send failed ("" if none did): a route the transport
         cannot reach is the peer's fault, never raised here."""
+        wire.stamp(header, self.inc.own)
         a = self._att.get(rid)
         to = tos(a, skip) if a is not None and a.m.epoch == header.get("epoch") else None
         to = to if to is not None else [channels(rid).to_sender]

@@ -33,20 +33,23 @@ from collections.abc import Iterable, Sequence
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.intake import send_quietly
 from refimpl.api.stream import Buffers, LayerOffers, _Offer
-from refimpl.api.switches import SENDER_SWITCHES, check_switches
+from refimpl.api.switches import SENDER_SWITCHES, STALE_INCARNATION_ACCEPTED, check_switches
 from refimpl.api.wire import (
     ABORT,
     ACK,
     MANIFEST,
     NACK,
     READY,
+    Incarnations,
     State,
     channels,
     epoch_of,
     fence,
+    inc_of,
     peer_failed,
     reasons_of,
     revoke,
+    stamp,
 )
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.chunks import manifest_checksums as canonical_sums
@@ -70,12 +73,18 @@ class Sender(LayerOffers):
         rank: int | None = None,
         blocks_per_chunk: int | None = None,
         mutants: Iterable[str] = (),
+        incarnation: int = 0,
     ) -> None:
         """``rank``: this Sender is TP rank ``rank`` of ``geometry`` alone (its own
         process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``).
         ``blocks_per_chunk``: blocks per streamed chunk (default: all, one per layer).
-        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations."""
+        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations.
+        ``incarnation``: this process's restarts so far (a restarted prefill builds a
+        new Sender with the next one, from the engine's membership): every message
+        carries it, and the receiver refuses an older one's (``peer_restarted``)."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
+        stale_ok = STALE_INCARNATION_ACCEPTED in self.mutants
+        self.inc = Incarnations(incarnation, "Sender", stale_ok)
         if rank is None:
             geometry.check_pools(pools, "sender pools")
             self.ranks = list(pools.primaries)  # (source rank, index of its pool here)
@@ -111,6 +120,21 @@ class Sender(LayerOffers):
     def records(self) -> int:
         """Requests this Sender keeps a record of (live or ended, not forgotten)."""
         return len(self._offers)
+
+    @property
+    def incarnation(self) -> int:
+        return self.inc.own
+
+    def stale(self) -> list[str]:
+        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
+        return list(self.inc.refused)
+
+    def peer_restarted(self, incarnation: int) -> None:
+        """The receiver's process came back as ``incarnation`` (the engine's membership
+        says so): from now on a reply of an older one (a dead receiver's ready, ack or
+        nack) is refused by name and changes nothing. An attempt bound to the dead
+        receiver still ends by its timeout (``abort``), as the spec's ``PrefillTimeout``."""
+        self.inc.restarted(incarnation)
 
     def forget(self, request_id: str) -> None:
         """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
@@ -150,6 +174,7 @@ class Sender(LayerOffers):
         if old is not None and not old.state.final:
             raise ValueError(f"{request_id!r} already has an attempt in state {old.state.value}")
         last = old.epoch if old is not None else 0
+        rinc = old.rinc if old is not None else 0  # the receiver's last Ready: its writes'
         if epoch is None:
             epoch = last + 1
         if type(epoch) is not int or epoch <= last:
@@ -169,6 +194,7 @@ class Sender(LayerOffers):
         sent = list(blocks)[prefix_blocks:]
         if layers is not None or self.rank is not None:
             return self._offer_stream(
+                rinc,
                 request_id,
                 token_ids,
                 sent,
@@ -198,8 +224,9 @@ class Sender(LayerOffers):
             for r, s in zip(self.pools.primaries, snaps, strict=False):
                 release(self.pools.pools[r], s)
             raise
-        self._offers[request_id] = _Offer(request_id, epoch, m, snaps, free_source)
+        self._offers[request_id] = _Offer(request_id, epoch, m, snaps, free_source, rinc=rinc)
         header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
+        stamp(header, self.inc.own)
         try:
             self.transport.send(channels(request_id).to_receiver, header)
         except Exception:
@@ -212,8 +239,10 @@ class Sender(LayerOffers):
         msgs = self.transport.poll(self._replies(request_id))
         o = self._offers.get(request_id)
         for header, _ in msgs:
-            if not isinstance(header, dict) or o is None or o.state.final:
-                continue  # not a header, or one after the end: ignored
+            if not isinstance(header, dict) or self.inc.stale(request_id, header):
+                continue  # not a header, or a dead receiver's: ignored (named if stale)
+            if o is None or o.state.final:
+                continue  # one after the end: ignored
             kind, e = header.get("type"), epoch_of(header)
             if self.rank is not None and e is not None and e > o.epoch:
                 self._disagree(o, e, kind == READY)  # the others are at a newer attempt
@@ -221,6 +250,7 @@ class Sender(LayerOffers):
             if e != o.epoch:
                 continue  # another attempt's reply (or an epoch that is not an int): fenced
             if kind == READY and o.state is State.OFFERED:
+                o.rinc = inc_of(header) or 0  # the registration its writes target
                 try:
                     if o.stream is not None:
                         o.state = State.SENDING
@@ -260,6 +290,7 @@ class Sender(LayerOffers):
         """An abort at ``epoch`` to the receiver and to every sibling rank (best effort:
         a channel the transport cannot reach is skipped, the others still hear)."""
         ch, header = channels(rid), {"type": ABORT, "request_id": rid, "epoch": epoch}
+        stamp(header, self.inc.own)
         tos = [ch.to_receiver]
         if self.rank is not None:
             tos += [ch.to_rank(s) for s in range(self.geometry.tp) if s != self.rank]
@@ -291,7 +322,7 @@ class Sender(LayerOffers):
     def _send_chunks(self, o: _Offer) -> None:
         ch = channels(o.request_id).to_receiver
         for r, snap in zip(self.pools.primaries, o.snaps, strict=True):
-            o.chunks += send_chunks(self.transport, ch, snap, rank=r)
+            o.chunks += send_chunks(self.transport, ch, snap, rank=r, inc=o.rinc)
             o.bytes_sent += sum(len(p) for p in snap.payloads)
         o.state = State.SENDING
 

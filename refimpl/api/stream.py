@@ -29,7 +29,7 @@ import xxhash
 
 from refimpl.api.geometry import KVGeometry
 from refimpl.api.switches import STREAM_READS_AT_READY
-from refimpl.api.wire import CHUNK, MANIFEST, SEAL, State, channels
+from refimpl.api.wire import CHUNK, MANIFEST, SEAL, Incarnations, State, channels, stamp
 from refimpl.checksum import byte_view, bytes_checksum
 from refimpl.chunks import Snapshot, build_manifest
 from refimpl.engine.data import RankPools
@@ -123,10 +123,13 @@ class Stream:
         first_block: int,
         ranks: Sequence[int],
         read_now: Any = None,
+        seal_head: dict[str, Any] | None = None,
     ) -> tuple[int, int]:
         """Send every computed layer not sent yet, then the seals once all are out;
         returns (chunks, payload bytes) sent. ``read_now(layer)``: the bug switch's read
-        of a layer at this point (None: the copies taken at send_layer)."""
+        of a layer at this point (None: the copies taken at send_layer). ``seal_head``:
+        the seals' head, when not ``head`` (a seal is the sender's own message, a chunk a
+        write stamped with its target's incarnation)."""
         n = nbytes = 0
         while self.sent < self.computed:
             if read_now is not None:
@@ -150,7 +153,8 @@ class Stream:
             self.sealed = True
             for r in ranks:
                 digests = [self.digests[(r, j)].hexdigest() for j in range(len(self.blocks))]
-                transport.send(channel, {**head, "type": SEAL, "rank": r, "digests": digests})
+                seal = {**(head if seal_head is None else seal_head), "type": SEAL, "rank": r}
+                transport.send(channel, {**seal, "digests": digests})
         return n, nbytes
 
 
@@ -166,6 +170,7 @@ class _Offer:
     chunks: int = 0
     bytes_sent: int = 0
     stream: Stream | None = None
+    rinc: int = 0  # the incarnation of the receiver whose Ready it took: its writes' target
 
 
 class LayerOffers:
@@ -183,9 +188,11 @@ class LayerOffers:
     _offers: dict[str, _Offer]
     _pool_of: dict[int, int]
     _buffers: Buffers
+    inc: Incarnations
 
     def _offer_stream(
         self,
+        rinc: int,
         rid: str,
         token_ids: Sequence[int],
         sent: list[int],
@@ -208,11 +215,12 @@ class LayerOffers:
         snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
         m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
         st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
-        o = _Offer(rid, epoch, m, [], free_source, stream=st)
+        o = _Offer(rid, epoch, m, [], free_source, stream=st, rinc=rinc)
         self._offers[rid] = o
         if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
             header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
             header["layers"] = layers
+            stamp(header, self.inc.own)
             if self.rank is not None:
                 header["ranked"] = True
             try:
@@ -258,7 +266,9 @@ class LayerOffers:
                 st.copy_layer(self.pools, self._ranks(), layer)
 
         head = {"request_id": o.request_id, "epoch": o.epoch}
+        seal = stamp(dict(head), self.inc.own)  # the sender's; its writes the target's
         ch, first = channels(o.request_id).to_receiver, o.manifest.prefix_blocks
-        n, nbytes = st.flush(self.transport, ch, head, first, self.ranks, read_now)
+        stamp(head, o.rinc)
+        n, nbytes = st.flush(self.transport, ch, head, first, self.ranks, read_now, seal)
         o.chunks, o.bytes_sent = o.chunks + n, o.bytes_sent + nbytes
         return n

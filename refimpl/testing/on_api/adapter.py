@@ -28,8 +28,6 @@ UNEXPRESSED: dict[str, str] = {
     "decode_failure": "DecodeFail: the API's Receiver has no failure of its own to inject",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "the API has one Receiver for all decode ranks (no per-rank install)",
-    "restarts": "EnvRestart: a new incarnation's fencing (inc in every message) is not in "
-    "the API's wire",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
@@ -50,7 +48,6 @@ def unexpressed(c: Config) -> list[str]:
         "decode_failure": c.decode_failure,
         "retract": c.retract,
         "decode_ranks": c.decode_ranks,
-        "restarts": c.restarts > 0,
         "identity": c.identity,
         "slots": c.slots,
         "host_cache": c.host_cache > 0,
