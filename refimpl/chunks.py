@@ -158,8 +158,11 @@ def send_chunks(
     *,
     rank: int = 0,
     is_cancelled: Callable[[], bool] | None = None,
+    inc: int = 0,
 ) -> int:
-    """Send one chunk per block, stopping early once cancelled; returns the number sent."""
+    """Send one chunk per block, stopping early once cancelled; returns the number sent.
+    ``inc``: the incarnation of the receiver's registration the writes target (0: left
+    out of the header)."""
     sent = 0
     for j, (payload, checksum) in enumerate(zip(snap.payloads, snap.checksums, strict=True)):
         if is_cancelled is not None and is_cancelled():
@@ -172,6 +175,8 @@ def send_chunks(
             "rank": rank,
             "checksum": checksum,
         }
+        if inc:
+            header["inc"] = inc
         transport.send(channel, header, payload)
         sent += 1
     return sent

@@ -7,6 +7,8 @@ are the caller's: ``refimpl.testing.api_adapter``). Read only: nothing here chan
 end.
 
     ep      the attempt's epoch, the same on every rank (else ``RankDisagreement``)
+    rinc    the incarnation of the receiver whose Ready the attempt took (its writes'
+            target; a new offer starts from the last one's)
     ps      no attempt / a final one IDLE; OFFERED AWAIT_READY; SENDING with every layer
             and seal out AWAIT_ACK (SENDING before that: some layer not computed yet)
     sent    items sent in the phase (chunks and seals, rank-major): all of them once sealed
@@ -64,25 +66,25 @@ def _offer(s: Sender, rid: str) -> Any:
 
 
 def sender_part(senders: Sequence[Sender], rid: str, per_rank: int) -> dict[str, int]:
-    """ep, ps, sent and whether an attempt is in progress (``live``) of ``rid``."""
+    """ep, ps, sent, rinc and whether an attempt is in progress (``live``) of ``rid``."""
     views = []
     for s in senders:
         o = _offer(s, rid)
         if o is None:
-            views.append((0, IDLE, 0))
+            views.append((0, IDLE, 0, 0))
             continue
         if o.state.final:
-            views.append((o.epoch, IDLE, 0))
+            views.append((o.epoch, IDLE, 0, o.rinc))
         elif o.state is State.OFFERED:
-            views.append((o.epoch, AWAIT_READY, 0))
+            views.append((o.epoch, AWAIT_READY, 0, o.rinc))
         elif o.stream is not None and o.stream.sealed:
-            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1)))
+            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1), o.rinc))
         else:
-            views.append((o.epoch, SENDING, 0))
+            views.append((o.epoch, SENDING, 0, o.rinc))
     if len(set(views)) > 1:
         raise RankDisagreement(f"{rid!r}: the prefill ranks' attempts differ: {views}")
-    ep, ps, sent = views[0] if views else (0, IDLE, 0)
-    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE)}
+    ep, ps, sent, rinc = views[0] if views else (0, IDLE, 0, 0)
+    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc}
 
 
 def prefill_replica(held: bool, live: bool) -> int:

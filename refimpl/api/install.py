@@ -1,4 +1,5 @@
-"""One chunk of a live attempt, checked and installed (the receiver's only install).
+"""One chunk of a live attempt, checked and installed (the receiver's only install;
+``ChunkIntake``: the ``Receiver``'s chunk handling, this attempt's or fenced).
 
 A whole-block chunk (``install_block``) or one (rank, layer) of a streamed offer, that
 layer of every sent block (``install_layer``): rank and block index (or layer and sent
@@ -12,15 +13,18 @@ it returned is the chunk counted. Each raises the refusal and changes nothing; t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from refimpl.api.intake import Attempt
+from refimpl.api import wire
+from refimpl.api.intake import Attempt, send_quietly
 from refimpl.api.layers import land_layer_blocks, write_layer_blocks
+from refimpl.api.switches import LAYER_READY_ON_STAGING
+from refimpl.api.wire import NACK, channels
 from refimpl.checksum import bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
-from refimpl.errors import ChecksumError, ChunkError
-from refimpl.transport import Payload
+from refimpl.errors import ChecksumError, ChunkError, OwnershipError
+from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
 
 
@@ -120,3 +124,64 @@ def install_layer(
         s.landed_one(rank, j, layer, view[k * per : (k + 1) * per])
     a.checks += 1
     return layer
+
+
+class ChunkIntake:
+    """A ``Receiver``'s chunks of a live attempt (a mixin): this attempt's (else fenced
+    and counted, or the ranks' disagreement refused by name), installed, and unstaged
+    layer by layer once a whole layer is in staging."""
+
+    pools: RankPools
+    transport: Transport
+    stage: bool
+    mutants: frozenset[str]
+    inc: wire.Incarnations
+
+    def _fail(self, a: Attempt, err: OwnershipError) -> None:
+        raise NotImplementedError  # ``Receiver._fail``
+
+    def _unstage(self, a: Attempt, layers: Sequence[int]) -> None:
+        raise NotImplementedError  # ``Receiver._unstage``
+
+    def _on_chunk(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
+        if not self._ours(a, header):
+            return
+        try:
+            if a.stream is None:
+                install_block(self.pools, a, header, payload)
+            elif (layer := install_layer(self.pools, a, header, payload)) is not None:
+                staged = a.staging is not None and not self.stage
+                if staged and a.stream.layer_ready(layer):  # the whole layer is in staging:
+                    if LAYER_READY_ON_STAGING not in self.mutants:  # (the bug leaves it there)
+                        self._unstage(a, [layer])  # into the target blocks, now
+        except OwnershipError as err:
+            self._fail(a, err)
+
+    def _ours(self, a: Attempt, header: Mapping[str, Any]) -> bool:
+        """This attempt's message, else counted as stale (fenced, changes nothing). A
+        source rank speaking of a newer epoch than the attempt's means the ranks
+        disagree on the attempt: refused by name (``RankAgreement``), never a stall."""
+        e = wire.epoch_of(header)
+        if header.get("request_id") == a.m.request_id and e == a.m.epoch:
+            return True
+        a.stale += 1
+        rank = header.get("rank")
+        if a.ranked and e is not None and e > a.m.epoch and type(rank) is int and rank in a.ranks:
+            why = (
+                f"rank {rank} sends epoch {e} of {a.m.request_id!r}, but the attempt "
+                f"(rank 0's manifest) is epoch {a.m.epoch}: the ranks disagree"
+            )
+            send_quietly(
+                self.transport,
+                channels(a.m.request_id).to_rank(rank),
+                wire.stamp(
+                    {"type": NACK, "epoch": e, "reasons": [f"[RankAgreement] {why}"]}, self.inc.own
+                ),
+            )
+            self._fail(a, ChunkError(why, prop="RankAgreement"))
+        return False
+
+    def _complete(self, a: Attempt) -> bool:
+        if a.stream is not None:
+            return a.stream.complete()
+        return len(a.landed) == len(a.ranks) * len(a.m.sent_blocks)

@@ -109,7 +109,8 @@ def on_manifest(rx: Receiver, rid: str, header: Mapping[str, Any], a: Attempt | 
         rx._ended_now(rid)
         reasons = e.reasons if isinstance(e, SpecManifestError) else [str(e)]
         for to in reply_channels(rid, header):
-            send_quietly(rx.transport, to, {"type": NACK, "epoch": epoch, "reasons": reasons})
+            nack = {"type": NACK, "epoch": epoch, "reasons": reasons}
+            send_quietly(rx.transport, to, wire.stamp(nack, rx.inc.own))
         return
     rx._att[rid] = new
     rx._errors.pop(rid, None)

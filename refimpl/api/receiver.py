@@ -26,13 +26,13 @@ flight are dropped (and fenced), and the sender gets a ``nack`` naming the error
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.install import install_block, install_layer
+from refimpl.api.install import ChunkIntake
 from refimpl.api.intake import (
     Attempt,
     Expect,
@@ -43,7 +43,12 @@ from refimpl.api.intake import (
     tos,
 )
 from refimpl.api.layers import SEAL
-from refimpl.api.switches import LAYER_READY_ON_STAGING, RECEIVER_SWITCHES, check_switches
+from refimpl.api.switches import (
+    LAYER_READY_ON_STAGING,
+    RECEIVER_SWITCHES,
+    STALE_INCARNATION_ACCEPTED,
+    check_switches,
+)
 from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, State, channels
 from refimpl.checksum import block_checksum
@@ -51,13 +56,12 @@ from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
     ChecksumError,
-    ChunkError,
     DecodeFailedError,
     InUseError,
     OwnershipError,
     StaleError,
 )
-from refimpl.transport import Payload, Transport
+from refimpl.transport import Transport
 from spec.manifest import Manifest
 
 
@@ -71,7 +75,7 @@ class Received:
     manifest: Manifest
 
 
-class Receiver:
+class Receiver(ChunkIntake):
     """The destination side: validates, reserves, installs, verifies, commits or aborts."""
 
     def __init__(
@@ -85,6 +89,7 @@ class Receiver:
         disabled_guards: Iterable[str] = (),
         mutants: Iterable[str] = (),
         max_records: int = 4096,
+        incarnation: int = 0,
     ) -> None:
         """``stage``: land every chunk in staging, so that the target blocks are written
         only after every block verified (else only a block-size change stages).
@@ -92,8 +97,13 @@ class Receiver:
         the ``mismatch_installed`` bug, for demonstrations only; ``mutants``: bug
         switches (``refimpl.api.switches``), for demonstrations only. ``max_records``:
         ended attempts and refusals kept for ``state``/``result`` until ``forget`` (past
-        it the oldest ended ones are forgotten: a peer cannot fill memory with them)."""
+        it the oldest ended ones are forgotten: a peer cannot fill memory with them).
+        ``incarnation``: this process's restarts so far (a restarted decode builds a new
+        Receiver, with the next one, over its new pools): its replies carry it, and a
+        write addressed to another incarnation's registration is refused by name."""
         self.mutants = check_switches(mutants, RECEIVER_SWITCHES, "Receiver")
+        stale_ok = STALE_INCARNATION_ACCEPTED in self.mutants
+        self.inc = wire.Incarnations(incarnation, "Receiver", stale_ok)
         geometry.check_pools(pools, "receiver pools")
         if geometry.cp != 1:
             raise ValueError(f"Receiver: cp={geometry.cp}; a receiver worker holds cp=1")
@@ -174,7 +184,22 @@ class Receiver:
         """Staging copies held by live attempts (bounded in total by the pool's bytes)."""
         return sum(a.staged for a in self._att.values() if a.staging is not None)
 
+    @property
+    def incarnation(self) -> int:
+        return self.inc.own
+
+    def stale(self) -> list[str]:
+        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
+        return list(self.inc.refused)
+
     # ------------------------------------------------------------ commands
+    def peer_restarted(self, incarnation: int) -> None:
+        """The sender's process came back as ``incarnation`` (the engine's membership
+        says so): from now on an older one's manifest, seal or abort is refused by name
+        and changes nothing. An attempt it opened here still ends by its timeout
+        (``abort``), as the spec's ``DecodeTimeout``."""
+        self.inc.restarted(incarnation)
+
     def expect(
         self,
         request_id: str,
@@ -199,8 +224,8 @@ class Receiver:
         """Handle every message that arrived; returns the number read."""
         msgs = self.transport.poll(channels(request_id).to_receiver)
         for header, payload in msgs:
-            if not isinstance(header, dict):
-                continue  # not a header: ignored
+            if not isinstance(header, dict) or self.inc.stale(request_id, header):
+                continue  # not a header, or a dead incarnation's (named): ignored
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
@@ -286,48 +311,6 @@ class Receiver:
                 for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
 
-    # ------------------------------------------------------------ chunks
-    def _on_chunk(self, a: Attempt, header: Mapping[str, Any], payload: Payload) -> None:
-        if not self._ours(a, header):
-            return
-        try:
-            if a.stream is None:
-                install_block(self.pools, a, header, payload)
-            elif (layer := install_layer(self.pools, a, header, payload)) is not None:
-                staged = a.staging is not None and not self.stage
-                if staged and a.stream.layer_ready(layer):  # the whole layer is in staging:
-                    if LAYER_READY_ON_STAGING not in self.mutants:  # (the bug leaves it there)
-                        self._unstage(a, [layer])  # into the target blocks, now
-        except OwnershipError as err:
-            self._fail(a, err)
-
-    def _ours(self, a: Attempt, header: Mapping[str, Any]) -> bool:
-        """This attempt's message, else counted as stale (fenced, changes nothing). A
-        source rank speaking of a newer epoch than the attempt's means the ranks
-        disagree on the attempt: refused by name (``RankAgreement``), never a stall."""
-        e = wire.epoch_of(header)
-        if header.get("request_id") == a.m.request_id and e == a.m.epoch:
-            return True
-        a.stale += 1
-        rank = header.get("rank")
-        if a.ranked and e is not None and e > a.m.epoch and type(rank) is int and rank in a.ranks:
-            why = (
-                f"rank {rank} sends epoch {e} of {a.m.request_id!r}, but the attempt "
-                f"(rank 0's manifest) is epoch {a.m.epoch}: the ranks disagree"
-            )
-            send_quietly(
-                self.transport,
-                channels(a.m.request_id).to_rank(rank),
-                {"type": NACK, "epoch": e, "reasons": [f"[RankAgreement] {why}"]},
-            )
-            self._fail(a, ChunkError(why, prop="RankAgreement"))
-        return False
-
-    def _complete(self, a: Attempt) -> bool:
-        if a.stream is not None:
-            return a.stream.complete()
-        return len(a.landed) == len(a.ranks) * len(a.m.sent_blocks)
-
     # ------------------------------------------------------------ the end
     def _finish(self, a: Attempt) -> None:
         m, rid, alloc = a.m, a.m.request_id, self.pools.alloc
@@ -391,6 +374,7 @@ class Receiver:
         """Send to the request's sender (every rank's, when ranked, but those in
         ``skip``); returns why a send failed ("" if none did): a route the transport
         cannot reach is the peer's fault, never raised here."""
+        wire.stamp(header, self.inc.own)
         a = self._att.get(rid)
         to = tos(a, skip) if a is not None and a.m.epoch == header.get("epoch") else None
         to = to if to is not None else [channels(rid).to_sender]

@@ -29,25 +29,27 @@ epochs); one rank's ``abort`` reaches every sibling rank and the receiver with i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.intake import send_quietly
-from refimpl.api.stream import Buffers, Stream
-from refimpl.api.switches import SENDER_SWITCHES, STREAM_READS_AT_READY, check_switches
+from refimpl.api.stream import Buffers, LayerOffers, _Offer
+from refimpl.api.switches import SENDER_SWITCHES, STALE_INCARNATION_ACCEPTED, check_switches
 from refimpl.api.wire import (
     ABORT,
     ACK,
     MANIFEST,
     NACK,
     READY,
+    Incarnations,
     State,
     channels,
     epoch_of,
     fence,
+    inc_of,
     peer_failed,
     reasons_of,
     revoke,
+    stamp,
 )
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.chunks import manifest_checksums as canonical_sums
@@ -58,21 +60,7 @@ from spec import shardmap as sm
 from spec.manifest import Manifest
 
 
-@dataclass
-class _Offer:
-    request_id: str
-    epoch: int
-    manifest: Manifest
-    snaps: list[Snapshot]  # one per primary TP rank, all pinning the same block ids
-    free_source: bool  # free the request's blocks here once the receiver acked
-    state: State = State.OFFERED
-    reasons: list[str] = field(default_factory=list)  # why it was refused or aborted
-    chunks: int = 0
-    bytes_sent: int = 0
-    stream: Stream | None = None
-
-
-class Sender:
+class Sender(LayerOffers):
     """The source side: offers a request's KV, sends chunks on ``ready``, releases at the end."""
 
     def __init__(
@@ -85,12 +73,18 @@ class Sender:
         rank: int | None = None,
         blocks_per_chunk: int | None = None,
         mutants: Iterable[str] = (),
+        incarnation: int = 0,
     ) -> None:
         """``rank``: this Sender is TP rank ``rank`` of ``geometry`` alone (its own
         process), ``pools`` are that rank's (``geometry.make_rank_pools(rank, n)``).
         ``blocks_per_chunk``: blocks per streamed chunk (default: all, one per layer).
-        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations."""
+        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations.
+        ``incarnation``: this process's restarts so far (a restarted prefill builds a
+        new Sender with the next one, from the engine's membership): every message
+        carries it, and the receiver refuses an older one's (``peer_restarted``)."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
+        stale_ok = STALE_INCARNATION_ACCEPTED in self.mutants
+        self.inc = Incarnations(incarnation, "Sender", stale_ok)
         if rank is None:
             geometry.check_pools(pools, "sender pools")
             self.ranks = list(pools.primaries)  # (source rank, index of its pool here)
@@ -126,6 +120,21 @@ class Sender:
     def records(self) -> int:
         """Requests this Sender keeps a record of (live or ended, not forgotten)."""
         return len(self._offers)
+
+    @property
+    def incarnation(self) -> int:
+        return self.inc.own
+
+    def stale(self) -> list[str]:
+        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
+        return list(self.inc.refused)
+
+    def peer_restarted(self, incarnation: int) -> None:
+        """The receiver's process came back as ``incarnation`` (the engine's membership
+        says so): from now on a reply of an older one (a dead receiver's ready, ack or
+        nack) is refused by name and changes nothing. An attempt bound to the dead
+        receiver still ends by its timeout (``abort``), as the spec's ``PrefillTimeout``."""
+        self.inc.restarted(incarnation)
 
     def forget(self, request_id: str) -> None:
         """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
@@ -165,6 +174,7 @@ class Sender:
         if old is not None and not old.state.final:
             raise ValueError(f"{request_id!r} already has an attempt in state {old.state.value}")
         last = old.epoch if old is not None else 0
+        rinc = old.rinc if old is not None else 0  # the receiver's last Ready: its writes'
         if epoch is None:
             epoch = last + 1
         if type(epoch) is not int or epoch <= last:
@@ -184,6 +194,7 @@ class Sender:
         sent = list(blocks)[prefix_blocks:]
         if layers is not None or self.rank is not None:
             return self._offer_stream(
+                rinc,
                 request_id,
                 token_ids,
                 sent,
@@ -213,8 +224,9 @@ class Sender:
             for r, s in zip(self.pools.primaries, snaps, strict=False):
                 release(self.pools.pools[r], s)
             raise
-        self._offers[request_id] = _Offer(request_id, epoch, m, snaps, free_source)
+        self._offers[request_id] = _Offer(request_id, epoch, m, snaps, free_source, rinc=rinc)
         header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
+        stamp(header, self.inc.own)
         try:
             self.transport.send(channels(request_id).to_receiver, header)
         except Exception:
@@ -222,92 +234,15 @@ class Sender:
             raise
         return m
 
-    def _offer_stream(
-        self,
-        rid: str,
-        token_ids: Sequence[int],
-        sent: list[int],
-        epoch: int,
-        dst_tp: int,
-        dst_cp: int,
-        prefix_blocks: int,
-        free_source: bool,
-        layers: int | None,
-    ) -> Manifest:
-        g = self.geometry
-        if layers != g.num_layers:
-            raise ValueError(
-                f"{rid!r}: layers={layers!r}; a streamed offer sends all {g.num_layers} layers "
-                "(and a Sender of one rank offers layer by layer)"
-            )
-        if not_held := sorted(set(sent) - set(self.pools.alloc.blocks_of(rid))):
-            raise ChunkError(f"blocks {not_held} to send are not held by {rid!r}")
-        zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
-        snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
-        m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
-        st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
-        o = _Offer(rid, epoch, m, [], free_source, stream=st)
-        self._offers[rid] = o
-        if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
-            header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
-            header["layers"] = layers
-            if self.rank is not None:
-                header["ranked"] = True
-            try:
-                self.transport.send(channels(rid).to_receiver, header)
-            except Exception:
-                del self._offers[rid]
-                raise
-        return m
-
-    def send_layer(self, request_id: str, layer: int) -> int:
-        """Layer ``layer`` of every sent block is written here: send it (or, before the
-        receiver's ready, once it comes). Layers go in order; returns the chunks sent now."""
-        o = self._offers.get(request_id)
-        if o is None or o.stream is None:
-            raise ValueError(f"{request_id!r} has no streamed offer here (offer(..., layers=L))")
-        if o.state.final:
-            return 0  # the attempt ended (refused, aborted): nothing more to send
-        if type(layer) is not int or layer != o.stream.computed:
-            raise ValueError(
-                f"{request_id!r}: layer {layer!r} out of order; the next is {o.stream.computed}"
-            )
-        if not_held := sorted(set(o.stream.blocks) - set(self.pools.alloc.blocks_of(request_id))):
-            raise ChunkError(
-                f"{request_id!r}: send_layer({layer}): blocks {not_held} are not held by it "
-                "(a layer is copied at send_layer: free the blocks only after it returned)"
-            )
-        if STREAM_READS_AT_READY not in self.mutants:
-            o.stream.copy_layer(self.pools, self._ranks(), layer)
-        o.stream.computed += 1
-        return self._flush(o) if o.state is State.SENDING else 0
-
-    def _ranks(self) -> list[tuple[int, int]]:
-        return [(r, self._pool_of[r]) for r in self.ranks]
-
-    def _flush(self, o: _Offer) -> int:
-        """Send every computed layer not sent yet, then the seals once all are out."""
-        st = o.stream
-        assert st is not None
-        read_now = None
-        if STREAM_READS_AT_READY in self.mutants:  # the bug: the bytes there now
-
-            def read_now(layer: int) -> None:
-                st.copy_layer(self.pools, self._ranks(), layer)
-
-        head = {"request_id": o.request_id, "epoch": o.epoch}
-        ch, first = channels(o.request_id).to_receiver, o.manifest.prefix_blocks
-        n, nbytes = st.flush(self.transport, ch, head, first, self.ranks, read_now)
-        o.chunks, o.bytes_sent = o.chunks + n, o.bytes_sent + nbytes
-        return n
-
     def poll(self, request_id: str) -> int:
         """Handle the receiver's replies; returns the number of messages read."""
         msgs = self.transport.poll(self._replies(request_id))
         o = self._offers.get(request_id)
         for header, _ in msgs:
-            if not isinstance(header, dict) or o is None or o.state.final:
-                continue  # not a header, or one after the end: ignored
+            if not isinstance(header, dict) or self.inc.stale(request_id, header):
+                continue  # not a header, or a dead receiver's: ignored (named if stale)
+            if o is None or o.state.final:
+                continue  # one after the end: ignored
             kind, e = header.get("type"), epoch_of(header)
             if self.rank is not None and e is not None and e > o.epoch:
                 self._disagree(o, e, kind == READY)  # the others are at a newer attempt
@@ -315,6 +250,7 @@ class Sender:
             if e != o.epoch:
                 continue  # another attempt's reply (or an epoch that is not an int): fenced
             if kind == READY and o.state is State.OFFERED:
+                o.rinc = inc_of(header) or 0  # the registration its writes target
                 try:
                     if o.stream is not None:
                         o.state = State.SENDING
@@ -354,6 +290,7 @@ class Sender:
         """An abort at ``epoch`` to the receiver and to every sibling rank (best effort:
         a channel the transport cannot reach is skipped, the others still hear)."""
         ch, header = channels(rid), {"type": ABORT, "request_id": rid, "epoch": epoch}
+        stamp(header, self.inc.own)
         tos = [ch.to_receiver]
         if self.rank is not None:
             tos += [ch.to_rank(s) for s in range(self.geometry.tp) if s != self.rank]
@@ -385,7 +322,7 @@ class Sender:
     def _send_chunks(self, o: _Offer) -> None:
         ch = channels(o.request_id).to_receiver
         for r, snap in zip(self.pools.primaries, o.snaps, strict=True):
-            o.chunks += send_chunks(self.transport, ch, snap, rank=r)
+            o.chunks += send_chunks(self.transport, ch, snap, rank=r, inc=o.rinc)
             o.bytes_sent += sum(len(p) for p in snap.payloads)
         o.state = State.SENDING
 

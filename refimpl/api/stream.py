@@ -1,4 +1,6 @@
-"""A streamed offer's sender side: each layer copied at ``send_layer``, sent on ready.
+"""A streamed offer's sender side: each layer copied at ``send_layer``, sent on ready
+(``LayerOffers``: the ``Sender``'s streamed ``offer`` and ``send_layer``; ``Stream``: one
+attempt's layers, copies and digests).
 
 ``Sender.send_layer(rid, layer)`` copies that layer of every sent block of every source
 rank held here into one buffer per rank (the blocks' layer pieces in block order: one
@@ -25,10 +27,15 @@ from typing import Any
 import torch
 import xxhash
 
-from refimpl.api.wire import CHUNK, SEAL
+from refimpl.api.geometry import KVGeometry
+from refimpl.api.switches import STREAM_READS_AT_READY
+from refimpl.api.wire import CHUNK, MANIFEST, SEAL, Incarnations, State, channels, stamp
 from refimpl.checksum import byte_view, bytes_checksum
+from refimpl.chunks import Snapshot, build_manifest
 from refimpl.engine.data import RankPools
+from refimpl.errors import ChunkError
 from refimpl.transport import Transport
+from spec.manifest import LocalConfig, Manifest
 
 
 class Buffers:
@@ -116,10 +123,13 @@ class Stream:
         first_block: int,
         ranks: Sequence[int],
         read_now: Any = None,
+        seal_head: dict[str, Any] | None = None,
     ) -> tuple[int, int]:
         """Send every computed layer not sent yet, then the seals once all are out;
         returns (chunks, payload bytes) sent. ``read_now(layer)``: the bug switch's read
-        of a layer at this point (None: the copies taken at send_layer)."""
+        of a layer at this point (None: the copies taken at send_layer). ``seal_head``:
+        the seals' head, when not ``head`` (a seal is the sender's own message, a chunk a
+        write stamped with its target's incarnation)."""
         n = nbytes = 0
         while self.sent < self.computed:
             if read_now is not None:
@@ -143,5 +153,122 @@ class Stream:
             self.sealed = True
             for r in ranks:
                 digests = [self.digests[(r, j)].hexdigest() for j in range(len(self.blocks))]
-                transport.send(channel, {**head, "type": SEAL, "rank": r, "digests": digests})
+                seal = {**(head if seal_head is None else seal_head), "type": SEAL, "rank": r}
+                transport.send(channel, {**seal, "digests": digests})
         return n, nbytes
+
+
+@dataclass
+class _Offer:
+    request_id: str
+    epoch: int
+    manifest: Manifest
+    snaps: list[Snapshot]  # one per primary TP rank, all pinning the same block ids
+    free_source: bool  # free the request's blocks here once the receiver acked
+    state: State = State.OFFERED
+    reasons: list[str] = field(default_factory=list)  # why it was refused or aborted
+    chunks: int = 0
+    bytes_sent: int = 0
+    stream: Stream | None = None
+    rinc: int = 0  # the incarnation of the receiver whose Ready it took: its writes' target
+
+
+class LayerOffers:
+    """A ``Sender``'s streamed offers (a mixin): ``offer(..., layers=L)``, ``send_layer``,
+    and the flush of the computed layers once the receiver is ready."""
+
+    geometry: KVGeometry
+    pools: RankPools
+    transport: Transport
+    local: LocalConfig
+    rank: int | None
+    ranks: list[int]
+    mutants: frozenset[str]
+    blocks_per_chunk: int | None
+    _offers: dict[str, _Offer]
+    _pool_of: dict[int, int]
+    _buffers: Buffers
+    inc: Incarnations
+
+    def _offer_stream(
+        self,
+        rinc: int,
+        rid: str,
+        token_ids: Sequence[int],
+        sent: list[int],
+        epoch: int,
+        dst_tp: int,
+        dst_cp: int,
+        prefix_blocks: int,
+        free_source: bool,
+        layers: int | None,
+    ) -> Manifest:
+        g = self.geometry
+        if layers != g.num_layers:
+            raise ValueError(
+                f"{rid!r}: layers={layers!r}; a streamed offer sends all {g.num_layers} layers "
+                "(and a Sender of one rank offers layer by layer)"
+            )
+        if not_held := sorted(set(sent) - set(self.pools.alloc.blocks_of(rid))):
+            raise ChunkError(f"blocks {not_held} to send are not held by {rid!r}")
+        zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
+        snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
+        m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
+        st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
+        o = _Offer(rid, epoch, m, [], free_source, stream=st, rinc=rinc)
+        self._offers[rid] = o
+        if self.rank is None or self.rank == 0:  # rank 0 (always a primary) leads
+            header = {"type": MANIFEST, "epoch": epoch, "manifest": m.to_json_dict()}
+            header["layers"] = layers
+            stamp(header, self.inc.own)
+            if self.rank is not None:
+                header["ranked"] = True
+            try:
+                self.transport.send(channels(rid).to_receiver, header)
+            except Exception:
+                del self._offers[rid]
+                raise
+        return m
+
+    def send_layer(self, request_id: str, layer: int) -> int:
+        """Layer ``layer`` of every sent block is written here: send it (or, before the
+        receiver's ready, once it comes). Layers go in order; returns the chunks sent now."""
+        o = self._offers.get(request_id)
+        if o is None or o.stream is None:
+            raise ValueError(f"{request_id!r} has no streamed offer here (offer(..., layers=L))")
+        if o.state.final:
+            return 0  # the attempt ended (refused, aborted): nothing more to send
+        if type(layer) is not int or layer != o.stream.computed:
+            raise ValueError(
+                f"{request_id!r}: layer {layer!r} out of order; the next is {o.stream.computed}"
+            )
+        if not_held := sorted(set(o.stream.blocks) - set(self.pools.alloc.blocks_of(request_id))):
+            raise ChunkError(
+                f"{request_id!r}: send_layer({layer}): blocks {not_held} are not held by it "
+                "(a layer is copied at send_layer: free the blocks only after it returned)"
+            )
+        if STREAM_READS_AT_READY not in self.mutants:
+            o.stream.copy_layer(self.pools, self._ranks(), layer)
+        o.stream.computed += 1
+        return self._flush(o) if o.state is State.SENDING else 0
+
+    def _ranks(self) -> list[tuple[int, int]]:
+        return [(r, self._pool_of[r]) for r in self.ranks]
+
+    def _flush(self, o: _Offer) -> int:
+        """Send every computed layer not sent yet, then the seals once all are out."""
+        st = o.stream
+        assert st is not None
+        read_now = None
+        if STREAM_READS_AT_READY in self.mutants:  # the bug: the bytes there now
+
+            def read_now(layer: int) -> None:
+                st.copy_layer(self.pools, self._ranks(), layer)
+
+        head = {"request_id": o.request_id, "epoch": o.epoch}
+        seal = stamp(dict(head), self.inc.own)  # the sender's; its writes the target's
+        ch, first = channels(o.request_id).to_receiver, o.manifest.prefix_blocks
+        stamp(head, o.rinc)
+        n, nbytes = st.flush(self.transport, ch, head, first, self.ranks, read_now, seal)
+        o.chunks, o.bytes_sent = o.chunks + n, o.bytes_sent + nbytes
+        return n

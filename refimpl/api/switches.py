@@ -12,6 +12,11 @@ between ship another request's bytes, sealed as this one's.
 ``layer_ready_on_staging`` (NoPartialUse, issue #30 bug 1): ``Receiver.layer_ready`` says
 True once a layer landed in the staging copy (a block-size change, ``stage=True``),
 while the blocks ``held()`` names still hold what was there before.
+
+``stale_incarnation_accepted`` (Fencing, restarts; the spec's mutant of the same name):
+a ``Sender`` or ``Receiver`` takes a control message of its peer's older incarnation
+(a dead receiver's ready, a dead sender's manifest) as current, after it heard of the
+restart (``peer_restarted``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from collections.abc import Iterable
 
 STREAM_READS_AT_READY = "stream_reads_at_ready"
 LAYER_READY_ON_STAGING = "layer_ready_on_staging"
-SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY})
-RECEIVER_SWITCHES = frozenset({LAYER_READY_ON_STAGING})
+STALE_INCARNATION_ACCEPTED = "stale_incarnation_accepted"
+SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED})
+RECEIVER_SWITCHES = frozenset({LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED})
 API_SWITCHES = SENDER_SWITCHES | RECEIVER_SWITCHES
 
 

@@ -126,3 +126,66 @@ def reasons_of(header: Mapping[str, Any]) -> list[str]:
     if isinstance(r, list) and len(r) <= MAX_REASONS and all(type(x) is str for x in r):
         return [x[:MAX_REASON_CHARS] for x in r]
     return [f"malformed {header.get('type')!s:.20}: reasons {r!r:.80} is not a list of strings"]
+
+
+# ---------------------------------------------------------------- incarnations
+INC = "inc"  # a message's incarnation (absent: 0): its sender's, a write its target's
+
+
+def inc_of(header: Mapping[str, Any]) -> int | None:
+    """A message's incarnation (0 when absent), or None when it is not an int >= 0."""
+    v = header.get(INC, 0)
+    return v if type(v) is int and v >= 0 else None
+
+
+def stamp(header: dict[str, Any], inc: int) -> dict[str, Any]:
+    """``header`` with incarnation ``inc`` (left out when 0: a world without restarts
+    sends what it sent before)."""
+    if inc:
+        header[INC] = inc
+    return header
+
+
+def check_incarnation(inc: object, who: str) -> int:
+    """An end's incarnation, or ValueError naming it."""
+    if type(inc) is not int or inc < 0:
+        raise ValueError(f"{who}: incarnation={inc!r} must be an int >= 0 (0: never restarted)")
+    return inc
+
+
+class Incarnations:
+    """One end's incarnation (``own``), the newest it knows of its peer's (``peer``: told
+    by ``restarted``, or seen on a control message), and the stale messages it refused.
+
+    A control message of an older incarnation than the peer's newest is a dead
+    incarnation's; a write (chunk) addressed to another incarnation than ``own`` targets
+    a dead registration: both are refused by name (``refused``, the last 64) and change
+    nothing (spec/behaviours/restarts.py, ``Fencing``)."""
+
+    def __init__(self, own: int, who: str, accept_stale: bool = False) -> None:
+        self.own, self.peer, self.who = check_incarnation(own, who), 0, who
+        self.accept_stale = accept_stale  # the stale_incarnation_accepted bug switch
+        self.refused: list[str] = []
+        self.count = 0
+
+    def restarted(self, inc: int) -> None:
+        """The peer's process came back as incarnation ``inc`` (never goes back)."""
+        self.peer = max(self.peer, check_incarnation(inc, f"{self.who}.peer_restarted"))
+
+    def stale(self, rid: str, header: Mapping[str, Any]) -> bool:
+        """Is ``header`` of a dead incarnation? Then it is named in ``refused``."""
+        inc, kind = inc_of(header), header.get("type")
+        write = kind == CHUNK
+        if inc is not None and not write and inc > self.peer:
+            self.peer = inc  # the peer restarted: its newer incarnation speaks
+        if inc is None:
+            why = f"malformed incarnation {header.get(INC)!r:.40}"
+        elif write and inc != self.own:
+            why = f"a write to incarnation {inc}'s registration; this is incarnation {self.own}"
+        elif not write and inc < self.peer and not self.accept_stale:
+            why = f"incarnation {inc}; the peer is at incarnation {self.peer}"
+        else:
+            return False
+        self.count += 1
+        self.refused = [*self.refused[-63:], f"[Fencing] {rid!r}: {kind!s:.20} refused: {why}"]
+        return True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from refimpl.testing.on_api.adapter import UNEXPRESSED, ApiAdapter, unexpressed
+from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.gaps import GAPS
 from refimpl.testing.on_api.pairs import api_refusals, first_api_pairs, plan_api_pairs
 from refimpl.testing.on_api.tour import (
@@ -108,7 +108,7 @@ def test_a_world_the_api_cannot_run_is_refused_naming_why() -> None:
     assert "offload" in unexpressed(c)
     with pytest.raises(ValueError, match="offload"):
         ApiAdapter().build(c, frozenset(), 0)
-    assert all(UNEXPRESSED[k] for k in unexpressed(get_world("restart_handoff")))
+    assert unexpressed(get_world("restart_handoff")) == []  # restarts: on_api/restarts.py
 
 
 def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
@@ -233,3 +233,28 @@ def test_kvown_fuzz_tour_impl_api_tours_a_large_world_by_pairs(
     assert got["complete"] and row["goal"] == "pairs"
     assert (row["pairs"], row["pairs_covered"]) == PAIRS["stream_one"]
     assert row["pairs_missed"] == [] and row["divergences"] == {}
+
+
+def test_restart_handoff_tours_every_pair_on_the_api() -> None:
+    """Restarts (EnvRestart, on_api/restarts.py): 41/41 pairs, no divergence (0.4 CPU s)."""
+    plan = plan_api_pairs(get_world("restart_handoff"))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["pairs"], rep["pairs_covered"]) == (41, 41), rep["pairs_missed"]
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
+
+
+@pytest.mark.nightly
+def test_restart_handoff_every_edge_and_the_stale_incarnation_switch_is_killed() -> None:
+    """1404/1404 edges, no divergence (8.3 CPU s); with stale_incarnation_accepted on
+    both ends 36 of 631 walks diverge, at PrefillDiscard and DecodeDiscard."""
+    plan = plan_api(get_world("restart_handoff"))
+    res = run_api_tour(ApiAdapter(), plan)
+    assert (len(plan.edge_keys), len(plan.edge_keys & (res.coverage.edges or set()))) == (
+        1404,
+        1404,
+    )
+    assert not res.failures
+    bad = run_api_tour(ApiAdapter(), plan, frozenset({"stale_incarnation_accepted"}))
+    ats = {e.program[-1]["action"] for _, e in bad.failures}
+    assert len(bad.failures) == 36 and ats == {"PrefillDiscard", "DecodeDiscard"}

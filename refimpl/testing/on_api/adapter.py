@@ -27,8 +27,6 @@ UNEXPRESSED: dict[str, str] = {
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "the API has one Receiver for all decode ranks (no per-rank install)",
-    "restarts": "EnvRestart: a new incarnation's fencing (inc in every message) is not in "
-    "the API's wire",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
@@ -48,7 +46,6 @@ def unexpressed(c: Config) -> list[str]:
         "async_steps": c.async_steps,
         "retract": c.retract,
         "decode_ranks": c.decode_ranks,
-        "restarts": c.restarts > 0,
         "identity": c.identity,
         "slots": c.slots,
         "host_cache": c.host_cache > 0,

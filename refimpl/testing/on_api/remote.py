@@ -117,6 +117,13 @@ class _Receiver:
     def crash(self) -> None:
         self.rd.call("crash", {})
 
+    def restarted(self, inc: int) -> None:
+        """The decode process restarted: a new Receiver there, incarnation ``inc``."""
+        self.rd.call("restart", {"inc": inc})
+
+    def peer_restarted(self, inc: int) -> None:
+        self.rd.call("peer_restarted", {"inc": inc})
+
     def state(self, rid: str) -> State:
         return State(self.rd.call("state", {"rid": rid})[0])
 
@@ -266,6 +273,9 @@ def _answer(end: Any, op: str, a: dict[str, Any], payload: bytes, t: Any) -> tup
         _, dp, rx = decode_end(get_world(a["config"]), t, a["stage"], a["dst_block"], rx_kw)
         return (dp, rx), b""
     dp, rx = end
+    if op == "restart":  # the same pools (reset at the crash), the next incarnation
+        kw = {"stage": rx.stage, "mutants": rx.mutants, "incarnation": a["inc"]}
+        return (dp, type(rx)(dp, rx.geometry, t, rx.model, **kw)), b""
     out: Any = None
     if op == "poll":
         rx.poll(a["rid"])
@@ -273,6 +283,8 @@ def _answer(end: Any, op: str, a: dict[str, Any], payload: bytes, t: Any) -> tup
         getattr(rx, op)(a["rid"], a["reason"])
     elif op == "crash":
         rx.crash()
+    elif op == "peer_restarted":
+        rx.peer_restarted(a["inc"])
     elif op == "state":
         out = rx.state(a["rid"]).value
     elif op == "result":
@@ -329,7 +341,7 @@ def serve(port: int, timeout_s: float) -> None:
                     return
                 try:
                     out, data = _answer(end, op, a, bytes(payload), t)
-                    if op == "reset":
+                    if op in ("reset", "restart"):
                         end, out = out, None
                     reply: dict[str, Any] = {"ok": out}
                 except Exception as e:  # named to the driver, which raises it

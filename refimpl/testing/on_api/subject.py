@@ -16,6 +16,8 @@ What runs where:
     DecodeAbortFenced / DecodeTimeout   ``Receiver.abort`` (a committed copy: the blocks go;
                     ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``)
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
+    EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
+                    told (``peer_restarted``): ``on_api/restarts.py``
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
                     the dead worker (and its writes) are gone
     DecodeFail      ``Receiver.fail``: the engine's own failure of the attempt being
@@ -34,12 +36,13 @@ from typing import Any
 
 import torch
 
-from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender
+from refimpl.api import KVGeometry, ModelIdentity, Receiver
 from refimpl.api.abstract import prefill_replica, sender_part
 from refimpl.api.wire import channels
 from refimpl.testing.ghost import Ghost
-from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiActions, ApiRefusal
+from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiRefusal
 from refimpl.testing.on_api.failure import FailureActions
+from refimpl.testing.on_api.restarts import RestartActions
 from refimpl.testing.on_api.streamed import StreamedActions
 from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
@@ -54,7 +57,7 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(FailureActions, StreamedActions, ApiActions):
+class ApiSubject(FailureActions, StreamedActions, RestartActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(
@@ -76,11 +79,10 @@ class ApiSubject(FailureActions, StreamedActions, ApiActions):
         self.net = SpecTransport(_rid_of)
         self.net.alive = lambda to_d: self.d_up if to_d else self.p_up
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
-        tx_kw, rx_kw = _switches(mutants)
-        self.tx = [
-            Sender(p, self.gp, self.net, MODEL, rank=r, blocks_per_chunk=1, **tx_kw)
-            for r, p in enumerate(self.pp)
-        ]  # a chunk per (rank, block, layer): the spec's chunk is one (rank, block)
+        self.tx_kw, self.rx_kw = tx_kw, rx_kw = _switches(mutants)
+        self.stage, self.remote = stage, remote
+        self.restart_init(self.n)  # incarnations 0 (on_api/restarts.py)
+        self.tx = self.senders(0)
         if remote is None:
             self.tag = ""
             self.gd, self.dp, self.rx = decode_end(c, self.net, stage, dst_block, rx_kw)
@@ -132,8 +134,9 @@ class ApiSubject(FailureActions, StreamedActions, ApiActions):
             sp = sender_part(self.tx, rid, m) if self.p_up else {"ps": IDLE, "sent": 0, "live": 0}
             ep = sp.get("ep") or self.ep[i]
             held = bool(self.pp[0].alloc.blocks_of(rid))
-            if self.d_up:
+            if self.d_up:  # a restarted Receiver's fence: at least the dead one's
                 rp = view(self.rx, "part", rid, m)
+                rp["dep"] = max(rp["dep"], self.dead_dep[i])
             else:
                 rp = {"d": 0, "dep": self.dead_dep[i], "landed": 0, "rmask": 0, "dfl": 0}
             net = tuple(sorted(self.code(lm) for lm in self.net.flight if lm.rid == rid))
@@ -148,11 +151,19 @@ class ApiSubject(FailureActions, StreamedActions, ApiActions):
                     sent=sp["sent"],
                     g=self.g[i],
                     net=net,
+                    rinc=self.rinc(i),
                     **rp,
                     **self.stream_fields(i),
                 )
             )
-        return World(tuple(reqs), faults=self.faults, p_up=self.p_up, d_up=self.d_up)
+        return World(
+            tuple(reqs),
+            faults=self.faults,
+            p_up=self.p_up,
+            d_up=self.d_up,
+            p_inc=self.p_inc,
+            d_inc=self.d_inc,
+        )
 
     def check_integrity(self) -> None:
         problems = []
@@ -241,7 +252,8 @@ class ApiSubject(FailureActions, StreamedActions, ApiActions):
             + view(self.rx, "ends")
         )
         regs = (tuple(self.st), tuple(self.ep), tuple(self.g), self.faults, self.p_up, self.d_up)
-        return (self.abstract(), pools, flight, ends, regs)
+        incs = (self.p_inc, self.d_inc, tuple(self.kept_rinc))
+        return (self.abstract(), pools, flight, ends, regs, incs)
 
     def held_blocks(self) -> dict[str, int]:
         return {

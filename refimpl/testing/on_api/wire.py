@@ -6,7 +6,8 @@ environment says so: the spec's network is a multiset and delivery order is free
 spec action that consumes a message (``DecodeReceiveChunk``, ``PrefillRecvReady``, ...)
 ``deliver``s exactly that message, and the side's next ``poll`` sees it alone.
 
-One *logical* message is what the spec calls one message:
+One *logical* message is what the spec calls one message, named with the incarnation
+its header carries (``inc``: the sender's, a chunk its target's; spec ``msg_inc``):
 
     manifest                    Handoff (HandoffBadManifest once ``mismatch`` rewrote it)
     chunk (rank, block, layer)  the L layer chunks of one (rank, block) are one Chunk
@@ -174,20 +175,21 @@ class SpecTransport:
     ) -> int:
         """The spec's code of a logical message, named from its bytes."""
         h = lm.header
-        kind = h.get("type")
+        kind, inc = h.get("type"), int(h.get("inc", 0))  # a write: its target's
         if kind == CHUNK:
             corrupt = any(
                 bytes_checksum(d) != json.loads(t).get("checksum") for _, t, d in lm.copies
             )
             idx = int(h["rank"]) * per_rank + int(h["block_index"])
-            return msg(M_CHUNK_BAD if corrupt else M_CHUNK, int(h["epoch"]), idx)
+            return msg(M_CHUNK_BAD if corrupt else M_CHUNK, int(h["epoch"]), idx, inc)
         if kind == MANIFEST:
             mf = h["manifest"]
-            return msg(M_HANDOFF_BAD if bad_manifest(mf) else M_HANDOFF, int(mf["epoch"]))
+            bad = M_HANDOFF_BAD if bad_manifest(mf) else M_HANDOFF
+            return msg(bad, int(mf["epoch"]), 0, inc)
         if kind == ABORT:
-            return msg(M_QUIESCED, int(h["epoch"]))
+            return msg(M_QUIESCED, int(h["epoch"]), 0, inc)
         idx = int(h["rank"]) if kind == SEAL else 0
-        return msg(CONTROL_KINDS[str(kind)], int(h["epoch"]), idx)
+        return msg(CONTROL_KINDS[str(kind)], int(h["epoch"]), idx, inc)
 
     def find(
         self,

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from refimpl import Receiver, Sender, State, read_kv, write_kv
-from refimpl.api.switches import API_SWITCHES, LAYER_READY_ON_STAGING, STREAM_READS_AT_READY
+from refimpl.api.switches import (
+    API_SWITCHES,
+    LAYER_READY_ON_STAGING,
+    STALE_INCARNATION_ACCEPTED,
+    STREAM_READS_AT_READY,
+)
 from tests.library.lib_helpers import MODEL, Pair, geo, pair, prefill
 
 
@@ -20,13 +25,18 @@ def _drive(p: Pair, rounds: int = 20) -> None:
 
 def test_the_switches_are_validated_by_name() -> None:
     p = pair(geo(), geo())
-    with pytest.raises(ValueError, match="unknown mutants.*known: \\['stream_reads_at_ready'\\]"):
+    known = "known: \\['stale_incarnation_accepted', 'stream_reads_at_ready'\\]"
+    with pytest.raises(ValueError, match=f"unknown mutants.*{known}"):
         Sender(p.src, p.tx.geometry, p.t, MODEL, mutants={LAYER_READY_ON_STAGING})
-    with pytest.raises(ValueError, match="known: \\['layer_ready_on_staging'\\]"):
+    with pytest.raises(ValueError, match="known: \\['layer_ready_on_staging', 'stale_incarnation"):
         Receiver(p.dst, p.rx.geometry, p.t, MODEL, mutants={"no_such_bug"})
     with pytest.raises(ValueError, match="not a string"):
         Receiver(p.dst, p.rx.geometry, p.t, MODEL, mutants=LAYER_READY_ON_STAGING)
-    assert API_SWITCHES == {LAYER_READY_ON_STAGING, STREAM_READS_AT_READY}
+    assert API_SWITCHES == {
+        LAYER_READY_ON_STAGING,
+        STREAM_READS_AT_READY,
+        STALE_INCARNATION_ACCEPTED,
+    }
 
 
 @pytest.mark.parametrize("mutant", [False, True])

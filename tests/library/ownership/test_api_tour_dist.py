@@ -104,3 +104,9 @@ def test_the_api_tour_across_processes_covers_its_goal(
     rep = _tour(rd, name, pairs)
     got = (rep["pairs"], rep["pairs_covered"]) if pairs else (rep["edges"], rep["edges_covered"])
     assert got == want
+
+
+def test_restart_handoff_across_processes_covers_every_pair(rd: RemoteDecode) -> None:
+    """The decode process restarts its Receiver (incarnation 1): 41/41 pairs (1.6 CPU s)."""
+    rep = _tour(rd, "restart_handoff", pairs=True)
+    assert (rep["pairs"], rep["pairs_covered"]) == (41, 41), rep["pairs_missed"]
