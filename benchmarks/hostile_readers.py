@@ -8,12 +8,17 @@ peak traced bytes per input byte (``tracemalloc``, one more run). The readers ar
 ``spec.strict_json.loads_strict`` under each caller's limits (a handoff manifest, a disk
 tier header, a saved counterexample) and, end to end, ``refimpl.tiers.files.read_header``
 and the conformance checker (``check_text``: the event-log reader and the checker; and
-``check_file`` on a log file, which streams a log naming its config and keeps one
-declaring its world whole). The
+``check_file`` on a log file, which streams a log naming its config and reads one
+declaring its world twice, keeping neither). The
 hostile inputs are those of the issue: a run of escaped quotes, unbalanced brackets, a
 megabyte of empty pairs, junk metadata keys, a fresh clock on every line. The row
 ``before #34`` is the old depth pre-scan (a backtracking regex) on 32 KB only: it is
 quadratic, and a megabyte would take hours.
+
+    python benchmarks/hostile_readers.py --rss-mb 100 [--root DIR]
+
+prints instead ``kvown check-trace``'s peak resident memory (the whole process) on
+logs of about 100 MB that declare their world (``rss_table``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import re
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +37,8 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.trace_check_bench import generate  # noqa: E402
 from model_checks.conformance import LogError, check_file, check_text  # noqa: E402
@@ -148,13 +155,13 @@ def cases(n: int) -> list[tuple[str, str, int, Callable[[], object]]]:
     ):
         out.append(("check-trace", name, len(log), lambda log=log: check_text(log)))
     # From a file (``check_file``, what ``kvown check-trace FILE`` runs): a log naming its
-    # config streams (two chunks); a log declaring its world is kept whole as it is read
-    # (its sizes come from the whole log, and a pipe cannot be read twice).
+    # config streams (two chunks); a log declaring its world is read twice (its sizes
+    # come from the whole log), in bounded memory as well.
     ordinary = _log_ordinary(n)
     declared = '{"format": "kvown-eventlog", "version": 1, "behaviours": [], "faults": []}'
     for name, log in (
         ("file, config named (streamed)", ordinary),
-        ("file, world declared (kept whole)", declared + ordinary[ordinary.index("\n") :]),
+        ("file, world declared (read twice)", declared + ordinary[ordinary.index("\n") :]),
     ):
         path = _tmp_log(log)
         out.append(("check-trace", name, len(log), lambda path=path: check_file(path)))
@@ -197,10 +204,83 @@ def measure(fn: Callable[[], object]) -> tuple[float, int, str]:
     return best, peak, what
 
 
+DECLARED = json.dumps({"format": "kvown-eventlog", "version": 1, "behaviours": [], "faults": []})
+
+
+def _ordinary(path: Path, n: int) -> None:
+    body = generate(max(40, n // 45))
+    with path.open("w") as f:
+        f.write(DECLARED + body[body.index("\n") :])
+
+
+def _padded(path: Path, n: int) -> None:
+    body = generate(40)
+    pad = " " * 49 + "\n"
+    with path.open("w") as f:
+        f.write(DECLARED + body[body.index("\n") :])
+        block = pad * 20_000
+        for _ in range(n // len(block)):
+            f.write(block)
+
+
+def _rss_run(root: Path, path: Path, pipe: bool) -> tuple[float, float, int, str]:
+    """(wall s, peak RSS MB of the checker's process alone, exit code, first line). The
+    peak is GNU time's ``%M`` of the exec'd checker: a child forked from this (large)
+    process would count this process's pages in its own ``ru_maxrss``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with tempfile.TemporaryDirectory() as d:
+        rss = Path(d) / "rss"
+        cmd = ["/usr/bin/time", "-f", "%M", "-o", str(rss), sys.executable, "-m"]
+        cmd += ["kvown_cli.main", "check-trace", "/dev/stdin" if pipe else str(path)]
+        t0 = time.perf_counter()
+        if pipe:
+            cat = subprocess.Popen(["cat", str(path)], stdout=subprocess.PIPE)
+            p = subprocess.run(
+                cmd, stdin=cat.stdout, env=env, cwd=root, capture_output=True, text=True
+            )
+            assert cat.stdout is not None
+            cat.stdout.close()
+            cat.wait()
+        else:
+            p = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        peak_kb = int(rss.read_text().split()[-1])
+    lines = (p.stdout or p.stderr).strip().splitlines()
+    return wall, peak_kb / 1024, p.returncode, lines[0][:60] if lines else ""
+
+
+def rss_table(mb: float, root: Path) -> None:
+    """Peak resident memory of ``kvown check-trace`` on logs of about ``mb`` MB that
+    declare their world, each checked in its own process under GNU time (``--root``: the
+    checkout whose code runs): an ordinary conforming log (two handoffs stretched by token
+    steps), a few lines padded with whitespace-only lines, and that log from a pipe."""
+    n = int(mb * (1 << 20))
+    print("| log | MB | wall s | peak RSS MB | exit | first line |")
+    print("|---|---:|---:|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as d:
+        ordinary, padded = Path(d) / "ordinary.jsonl", Path(d) / "padded.jsonl"
+        _ordinary(ordinary, n)
+        _padded(padded, n)
+        for label, path, pipe in (
+            ("ordinary", ordinary, False),
+            ("padded", padded, False),
+            ("padded, from a pipe", padded, True),
+        ):
+            size = path.stat().st_size / (1 << 20)
+            wall, peak, rc, line = _rss_run(root, path, pipe)
+            print(f"| {label} | {size:.1f} | {wall:.1f} | {peak:.0f} | {rc} | {line} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=1.0, help="size of each input, MB")
-    n = int(ap.parse_args(argv).mb * (1 << 20))
+    ap.add_argument("--rss-mb", type=float, help="instead: check-trace's peak RSS, logs of MB")
+    ap.add_argument("--root", type=Path, default=ROOT, help="with --rss-mb: the code run")
+    args = ap.parse_args(argv)
+    if args.rss_mb:
+        rss_table(args.rss_mb, args.root)
+        return 0
+    n = int(args.mb * (1 << 20))
     print("| reader | input | MB | s/MB | peak bytes / input byte | outcome |")
     print("|---|---|---:|---:|---:|---|")
     for reader, name, size, fn in cases(n):

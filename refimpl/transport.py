@@ -113,16 +113,23 @@ class Inbox(Generic[T]):
         self.messages = self.bytes = 0
 
     def put(self, channel: str, item: T, epoch: int | None, nbytes: int) -> bool:
-        """File one message, unless fenced or past a cap (dropped, counted)."""
+        """File one message, unless fenced or past a cap (dropped, counted); at a cap the
+        oldest other channels' messages are dropped first (``evicted_channels``)."""
         if not self.fences.admits(channel, epoch):
             return False
         q = self._q.get(channel)
-        full = (q is None and len(self._q) >= self.max_channels) or (
+        while (q is None and len(self._q) >= self.max_channels) or (
             self.messages >= self.max_messages or self.bytes + nbytes > self.max_bytes
-        )
-        if full:
-            self.stats["dropped_full"] += 1
-            return False
+        ):
+            # full: the channel filed longest ago (never polled since) gives way, so that a
+            # flood of junk channels cannot starve a real one (issue #34); a message that
+            # cannot fit, or a channel whose own backlog is the excess, is dropped
+            old = next((c for c in self._q if c != channel), None)
+            if old is None or nbytes > self.max_bytes:
+                self.stats["dropped_full"] += 1
+                return False
+            self.stats["dropped_full"] += self.drop(old)
+            self.stats["evicted_channels"] += 1
         if q is None:
             q = self._q[channel] = deque()
         q.append((item, epoch, nbytes))

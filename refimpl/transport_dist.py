@@ -169,7 +169,11 @@ class DistTransport:
                 if hlen == _CLOSE:
                     break
                 if not (0 <= hlen <= MAX_HEADER and 0 <= plen <= MAX_PAYLOAD):
-                    raise ValueError(f"size frame ({hlen}, {plen}) out of bounds")
+                    # dropped, and the next frame read as a size frame: a peer that did send
+                    # frames of those sizes fails its link at the next recv (issue #34)
+                    self.stats["malformed"] += 1
+                    self.dropped.append(f"from {peer}: size frame ({hlen}, {plen}) out of bounds")
+                    continue
                 head = self._recv(peer, hlen, torch.uint8)
                 payload = byte_view(self._recv(peer, plen, torch.uint8)) if plen else b""
                 self._arrive(peer, bytes(byte_view(head)), payload)

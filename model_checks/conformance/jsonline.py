@@ -77,6 +77,7 @@ def loads_line(n: int, raw: bytes | str) -> Any:
 
 CHUNK = 1 << 16  # bytes asked of the stream at a time
 HEAD = 1 << 16  # bytes of a stream's beginning kept for a hint (``LogError.head``)
+MAX_SPOOL = 4 << 30  # bytes of a pipe's declared-world log spooled to disk (LineReader.copy)
 GRACE = 0.5  # seconds a pipe's writer is given to end, at most, for that hint
 
 
@@ -85,10 +86,12 @@ class LineReader:
     two chunks whatever the stream: a line past MAX_LINE is refused without reading the
     rest of it. Reads never wait for more than the stream has (``read1``), so a pipe or a
     FIFO streams; the first ``keep`` bytes read are kept (``head``) for a caller that wants
-    to say what the input was without reading it again."""
+    to say what the input was without reading it again. ``copy``: a file every chunk read
+    is written to as well (a pipe's log spooled to be read again), at most ``MAX_SPOOL``
+    bytes."""
 
-    def __init__(self, f: IO[bytes], keep: int = 0) -> None:
-        self.f, self.keep = f, keep
+    def __init__(self, f: IO[bytes], keep: int = 0, copy: IO[bytes] | None = None) -> None:
+        self.f, self.keep, self.copy = f, keep, copy
         self.head = bytearray()
         self.total = 0
         self.eof = False
@@ -109,7 +112,21 @@ class LineReader:
         elif len(self.head) < self.keep:
             self.head += b[: self.keep - len(self.head)]
         self.total += len(b)
+        if self.copy is not None and b:
+            if self.total > MAX_SPOOL:
+                raise LogError(
+                    n,
+                    f"a log that declares its world, read from a pipe, is spooled to a"
+                    f" temporary file to be read twice: more than {MAX_SPOOL} bytes"
+                    " (check it from a file)",
+                )
+            self.copy.write(b)
         return b
+
+    @property
+    def regular(self) -> bool:
+        """Whether the stream is a regular file (it can be read again from its start)."""
+        return self._size is not None
 
     def whole(self) -> bytes | None:
         """The whole input when it is at most ``keep`` bytes: what was read, and from a

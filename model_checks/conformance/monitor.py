@@ -9,7 +9,10 @@ log in the repository). Memory is one line plus the checker's bounded frontier.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -132,27 +135,29 @@ def check_text(data: bytes | str, config: str | None = None, **kw: Any) -> Verdi
 
 
 def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdict:
-    """Check a log file, a pipe or a FIFO, read once. A log that names its config is
-    streamed line by line (memory: two chunks) and reading stops at the first violation;
-    a log that declares its world (``sizing``) is kept whole as it is read, since its
-    sizes come from the whole log (memory: the input's size). LogError on malformed input
-    or an unreadable file (with ``head``, the input itself when it was small: a caller's
-    hint reads that)."""
+    """Check a log file, a pipe or a FIFO, line by line in bounded memory (two chunks and
+    the checker's frontier). A log that names its config is read once and reading stops at
+    the first violation. A log that declares its world (``sizing``) is read twice: once
+    for its sizes (``sizing.prescan``), then checked, every line parsed to the end so that
+    a malformed line anywhere is reported before any verdict; a pipe or FIFO is spooled
+    to a temporary file as it is read the first time (issue #34: a declared world's log
+    was kept in memory whole, 3.7 bytes per byte). LogError on malformed input or an
+    unreadable file (with ``head``, the input itself when it was small: a caller's hint
+    reads that)."""
     try:
-        with open(path, "rb", buffering=0) as f:  # no read-ahead: what is read is kept
+        with open(path, "rb", buffering=0) as f:  # no read-ahead: what is read is counted
             lines = LineReader(f, keep=HEAD)
+            if not lines.regular:  # what the first line's read takes, in case it is kept
+                lines.copy = io.BytesIO()
             try:
                 it = iter(lines)
                 first = next(it, None)
                 head = [] if first is None else [first]
                 if config is None and first is not None and declares_world(first[1]):
-                    kept = head + list(it)  # the one read
-                    m = Monitor(config, sizes=_ahead(config, kept, lambda: kept), **kw)
-                    body: Any = kept
-                else:
-                    m = Monitor(config, **kw)
-                    body = itertools.chain(head, it)
-                for n, raw in body:
+                    return _check_declared(f, lines, itertools.chain(head, it), kw)
+                lines.copy = None
+                m = Monitor(config, **kw)
+                for n, raw in itertools.chain(head, it):
                     if m.feed_line(raw, n) is not None:
                         break
             except LogError as exc:
@@ -161,3 +166,28 @@ def check_file(path: str | Path, config: str | None = None, **kw: Any) -> Verdic
     except OSError as exc:
         raise LogError(None, f"cannot read {path}: {exc.strerror or exc}") from None
     return m.close()
+
+
+def _check_declared(f: Any, lines: LineReader, first: Any, kw: dict[str, Any]) -> Verdict:
+    """The two reads of a declared world's log: its sizes, then the check (``check_file``);
+    ``first``: ``lines``' lines, from the first (already read from ``f``)."""
+    with contextlib.ExitStack() as stack:
+        if lines.regular:
+            sizes = prescan(first)
+            f.seek(0)
+            again: Any = f
+        else:  # a pipe or FIFO: what is read goes to disk too, to be read again from there
+            again = stack.enter_context(tempfile.TemporaryFile())
+            assert isinstance(lines.copy, io.BytesIO)
+            again.write(lines.copy.getvalue())  # what was read for the first line
+            lines.copy = again
+            sizes = prescan(first)
+            again.seek(0)
+        m = Monitor(None, sizes=sizes, **kw)
+        body = iter(LineReader(again))
+        for n, raw in body:
+            if m.feed_line(raw, n) is not None:
+                for n2, raw2 in body:  # the rest is parsed still: malformed is malformed
+                    m.parser.feed(n2, raw2)
+                break
+        return m.close()

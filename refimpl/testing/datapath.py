@@ -273,8 +273,9 @@ def check_inbox(caps: tuple[int, int, int, int], ops: list[tuple[Any, ...]]) -> 
     """``Inbox`` (what a transport between processes keeps unpolled: bounded, fenced)
     against a plain model: per channel the filed messages in order; per channel the
     newest ended epoch, the least recently fenced forgotten past ``max_fences``; a put
-    refused when fenced (``fenced``) or past a cap on channels, messages or bytes
-    (``dropped_full``). After every call its result, ``sizes()`` and both counters agree."""
+    refused when fenced (``fenced``); past a cap on channels, messages or bytes the oldest
+    other channels' messages are dropped first, and a put that still cannot fit is refused
+    (both ``dropped_full``). After every call its result, ``sizes()`` and both counters agree."""
     max_channels, max_messages, max_bytes, max_fences = caps
     stats: Counter[str] = Counter()
     box: Inbox[int] = Inbox(
@@ -292,9 +293,19 @@ def check_inbox(caps: tuple[int, int, int, int], ops: list[tuple[Any, ...]]) -> 
         held = sum(n for q in filed.values() for _, _, n in q)
         if kind == "put":
             void = ch in ended and (arg is None or arg <= ended[ch])
-            full = (ch not in filed and len(filed) >= max_channels) or (
-                messages >= max_messages or held + nbytes > max_bytes
-            )
+            full = False
+            while not void and (
+                (ch not in filed and len(filed) >= max_channels)
+                or messages >= max_messages
+                or held + nbytes > max_bytes
+            ):  # the oldest other channel gives way; one that cannot fit is dropped
+                old = next((c for c in filed if c != ch), None)
+                if old is None or nbytes > max_bytes:
+                    full = True
+                    break
+                gone = filed.pop(old)
+                dropped += len(gone)
+                messages, held = messages - len(gone), held - sum(n for _, _, n in gone)
             fenced, dropped = fenced + void, dropped + (full and not void)
             if not (void or full):
                 filed.setdefault(ch, []).append((k, arg, nbytes))

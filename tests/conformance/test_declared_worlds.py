@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +140,69 @@ def test_growth_past_its_bounds_is_judged_not_a_crash() -> None:
     big = _log(_hdr(behaviours=[], sizes={"blocks": 8, "src_tp": 2}), lines[:1])
     with pytest.raises(LogError, match="too large"):
         check_text(big)
+
+
+# ------------------------------------------------- read twice, never kept (issue #34)
+def _padded(lines: list[str], mb: float) -> str:
+    """A declared world's log padded with whitespace-only lines (each skipped)."""
+    return _log(_hdr(behaviours=[]), lines) + (" " * 49 + "\n") * int(mb * (1 << 20) / 50)
+
+
+def _file_peak(path: Path) -> int:
+    tracemalloc.start()
+    try:
+        assert check_file(path).conforms
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_declared_world_file_is_not_kept_in_memory(tmp_path: Path) -> None:
+    """Before: the whole log was kept as it was read (3.7 bytes per byte, 520 MB RSS for
+    100 MB); now the file is read twice (its sizes, then the check): memory is two chunks
+    and the checker's state, whatever the log's length."""
+    path = tmp_path / "big.jsonl"
+    path.write_text(_padded(_handoff(0, blocks=3), 4))
+    assert _file_peak(path) < 2 << 20  # 4 MB of log
+
+
+def _via_fifo(tmp_path: Path, text: str) -> Any:
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(text.encode())
+
+    w = threading.Thread(target=write, daemon=True)
+    w.start()
+    try:
+        return check_file(fifo)
+    finally:
+        w.join()
+
+
+def test_a_declared_world_from_a_fifo_is_spooled_and_sized_as_from_a_file(
+    tmp_path: Path,
+) -> None:
+    """A pipe cannot be read twice: it goes to a temporary file as it is read, so its
+    sizes (3 blocks here, read ahead) are those of the same log in a file."""
+    text = _padded(_handoff(0, blocks=3), 0.3)
+    path = tmp_path / "log.jsonl"
+    path.write_text(text)
+    want = check_file(path)
+    assert want.conforms
+    assert _via_fifo(tmp_path, text).to_json() == want.to_json()
+
+
+@pytest.mark.parametrize("fifo", [False, True])
+def test_a_malformed_line_after_a_violation_is_still_reported(tmp_path: Path, fifo: bool) -> None:
+    """The check stops at the violation but parses on: malformed is malformed (exit 2)."""
+    bad = [*_handoff(0)[:2], _ev("DecodeCommit", 0), *_handoff(1)[:2], "{not json"]
+    text = _log(_hdr(behaviours=[]), bad)
+    assert not check_text(text.replace("{not json", "")).conforms
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(LogError) as ei:
+        _via_fifo(tmp_path, text) if fifo else check_file(path)
+    assert ei.value.line == len(bad) + 1

@@ -206,7 +206,7 @@ def test_an_inbox_counts_what_it_keeps_from_zero() -> None:
     assert box.sizes() == {"channels": 0, "messages": 0, "bytes": 0, "fences": 0}
     assert box.put("a", "x", 1, 4) and box.put("b", "y", 1, 6)
     assert box.sizes() == {"channels": 2, "messages": 2, "bytes": 10, "fences": 0}
-    assert not box.put("a", "z", 1, 0)  # a third message: past max_messages
-    assert box.take("a") == ["x"] and box.take("b") == ["y"]
+    assert box.put("a", "z", 1, 0)  # a third message: past max_messages, b gives way
+    assert box.take("a") == ["x", "z"] and box.take("b") == []
     assert box.sizes() == {"channels": 0, "messages": 0, "bytes": 0, "fences": 0}
     assert box.put("a", "w", 1, 10)  # all ten bytes again, once the others were taken

@@ -156,7 +156,8 @@ def test_the_inbox_between_processes_is_capped_in_messages_and_bytes_and_fenced(
     stats: Counter[str] = Counter()
     box: Inbox[str] = Inbox(stats, max_channels=4, max_messages=6, max_bytes=100, max_fences=2)
     assert all(box.put("a", f"m{e}", e, 10) for e in (1, 1, 2, 3))
-    assert not box.put("b", "too big", 1, 70) and stats["dropped_full"] == 1
+    assert not box.put("b", "too big", 1, 101) and stats["dropped_full"] == 1
+    assert not box.put("a", "its own excess", 1, 70) and stats["dropped_full"] == 2
     assert box.fence("a", 2) == 3 and box.take("a") == ["m3"]
     assert not box.put("a", "late", 2, 1) and not box.put("a", "no epoch", None, 1)
     assert box.put("a", "next attempt", 3, 1) and stats["fenced"] == 5
@@ -164,3 +165,47 @@ def test_the_inbox_between_processes_is_capped_in_messages_and_bytes_and_fenced(
         box.fence(ch, 1)
     assert box.sizes()["fences"] == 2  # "a", the oldest, is forgotten past the cap
     assert box.sizes() == {"channels": 1, "messages": 1, "bytes": 1, "fences": 2}
+
+
+def test_a_flood_of_junk_channels_gives_way_to_a_real_one() -> None:
+    """Main: past the channel cap every new channel was dropped, so 200 k junk messages
+    on 5,000 unpolled channels from a DistTransport peer starved the real request (probe:
+    ``dropped_full`` 36,161, the real message lost). Now the oldest channel gives way."""
+    stats: Counter[str] = Counter()
+    box: Inbox[str] = Inbox(stats, max_channels=64, max_messages=200, max_bytes=1 << 20)
+    for i in range(5_000):
+        box.put(f"junk-{i % 100}", "x", 1, 10)
+    assert box.put("real", "hello", 1, 5) and box.take("real") == ["hello"]
+    sizes = box.sizes()
+    assert sizes["channels"] <= 64 and sizes["messages"] <= 200 and stats["evicted_channels"]
+
+
+def test_an_out_of_bounds_size_frame_is_dropped_and_the_link_serves_on(tmp_path: Any) -> None:
+    """Main: one size frame out of bounds from a peer ended its link (every later message
+    lost). Its receive loop, fed frames as gloo would give them, now drops that frame,
+    counts it, and files the next message."""
+    import torch
+    import torch.distributed as dist
+
+    from refimpl.transport_dist import DistTransport
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        t = DistTransport(lambda ch: 0, peers=[])
+        head = b'{"ch":"real","h":{"type":"hello","epoch":1},"n":0}'
+        frames = iter(
+            [
+                torch.tensor([1 << 40, 0]),
+                torch.tensor([-5, 3]),
+                torch.tensor([len(head), 0]),
+                torch.frombuffer(bytearray(head), dtype=torch.uint8),
+                torch.tensor([-1, 0]),  # the close frame
+            ]
+        )
+        t._recv = lambda peer, n, dtype: next(frames)  # type: ignore[method-assign]
+        t._recv_loop(1)
+        assert t.errors == [] and t.stats["malformed"] == 2
+        assert [h for h, _ in t.poll("real")] == [{"type": "hello", "epoch": 1}]
+        assert "out of bounds" in t.dropped[0]
+    finally:
+        dist.destroy_process_group()
