@@ -23,13 +23,14 @@ from spec.config import CONFIGS
 from spec.properties import SAFETY
 from spec.state import World
 
-# worlds whose behaviours reach every scope: TP 2 ranks, crashes, the decode-side prefix,
-# async steps, the shared host cache, turns, content identity, decode ranks, retraction
+# worlds whose behaviours reach every scope (TP 2 ranks and the shared host cache in the
+# suite; crashes, the decode-side prefix, async steps, turns, content identity, decode
+# ranks and retraction nightly)
 WORLDS = (
     "handoff_tp2to1",
     "host_cache_store",
-    "turns_two",
-    "identity_prefix",
+    pytest.param("turns_two", marks=pytest.mark.nightly),
+    pytest.param("identity_prefix", marks=pytest.mark.nightly),
     pytest.param("prefix_crash", marks=pytest.mark.nightly),
     pytest.param("async_handoff", marks=pytest.mark.nightly),
     pytest.param("handoff_tp1to2", marks=pytest.mark.nightly),
