@@ -125,6 +125,12 @@ def used_d(w: World, c: Config) -> int:
     return own + (c.prefix if w.pfx else 0)
 
 
+def prefix_refs(w: World) -> int:
+    """References to the shared prefix: requests whose decode replica counts a hit (a
+    pool helper: the z3 tracer reads it from its domain, as ``used_p``)."""
+    return sum(1 for r in w.reqs if r.d != NONE and r.hit > 0)
+
+
 def admit_possible(w: World, c: Config) -> bool:
     """Could some request be admitted now? (Only the sweep_only_on_admit mutant asks.)"""
     if not w.p_up or used_p(w, c) + c.blocks > c.cap_p:

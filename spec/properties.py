@@ -21,7 +21,7 @@ from spec.behaviours.host_cache import (
 )
 from spec.behaviours.identity import content_identity
 from spec.behaviours.turns import turns_identity, turns_kept, turns_single_writer
-from spec.common import full_chunks, full_ranks, used_d, used_h, used_p
+from spec.common import full_chunks, full_ranks, prefix_refs, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
     CANCELLED,
@@ -41,7 +41,6 @@ from spec.state import (
     G_POSTEND,
     G_STALE,
     IDLE,
-    NONE,
     PREFILLING,
     QUARANTINED,
     RESERVED,
@@ -146,9 +145,9 @@ def manifest_gate(w: World, c: Config) -> bool:
 def capacity_refcount(w: World, c: Config) -> bool:
     if used_p(w, c) > c.cap_p or used_d(w, c) > c.cap_d or used_h(w, c) > c.cap_h:
         return False
-    refs = sum(1 for r in w.reqs if r.d != NONE and r.hit > 0)
     if not host_pins_exact(w):
         return False
+    refs = prefix_refs(w)
     return w.pfx_ref == refs and w.pfx_ref >= 0 and (w.pfx_ref == 0 or w.pfx)
 
 

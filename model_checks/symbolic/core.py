@@ -310,6 +310,11 @@ class Ctx:
         """Requests holding a reference to the shared prefix (decode replica, hit > 0)."""
         raise NotImplementedError
 
+    def host_pins(self) -> Z:
+        """Requests pinning the shared host copy (``host_cache.host_pins``): none where
+        the domain holds no host-cache fields (they keep their defaults)."""
+        return 0
+
     def admit_possible(self) -> Z:
         raise NotImplementedError
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import z3
 
 from model_checks.symbolic.core import EQ, GLOBALS, IN, ITE, A, Ctx, N, NetView, O, Params, Z
+from spec.behaviours.host_cache import HK_HIT, HK_LOAD
 from spec.config import Config
 from spec.state import (
     CHUNKS,
@@ -215,8 +216,14 @@ class FCtx(Ctx):
         return z3.Sum(*(ITE(self.s[("r", i, "p")] != NONE, b, z) for i in self._reqs()))
 
     def used_h(self) -> Z:
+        """``spec.common.used_h``: the requests' swap copies, and the shared host cache's
+        copy and the orphans of its late completions (where the encoding holds it)."""
         b, z = self.num(self.c.blocks), self.num(0)
-        return z3.Sum(*(ITE(self.s[("r", i, "h")] != NONE, b, z) for i in self._reqs()))
+        own = z3.Sum(*(ITE(self.s[("r", i, "h")] != NONE, b, z) for i in self._reqs()))
+        if "hc" not in self.enc.globs:
+            return own
+        shared = ITE(self.s[("g", "hc")] != NONE, self.num(1), z) + self.s[("g", "hc_late")]
+        return own + b * shared
 
     def used_d(self) -> Z:
         own = [
@@ -229,6 +236,13 @@ class FCtx(Ctx):
         s = self.s
         held = (A(s[("r", i, "d")] != NONE, s[("r", i, "hit")] > 0) for i in self._reqs())
         return z3.Sum(*(ITE(h, self.num(1), self.num(0)) for h in held))
+
+    def host_pins(self) -> Z:
+        if "hk" not in self.enc.fields:
+            return 0
+        s, one, z = self.s, self.num(1), self.num(0)
+        pinned = (IN(s[("r", i, "hk")], (HK_HIT, HK_LOAD)) for i in self._reqs())
+        return z3.Sum(*(ITE(p, one, z) for p in pinned))
 
     def admit_possible(self) -> Z:
         s = self.s

@@ -31,7 +31,7 @@ from model_checks.symbolic.behaviours.decode_failure import (
 from model_checks.symbolic.behaviours.retract import ack_retracted, retracted
 from model_checks.symbolic.core import IN, RV, A, Ctx, N, O, Z, flag
 from model_checks.symbolic.props import SUPPORT as SUPPORT  # re-exported: the table lives there
-from model_checks.symbolic.props import ZPROPS
+from model_checks.symbolic.props import ZPROPS, ZProp
 from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
@@ -87,20 +87,35 @@ def _n(r: RV, kind: int, e: Z, i: Z) -> Z:
     return r.net.count(kind, e, i)
 
 
-def _reuse_slot(x: Ctx, r: RV, e: Z, i: Z) -> Z:
-    zp = ZPROPS["NoReuseUnderIO"]
-    return A(*(O(_n(r, k, e, i) <= 0, zp.msg(x, r, k, e, i)) for k in sorted(zp.msg_kinds)))
+def _msg_slot(zp: ZProp) -> SlotFn:
+    """``zp``'s scope of one message in flight, for every kind at the slot's epoch and
+    index (the kinds whose message changes nothing drop out: ``ZProp.msg_part``)."""
+
+    def slot(x: Ctx, r: RV, e: Z, i: Z) -> Z:
+        req, reads = zp.req_reads(x, r)
+        if not reads:  # the predicate never looks at the request's messages
+            return z3.BoolVal(True)
+        parts = ((k, zp.msg_part(x, r, k, e, i, req)) for k in sorted(zp.msg_kinds))
+        out = A(*(O(_n(r, k, e, i) <= 0, t) for k, t in parts if t is not None))
+        return z3.BoolVal(out) if isinstance(out, bool) else out
+
+    return slot
+
+
+def _whole_req(zp: ZProp) -> ReqFn:
+    """``zp``'s global and per-request scopes, as one conjunct per request."""
+    return lambda x, r: A(zp.glob(x), zp.req(x, r))
 
 
 def from_props() -> dict[str, list[Conj]]:
-    """The property conjuncts, by property ID."""
+    """The property conjuncts, by property ID: each property's global and per-request
+    scopes, and its per-message one (``ZProp``: all three traced from the spec)."""
     out: dict[str, list[Conj]] = {}
     for pid, zp in ZPROPS.items():
-        if pid == "CapacityRefcount":
-            out[pid] = [Conj(pid, "glob", zp.id, glob=zp.glob)]
-        else:
-            out[pid] = [Conj(pid, "req", zp.id, req=zp.req)]
-    out["NoReuseUnderIO"].append(Conj("NoReuseUnderIO.msg", "slot", "chunks", slot=_reuse_slot))
+        out[pid] = [
+            Conj(pid, "req", zp.id, req=_whole_req(zp)),
+            Conj(f"{pid}.msg", "slot", "messages in flight", slot=_msg_slot(zp)),
+        ]
     return out
 
 

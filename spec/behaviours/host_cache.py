@@ -79,6 +79,7 @@ __all__ = [
     "HostStoreBegin",
     "HostStoreCopy",
     "host_io_ok",
+    "host_pins",
     "host_pins_exact",
     "host_published_whole",
     "host_quiesce",
@@ -248,9 +249,15 @@ def host_io_ok(w: World, r: Req) -> bool:
     return r.hk != HK_STORE or (r.p == COMPLETE and w.hc == FILLING)
 
 
+def host_pins(w: World) -> int:
+    """The requests that hit the shared copy and have not loaded it (a pool helper: the
+    z3 tracer reads it from its domain)."""
+    return sum(1 for r in w.reqs if r.hk in (HK_HIT, HK_LOAD))
+
+
 def host_pins_exact(w: World) -> bool:
     """CapacityRefcount: the copy's pins are the requests that hit it and have not loaded."""
-    return w.hc_pin == sum(1 for r in w.reqs if r.hk in (HK_HIT, HK_LOAD))
+    return w.hc_pin == host_pins(w)
 
 
 def host_quiet(w: World) -> bool:

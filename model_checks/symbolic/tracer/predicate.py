@@ -111,3 +111,67 @@ def step_part(fn: Any) -> Callable[[Ctx, Ctx], Z]:
         return traced_pred(lambda: fn(pre, _ACTION, _ACTION, _ACTION, post, c), x1)
 
     return f
+
+
+# -- a safety property's scopes (props.ZProp), traced from its spec predicate --------------
+class _Messages:
+    """A request's messages as a traced safety predicate sees them: the given ones (none,
+    or one message of concrete kind with the scope's epoch and index). ``read``: the
+    predicate looked at them (on some path)."""
+
+    __slots__ = ("msgs", "read")
+
+    def __init__(self, msgs: tuple[S.SymMsg, ...]) -> None:
+        self.msgs, self.read = msgs, False
+
+    def __iter__(self) -> Any:
+        self.read = True
+        return iter(self.msgs)
+
+    def __bool__(self) -> bool:
+        self.read = True
+        return bool(self.msgs)
+
+    def __len__(self) -> int:
+        self.read = True
+        return len(self.msgs)
+
+
+def _holds(pred: WorldPred, x: Ctx, reqs: tuple[Any, ...]) -> Z:
+    w = sym_world(x, reqs)
+    c = SymConfig(x)
+    return traced_pred(lambda: pred(w, c), x)
+
+
+def _alone(r: RV, net: _Messages) -> Any:
+    """The stand-in request of view ``r`` whose messages are ``net``."""
+    fields: dict[str, Any] = {"net": net}
+    return sym_req(r)._replace(**fields)
+
+
+def prop_glob(pred: WorldPred, x: Ctx) -> Z:
+    """``pred`` on a world of no request: its global part (pool usage and counts over the
+    requests come from the domain through spec.common's pool helpers)."""
+    return _holds(pred, x, ())
+
+
+def prop_req(pred: WorldPred, x: Ctx, r: RV, reads: list[bool] | None = None) -> Z:
+    """``pred`` on the world of request ``r`` alone, with no message in flight; ``reads``
+    gets whether the predicate looked at the request's messages (where it never does, no
+    message can change its verdict: the ``msg`` scope is the ``req`` one)."""
+    net = _Messages(())
+    t = _holds(pred, x, (_alone(r, net),))
+    if reads is not None:
+        reads.append(net.read)
+    return t
+
+
+def prop_msg(pred: WorldPred, x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
+    """``pred`` on the world of request ``r`` alone with one message in flight, of ``kind``
+    with epoch ``e`` and index ``i``. A safety predicate is a conjunction over the
+    requests and their messages (a global part read through the pool helpers, then per
+    request, then per message), so the state satisfies it exactly when the global part,
+    every request's part and every message's part hold (tests/symbolic/test_props_derived
+    checks the split on the explored states of every default world)."""
+    msg = S.SymMsg(kind, S.lift(e), S.lift(i))
+    return _holds(pred, x, (_alone(r, _Messages((msg,))),))

@@ -48,7 +48,7 @@ from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
 from spec import common, state, steps
 from spec.actions import ACTIONS
-from spec.behaviours import decode_ranks, slots
+from spec.behaviours import decode_ranks, host_cache, slots
 from spec.common import Refused
 from spec.config import Config
 from spec.state import CHUNKS, Req, World
@@ -132,6 +132,8 @@ _SYMBOLIC: dict[Any, Any] = {
     common.used_h: _pool("used_h"),
     common.used_d: _pool("used_d"),
     common.admit_possible: _pool("admit_possible"),
+    common.prefix_refs: lambda w: S.lift(_ctx().refs()),
+    host_cache.host_pins: lambda w: S.lift(_ctx().host_pins()),
     common.full_chunks: lambda c, hit: S.Full(hit),
     common.full_ranks: lambda c: S.Full(None),
     slots.slot_free: _slot_free,
