@@ -67,7 +67,7 @@ from model_checks.symbolic.finite import (
     conj,
     possible_codes,
 )
-from model_checks.symbolic.props import ZPROPS
+from model_checks.symbolic.props import ZPROPS, finite_holds
 from spec.actions import ACTIONS
 from spec.config import Config
 from spec.state import (
@@ -331,32 +331,10 @@ class Encoding:
         """``prop`` at ``s``: traced once on the template state, renamed onto ``s``."""
         t = self._holds.get(prop)
         if t is None:
-            t = self._holds[prop] = self._traced_holds(prop, self.tmpl)
+            t = self._holds[prop] = finite_holds(self, ZPROPS[prop], self.tmpl)
         if s is self.tmpl or isinstance(t, bool):
             return t
         return z3.substitute(t, *((self.tmpl.v[k], s.v[k]) for k in self.tmpl.v))
-
-    def _traced_holds(self, prop: str, s: FState) -> Z:
-        zp = ZPROPS[prop]
-        x = FCtx(self, s)
-        parts = [zp.glob(x)]
-        for i in range(self.c.n_reqs):
-            r = self.view(s, i)
-            req, reads = zp.req_reads(x, r)
-            parts.append(req)
-            if not reads:  # the predicate never looks at the request's messages
-                continue
-            e, j = self.scalar(f"msg_e@{s.tag}"), self.scalar(f"msg_i@{s.tag}")
-            for kind in sorted(zp.msg_kinds & {msg_kind(code) for code in self.codes}):
-                ok = zp.msg_part(x, r, kind, e, j, req)  # one trace a kind, then renamed
-                if ok is None:
-                    continue
-                for code in self.codes:
-                    if msg_kind(code) == kind:
-                        at = ((e, self.num(msg_epoch(code))), (j, self.num(msg_idx(code))))
-                        term = z3.substitute(ok, *at) if isinstance(ok, z3.ExprRef) else ok
-                        parts.append(O(s[("n", i, code)] == 0, term))
-        return A(*parts)
 
     def bad(self, prop: str, s: FState) -> Z:
         return N(self.holds(prop, s))

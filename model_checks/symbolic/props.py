@@ -15,13 +15,17 @@ checks it against the spec on explored states).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from model_checks.symbolic.core import RV, Ctx, Z
+import z3
+
+from model_checks.symbolic.core import RV, A, Ctx, O, Z
+from model_checks.symbolic.finite import FCtx
 from model_checks.symbolic.tracer.predicate import prop_glob, prop_msg, prop_req
 from spec.properties import SAFETY, Pred
-from spec.state import M_CHUNK_UNSTAGED
+from spec.state import M_CHUNK_UNSTAGED, msg_epoch, msg_idx, msg_kind
 
-__all__ = ["MSG_KINDS", "SUPPORT", "ZPROPS", "ZProp"]
+__all__ = ["MSG_KINDS", "SUPPORT", "ZPROPS", "ZProp", "finite_holds"]
 
 # The message kinds a property's ``msg`` scope is built for (every kind the encodings
 # count, spec.state): a kind whose message changes nothing traces to the ``req`` scope
@@ -59,6 +63,33 @@ class ZProp:
 
 
 ZPROPS: dict[str, ZProp] = {p.id: ZProp(p.id, p.pred) for p in SAFETY if p.pred is not None}
+
+
+def finite_holds(enc: Any, zp: ZProp, s: Any) -> Z:
+    """``zp`` at the state ``s`` of the finite encoding ``enc`` (``encoding.Encoding``,
+    which caches it on its template state): the global scope, every request's scope,
+    and a message scope for every code a request may hold (traced once per kind at
+    symbolic epoch and index, then renamed per code)."""
+    x = FCtx(enc, s)
+    parts = [zp.glob(x)]
+    for i in range(enc.c.n_reqs):
+        r = enc.view(s, i)
+        req, reads = zp.req_reads(x, r)
+        parts.append(req)
+        if not reads:  # the predicate never looks at the request's messages
+            continue
+        e, j = enc.scalar(f"msg_e@{s.tag}"), enc.scalar(f"msg_i@{s.tag}")
+        for kind in sorted(zp.msg_kinds & {msg_kind(code) for code in enc.codes}):
+            ok = zp.msg_part(x, r, kind, e, j, req)
+            if ok is None:
+                continue
+            for code in enc.codes:
+                if msg_kind(code) == kind:
+                    at = ((e, enc.num(msg_epoch(code))), (j, enc.num(msg_idx(code))))
+                    term = z3.substitute(ok, *at) if isinstance(ok, z3.ExprRef) else ok
+                    parts.append(O(s[("n", i, code)] == 0, term))
+    return A(*parts)
+
 
 assert tuple(ZPROPS) == tuple(p.id for p in SAFETY), "z3 properties out of step with spec"
 

@@ -270,21 +270,15 @@ def check_receiver(
 
 
 def check_inbox(caps: tuple[int, int, int, int], ops: list[tuple[Any, ...]]) -> None:
-    """``Inbox`` (what a transport between processes keeps unpolled: bounded, fenced)
-    against a plain model: per channel the filed messages in order; per channel the
-    newest ended epoch, the least recently fenced forgotten past ``max_fences``; a put
-    refused when fenced (``fenced``); past a cap on channels, messages or bytes the oldest
-    other channels' messages are dropped first, and a put that still cannot fit is refused
+    """``Inbox`` (a transport's unpolled messages: bounded, fenced) against a plain model:
+    per channel its messages in order and its newest ended epoch (the least recently
+    fenced forgotten past ``max_fences``); a fenced put refused (``fenced``); past a cap
+    the oldest other channels' messages go first, a put that still cannot fit is refused
     (both ``dropped_full``). After every call its result, ``sizes()`` and both counters agree."""
     max_channels, max_messages, max_bytes, max_fences = caps
     stats: Counter[str] = Counter()
-    box: Inbox[int] = Inbox(
-        stats,
-        max_channels=max_channels,
-        max_messages=max_messages,
-        max_bytes=max_bytes,
-        max_fences=max_fences,
-    )
+    kw = dict(max_channels=max_channels, max_messages=max_messages, max_bytes=max_bytes)
+    box: Inbox[int] = Inbox(stats, max_fences=max_fences, **kw)
     filed: dict[str, list[tuple[int, int | None, int]]] = {}  # (item, epoch, bytes)
     ended: dict[str, int] = {}  # channel -> fenced epoch, least recently fenced first
     dropped = fenced = 0
