@@ -42,14 +42,12 @@ class ZProp:
     def glob(self, x: Ctx) -> Z:
         return prop_glob(self.pred, x)
 
-    def req(self, x: Ctx, r: RV, reads: list[bool] | None = None) -> Z:
-        return prop_req(self.pred, x, r, reads)
+    def req(self, x: Ctx, r: RV) -> Z:
+        return prop_req(self.pred, x, r)[0]
 
     def req_reads(self, x: Ctx, r: RV) -> tuple[Z, bool]:
         """``req``, and whether the predicate reads the request's messages at all."""
-        reads: list[bool] = []
-        t = self.req(x, r, reads)
-        return t, reads[0]
+        return prop_req(self.pred, x, r)
 
     def msg(self, x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
         return prop_msg(self.pred, x, r, kind, e, i)
@@ -57,7 +55,11 @@ class ZProp:
     def msg_part(self, x: Ctx, r: RV, kind: int, e: Z, i: Z, req: Z) -> Z | None:
         """``msg``, or None where it is ``req`` itself (a message that changes nothing)."""
         t = self.msg(x, r, kind, e, i)
-        if t is True or t is req or (hasattr(t, "eq") and hasattr(req, "eq") and t.eq(req)):
+        if (
+            t is True
+            or t is req
+            or (isinstance(t, z3.ExprRef) and isinstance(req, z3.ExprRef) and z3.eq(t, req))
+        ):
             return None
         return t
 

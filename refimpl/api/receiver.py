@@ -50,7 +50,7 @@ from refimpl.api.switches import (
     check_switches,
 )
 from refimpl.api.tokens import read_kv, write_kv_layer
-from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, State, channels
+from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, Incarnated, State, channels
 from refimpl.checksum import block_checksum
 from refimpl.engine.data import RankPools
 from refimpl.errors import (
@@ -75,7 +75,7 @@ class Received:
     manifest: Manifest
 
 
-class Receiver(ChunkIntake):
+class Receiver(ChunkIntake, Incarnated):
     """The destination side: validates, reserves, installs, verifies, commits or aborts."""
 
     def __init__(
@@ -183,14 +183,6 @@ class Receiver(ChunkIntake):
     def staged_bytes(self) -> int:
         """Staging copies held by live attempts (bounded in total by the pool's bytes)."""
         return sum(a.staged for a in self._att.values() if a.staging is not None)
-
-    @property
-    def incarnation(self) -> int:
-        return self.inc.own
-
-    def stale(self) -> list[str]:
-        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
-        return list(self.inc.refused)
 
     # ------------------------------------------------------------ commands
     def peer_restarted(self, incarnation: int) -> None:

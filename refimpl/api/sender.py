@@ -40,6 +40,7 @@ from refimpl.api.wire import (
     MANIFEST,
     NACK,
     READY,
+    Incarnated,
     Incarnations,
     State,
     channels,
@@ -60,7 +61,7 @@ from spec import shardmap as sm
 from spec.manifest import Manifest
 
 
-class Sender(LayerOffers):
+class Sender(LayerOffers, Incarnated):
     """The source side: offers a request's KV, sends chunks on ``ready``, releases at the end."""
 
     def __init__(
@@ -120,14 +121,6 @@ class Sender(LayerOffers):
     def records(self) -> int:
         """Requests this Sender keeps a record of (live or ended, not forgotten)."""
         return len(self._offers)
-
-    @property
-    def incarnation(self) -> int:
-        return self.inc.own
-
-    def stale(self) -> list[str]:
-        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
-        return list(self.inc.refused)
 
     def peer_restarted(self, incarnation: int) -> None:
         """The receiver's process came back as ``incarnation`` (the engine's membership

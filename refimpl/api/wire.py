@@ -189,3 +189,17 @@ class Incarnations:
         self.count += 1
         self.refused = [*self.refused[-63:], f"[Fencing] {rid!r}: {kind!s:.20} refused: {why}"]
         return True
+
+
+class Incarnated:
+    """What an end with an incarnation (``Sender``, ``Receiver``) tells of it."""
+
+    inc: Incarnations
+
+    @property
+    def incarnation(self) -> int:
+        return self.inc.own
+
+    def stale(self) -> list[str]:
+        """The last messages refused as a dead incarnation's, each named (``[Fencing]``)."""
+        return list(self.inc.refused)

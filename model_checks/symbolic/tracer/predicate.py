@@ -155,15 +155,12 @@ def prop_glob(pred: WorldPred, x: Ctx) -> Z:
     return _holds(pred, x, ())
 
 
-def prop_req(pred: WorldPred, x: Ctx, r: RV, reads: list[bool] | None = None) -> Z:
-    """``pred`` on the world of request ``r`` alone, with no message in flight; ``reads``
-    gets whether the predicate looked at the request's messages (where it never does, no
+def prop_req(pred: WorldPred, x: Ctx, r: RV) -> tuple[Z, bool]:
+    """``pred`` on the world of request ``r`` alone, with no message in flight, and
+    whether the predicate looked at the request's messages (where it never does, no
     message can change its verdict: the ``msg`` scope is the ``req`` one)."""
     net = _Messages(())
-    t = _holds(pred, x, (_alone(r, net),))
-    if reads is not None:
-        reads.append(net.read)
-    return t
+    return _holds(pred, x, (_alone(r, net),)), net.read
 
 
 def prop_msg(pred: WorldPred, x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
