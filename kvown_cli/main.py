@@ -12,7 +12,8 @@ One exit-code contract for every command (the README's table):
   (``KVOWN_DEBUG=1`` shows the traceback instead);
 - 4: (``check``) the state bound reached: a verdict on the states explored only;
 - 130: interrupted (Ctrl-C or SIGTERM): one line, every child process ended
-  (``model_checks.children``: also when kvown itself is killed).
+  (``model_checks.children``: also when kvown itself is killed); a command not ended by
+  its own way out ``FORCE_S`` after the signal, or at a second one, ends itself at once.
 
 A closed stdout (``kvown list | head -1``, ``kvown check-trace bug.jsonl | true``,
 ``kvown list >&-``) drops the rest of the output quietly, and the exit code is the
@@ -131,6 +132,7 @@ def _partial() -> str | None:
 
 
 def _say_interrupted(name: str, done: str | None = None) -> None:
+    _SAID.append(True)
     line = f"kvown {name}: interrupted" + (f" after {done}" if done else "") + "\n"
     if not _REAL_STDERR:
         print(line, end="", file=sys.stderr)
@@ -153,9 +155,44 @@ def _unmute_stderr() -> None:
     os.close(saved)
 
 
+# The bound on an interrupt's end: the command's own cleanup (the KeyboardInterrupt's way
+# out) normally takes well under a second; a timer armed by the first signal ends the
+# process itself after FORCE_S, whatever the main thread is stuck in (a C call that never
+# returns, a library that swallowed the interrupt), and a second signal ends it at once.
+FORCE_S = 5.0
+_FORCE: list[threading.Timer] = []
+_SAID: list[bool] = []
+_NAME: list[str] = [""]
+
+
+def _force_exit() -> None:
+    """End now: the workers, the one line (unless said), exit 130. The folders and groups
+    left are the watchdog's (``model_checks.children``), which sees this process end."""
+    _mute_stderr()
+    _end_children()
+    if not _SAID:
+        _say_interrupted(_NAME[0])
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _arm_forced_exit() -> None:
+    timer = threading.Timer(FORCE_S, _force_exit)
+    timer.daemon = True
+    _FORCE.append(timer)
+    timer.start()
+
+
+def _disarm_forced_exit() -> None:
+    while _FORCE:
+        _FORCE.pop().cancel()
+
+
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     from model_checks import children
 
+    if _FORCE:  # the second signal: no more waiting on the first one's way out
+        _force_exit()
+    _arm_forced_exit()
     if children.defer_interrupt():  # a child is starting: popen raises once it is known
         return
     # End the workers first: a process pool's shutdown would otherwise wait for them.
@@ -257,6 +294,8 @@ def _main(argv: Sequence[str] | None) -> int:
     # torch warns at import when numpy is absent; kvown never needs numpy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     outcome.set_command(name)
+    _NAME[0] = name
+    _SAID.clear()
     try:
         rc = _dispatch(name, args[1:], as_json)
         sys.stdout.flush()
@@ -288,6 +327,7 @@ def _main(argv: Sequence[str] | None) -> int:
             print(json.dumps({"error": msg, "internal": True}))
         return EXIT_INTERNAL
     finally:
+        _disarm_forced_exit()
         _unmute_stderr()
 
 
