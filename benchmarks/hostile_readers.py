@@ -119,6 +119,18 @@ def _log_fresh_clocks(n: int) -> str:
     return head + "\n".join(now.format(t=round(1e6 - i * 0.5, 3), i=i) for i in range(k)) + "\n"
 
 
+def _copies_then_begins(n: int) -> str:
+    """A declared world's log (read ahead for its sizes, ``sizing.prescan``): one offload
+    copy of each of many requests, then each request's offload begin (the read-ahead was
+    quadratic in the requests here before 2026-12-03)."""
+    k = min(n // 140, 60_000)  # request ids stay in the read-ahead's range
+    copy = '{{"action": "PrefillOffloadCopy", "args": {{"req": {r}}}}}'
+    begin = '{{"action": "PrefillOffloadBegin", "args": {{"req": {r}}}}}'
+    lines = [json.dumps({"format": "kvown-eventlog", "version": 1, "behaviours": []})]
+    lines += [copy.format(r=r) for r in range(k)] + [begin.format(r=r) for r in range(k)]
+    return "\n".join(lines) + "\n"
+
+
 def _log_ordinary(n: int) -> str:
     return generate(max(40, n // 50))
 
@@ -162,6 +174,7 @@ def cases(n: int) -> list[tuple[str, str, int, Callable[[], object]]]:
     for name, log in (
         ("file, config named (streamed)", ordinary),
         ("file, world declared (read twice)", declared + ordinary[ordinary.index("\n") :]),
+        ("file, world declared, a copy per request then its begin", _copies_then_begins(n)),
     ):
         path = _tmp_log(log)
         out.append(("check-trace", name, len(log), lambda path=path: check_file(path)))

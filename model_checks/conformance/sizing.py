@@ -72,7 +72,7 @@ def prescan(lines: Iterable[tuple[int, bytes | str]]) -> dict[str, int]:
     blocks, dst_tp = 1, 1
     sends: Counter[tuple[int, int]] = Counter()  # (req, attempt) -> PrefillSendChunk lines
     hits: dict[tuple[int, int], int] = {}  # (req, attempt) -> the Ready's prefix blocks
-    copies: Counter[tuple[int, str]] = Counter()  # (req, copy action) since its begin
+    copies: dict[int, Counter[str]] = {}  # req -> copy action -> lines since its begin
     installs: Counter[int] = Counter()  # req -> DecodeRankInstall since its reserve
     attempt: Counter[int] = Counter()  # req -> PrefillFreeze lines so far
     for k, obj in enumerate(_objects(lines)):
@@ -98,12 +98,13 @@ def prescan(lines: Iterable[tuple[int, bytes | str]]) -> dict[str, int]:
             attempt[req] += 1
         if name == "PrefillSendChunk":
             sends[(req, attempt[req])] += 1
-        if name in _BEGINS:
-            for key in [x for x in copies if x[0] == req and _COPIES[x[1]] == name]:
-                del copies[key]
+        if name in _BEGINS and req in copies:  # at most len(_COPIES) entries a request
+            for copy in [c for c in copies[req] if _COPIES[c] == name]:
+                del copies[req][copy]
         if name in _COPIES:
-            copies[(req, name)] += 1
-            blocks = max(blocks, copies[(req, name)])
+            mine = copies.setdefault(req, Counter())
+            mine[name] += 1
+            blocks = max(blocks, mine[name])
         if name == "DecodeReserve":
             installs[req] = 0
         if name == "DecodeRankInstall":
