@@ -20,9 +20,10 @@ a group channel (``group_channel``) on which it hears the others:
                both ranks and epochs (``RankAgreement``), never a bare timeout
     installed  a decode rank committed its heads; the request is ready (``ready``) only
                once every decode rank has, and a prefill rank is DONE only then
-    abort      any rank's end (cancel, refusal, checksum, a failed peer), with its
-               reason: every rank ends its part at once, a decode rank that had
-               committed gives its blocks back
+    abort      any rank's end (cancel, refusal, checksum, a failed offer, a failed
+               peer), with its reason: every rank ends its part at once, a decode rank
+               that had committed gives its blocks back; heard before a rank's own part
+               began, it ends that attempt there too (its later offer sends nothing)
 
 A peer's process that the transport reports gone (``DistTransport.failed``) ends the
 attempt on every rank that sees it, with that reason, at its next ``poll``.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import ABORT, INSTALLED, _Group, _Member, sub_id
+from refimpl.api.ranks.group import ABORT, INSTALLED, Epochs, _Group, _Member, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.wire import State
 from refimpl.engine.data import RankPools
@@ -34,18 +34,22 @@ class RankReceiver(_Member):
         rank: int,
         src_tp: int,
         incarnation: int = 0,
+        epochs: Epochs | None = None,
         **receiver_options: Any,
     ) -> None:
         """``geometry``: the decode side's (tp = D), ``pools`` rank ``rank``'s alone;
         ``src_tp``: the prefill side's TP. ``incarnation``: this process's restarts so
         far (its Receiver's too: a write to a dead incarnation's registration is
-        refused). ``receiver_options`` go to the Receiver."""
+        refused). ``epochs``: the router's, if this rank can reach it: an abort before
+        the attempt reached this rank then ends the newest attempt on every rank at once
+        (without it, the attempt's manifest is refused here and the prefill ranks tell
+        every rank). ``receiver_options`` go to the Receiver."""
         geometry.check_rank_pools(pools, rank)
         self._init_member(incarnation)
         view = geometry.rank_view(rank)
         self.rx = Receiver(pools, view, transport, model, incarnation=incarnation,
                            **receiver_options)  # fmt: skip
-        self.pools, self.transport = pools, transport
+        self.pools, self.transport, self.epochs = pools, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, src_tp, geometry.tp, "d"
         self._g: dict[str, _Group] = {}
 
@@ -91,7 +95,7 @@ class RankReceiver(_Member):
             return n
         heard = self._heard(request_id)
         if e is None:  # no attempt here yet: an abort or a failed peer ends it now
-            self._before(request_id, heard, 0)
+            self._before(request_id, heard, self._now(request_id))
             return n + len(heard)
         if g is None or g.epoch < e:
             g = self._g[request_id] = _Group(e, State.RECEIVING)
@@ -118,12 +122,25 @@ class RankReceiver(_Member):
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
         """End the attempt on this rank (its blocks given back) and tell every rank; the
-        reason names the epoch and what the attempt still waited for (``waiting``)."""
+        reason names the epoch and what the attempt still waited for (``waiting``).
+        Before the attempt reached this rank, its manifest is refused when it comes (the
+        prefill ranks end with the reason and tell every rank), and with ``epochs`` the
+        newest attempt ends on every rank now."""
         g, sid = self._g.get(request_id), sub_id(request_id, self.rank)
         if g is not None and not g.state.final:
             self._stop(request_id, g, [self._aborted(request_id, reason)], tell=True)
+        elif g is None and self.rx.state(sid) is State.WAITING:
+            why = self._aborted(request_id, reason)
+            self.rx.end(sid, why)
+            e = self._now(request_id)
+            g = self._g[request_id] = _Group(e, State.RECEIVING)
+            self._end_group(request_id, g, [why], tell=e > 0)
         elif g is None:
             self.rx.abort(sid, reason)
+
+    def _now(self, rid: str) -> int:
+        """The newest attempt's epoch, if this rank can read it (else 0: unknown)."""
+        return self.epochs.peek(rid) if self.epochs is not None else 0
 
     def _stop(self, rid: str, g: _Group, reasons: list[str], *, tell: bool) -> None:
         sid = sub_id(rid, self.rank)

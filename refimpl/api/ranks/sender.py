@@ -66,8 +66,15 @@ class RankSender(_Member):
         return list(self._g[request_id].reasons)
 
     def stats(self, request_id: str) -> dict[int, tuple[int, int]]:
-        """Per decode rank this rank sends to: (chunks, payload bytes) of the attempt."""
-        return {d: tx.stats(sub_id(request_id, d)) for d, (tx, _, _) in self._subs.items()}
+        """Per decode rank this rank sends to: (chunks, payload bytes) of the attempt
+        ((0, 0) where nothing was offered: the attempt ended here before the offer)."""
+        out = {}
+        for d, (tx, _, _) in self._subs.items():
+            try:
+                out[d] = tx.stats(sub_id(request_id, d))
+            except KeyError:
+                out[d] = (0, 0)
+        return out
 
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks this rank's live sub-handoffs hold (their slices' copies)."""
@@ -103,7 +110,13 @@ class RankSender(_Member):
             self._end_group(request_id, g, [f"{why}; the router opens a retry"], tell=True)
             return e
         self._blocks[request_id] = list(blocks)
-        self._offer_subs(request_id, token_ids, e, prefix_blocks)
+        try:
+            self._offer_subs(request_id, token_ids, e, prefix_blocks)
+        except Exception as exc:  # a half-made offer: every rank ends it with the reason
+            self._stop(
+                request_id, g, [f"{self._me()}'s offer at epoch {e} failed: {exc}"], tell=True
+            )
+            raise
         self._say(request_id, {"type": OFFER, "epoch": e, "rank": self.rank})
         return e
 
@@ -191,11 +204,16 @@ class RankSender(_Member):
         return n + len(heard)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt on this rank and tell every rank of both sides why. The reason
-        names the epoch and what the attempt still waited for (``waiting``)."""
+        """End the attempt on this rank and tell every rank of both sides why (before
+        this rank's offer too: the newest attempt ends on every rank). The reason names
+        the epoch and what the attempt still waited for (``waiting``)."""
         g = self._g.get(request_id)
         if g is not None and not g.state.final:
             self._stop(request_id, g, [self._aborted(request_id, reason)], tell=True)
+        elif g is None:
+            e = self.epochs.peek(request_id)
+            g = self._g[request_id] = _Group(e, State.OFFERED)
+            self._end_group(request_id, g, [self._aborted(request_id, reason)], tell=e > 0)
 
     def _stop(self, rid: str, g: _Group, reasons: list[str], *, tell: bool) -> None:
         for d, (tx, _, _) in self._subs.items():
