@@ -108,6 +108,13 @@ class Epochs:
         self.store.set(key, f"{epoch}:{incarnation}")
         return None
 
+    def release(self, request_id: str, rank: int) -> None:
+        """Prefill rank ``rank`` forgot the request: its ``claim`` record goes (the store
+        keeps nothing per request and rank once every rank forgot it)."""
+        key = f"{self.prefix}{request_id}/p{rank}"
+        if self.store.check([key]):
+            self.store.delete_key(key)
+
 
 def sub_id(request_id: str, dst_rank: int) -> str:
     """The request id of decode rank ``dst_rank``'s sub-handoff (its blocks' holder)."""

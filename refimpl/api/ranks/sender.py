@@ -237,3 +237,4 @@ class RankSender(_Member):
         self._drop(request_id)
         self._blocks.pop(request_id, None)
         self._early.pop(request_id, None)
+        self.epochs.release(request_id, self.rank)

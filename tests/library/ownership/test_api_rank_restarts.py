@@ -114,3 +114,12 @@ def test_peer_restarted_names_a_rank_of_the_group() -> None:
         g.rx[0].peer_restarted("p", 1, -1)
     with pytest.raises(ValueError, match="incarnation"):
         RankSender(g.sp[0], g.src, g.t, MODEL, rank=0, dst_tp=2, epochs=g.epochs, incarnation=-1)
+
+
+def test_forget_drops_the_ranks_claim_from_the_store() -> None:
+    g = Group(2, 2)
+    g.run()
+    keys = g.epochs.store.num_keys()
+    for x in [*g.tx, *g.rx]:
+        x.forget(RID)
+    assert g.epochs.store.num_keys() == keys - 2  # each prefill rank's claim; the counter stays
