@@ -20,12 +20,23 @@ a group channel (``group_channel``) on which it hears the others:
                both ranks and epochs (``RankAgreement``), never a bare timeout
     installed  a decode rank committed its heads; the request is ready (``ready``) only
                once every decode rank has, and a prefill rank is DONE only then
-    abort      any rank's end (cancel, refusal, checksum, a failed peer), with its
-               reason: every rank ends its part at once, a decode rank that had
-               committed gives its blocks back
+    abort      any rank's end (cancel, refusal, checksum, a failed offer, a failed
+               peer), with its reason: every rank ends its part at once, a decode rank
+               that had committed gives its blocks back; heard before a rank's own part
+               began, it ends that attempt there too (its later offer sends nothing)
 
 A peer's process that the transport reports gone (``DistTransport.failed``) ends the
 attempt on every rank that sees it, with that reason, at its next ``poll``.
+
+Restarts: each rank has an ``incarnation`` (its process's restarts so far) that its group
+messages carry. A restarted prefill rank never offers an epoch its dead incarnation
+offered (``Epochs.claim``, recorded in the store before anything is sent): it ends that
+attempt on every rank, naming itself, both incarnations and the epoch. A group message
+of an older incarnation than the newest known of its rank is refused by name
+(``stale()``); a rank heard at two incarnations in one attempt, or one the engine's
+membership reports restarted (``peer_restarted``), ends the attempt the same way. An
+abort names the epoch and what the attempt still waited for (``waiting``): a stall that
+ends by a timer names its ranks and epoch.
 """
 
 from __future__ import annotations
@@ -35,7 +46,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refimpl.api.intake import send_quietly
-from refimpl.api.wire import ABORT, State, epoch_of, fence, reasons_of
+from refimpl.api.wire import (
+    ABORT,
+    State,
+    check_incarnation,
+    epoch_of,
+    fence,
+    inc_of,
+    reasons_of,
+    stamp,
+)
 from refimpl.transport import Transport
 from spec import shardmap as sm
 
@@ -63,10 +83,37 @@ class Epochs:
 
     def current(self, request_id: str) -> int:
         """The epoch of the request's newest attempt (ValueError if none was opened)."""
-        e = int(self.store.add(self.prefix + request_id, 0))
+        e = self.peek(request_id)
         if e < 1:
             raise ValueError(f"{request_id!r}: no attempt opened (Epochs.open) to offer")
         return e
+
+    def peek(self, request_id: str) -> int:
+        """The newest attempt's epoch, 0 if none was opened."""
+        return int(self.store.add(self.prefix + request_id, 0))
+
+    def claim(self, request_id: str, rank: int, epoch: int, incarnation: int) -> int | None:
+        """Prefill rank ``rank``'s incarnation ``incarnation`` offers ``epoch``: recorded
+        in the store before anything is sent. Returns the older incarnation of that rank
+        that already offered this epoch (the attempt died with it: it is never offered
+        again), else None."""
+        key = f"{self.prefix}{request_id}/p{rank}"
+        if self.store.check([key]):
+            raw = bytes(self.store.get(key)).decode(errors="replace")
+            e, _, i = raw.partition(":")
+            if not (e.isdigit() and i.isdigit()):
+                raise ValueError(f"{key!r} holds {raw!r:.40}, not 'epoch:incarnation'")
+            if int(e) == epoch and int(i) != incarnation:
+                return int(i)  # the record stays: this epoch is never offered again
+        self.store.set(key, f"{epoch}:{incarnation}")
+        return None
+
+    def release(self, request_id: str, rank: int) -> None:
+        """Prefill rank ``rank`` forgot the request: its ``claim`` record goes (the store
+        keeps nothing per request and rank once every rank forgot it)."""
+        key = f"{self.prefix}{request_id}/p{rank}"
+        if self.store.check([key]):
+            self.store.delete_key(key)
 
 
 def sub_id(request_id: str, dst_rank: int) -> str:
@@ -120,6 +167,9 @@ class _Group:
     installed: set[int] = field(default_factory=set)  # decode ranks that committed
     told: bool = False  # this decode rank said "installed"
     other: int | None = None  # the epoch another rank is at (the ranks disagree): ended too
+    offered: set[int] = field(default_factory=set)  # prefill ranks heard offering it
+    incs: dict[str, int] = field(default_factory=dict)  # each rank's incarnation in it
+    lost: list[str] = field(default_factory=list)  # a rank restarted (peer_restarted)
 
 
 class _Member:
@@ -127,6 +177,60 @@ class _Member:
 
     side, rank, src_tp, dst_tp = "p", 0, 1, 1
     transport: Transport
+    _g: dict[str, _Group]
+
+    def _init_member(self, incarnation: int) -> None:
+        self.incarnation = check_incarnation(incarnation, type(self).__name__)
+        self._newest: dict[str, int] = {}  # each other rank's newest incarnation known
+        self._refused: list[str] = []
+        self._early: dict[str, list[dict[str, Any]]] = {}  # group messages before the attempt
+
+    def _me(self) -> str:
+        return f"{'prefill' if self.side == 'p' else 'decode'} rank {self.rank}"
+
+    def _names(self) -> set[str]:
+        ps = {f"prefill rank {r}" for r in range(self.src_tp)}
+        return ps | {f"decode rank {d}" for d in range(self.dst_tp)}
+
+    def stale(self) -> list[str]:
+        """The last group messages refused as a dead incarnation's, each named."""
+        return list(self._refused)
+
+    def peer_restarted(self, side: str, rank: int, incarnation: int) -> None:
+        """Rank ``rank`` of side ``"p"``/``"d"`` came back as ``incarnation`` (the engine's
+        membership says so): its older incarnation's group messages are refused by name,
+        and a live attempt that rank took part in as an older one ends at the next poll,
+        on every rank, naming the rank, its incarnations and the epoch."""
+        who = f"{'prefill' if side == 'p' else 'decode'} rank {rank}"
+        if side not in ("p", "d") or who not in self._names() or who == self._me():
+            raise ValueError(f"peer_restarted({side!r}, {rank!r}): not another rank of the group")
+        inc = check_incarnation(incarnation, f"{type(self).__name__}.peer_restarted")
+        self._newest[who] = max(self._newest.get(who, 0), inc)
+        for rid, g in self._g.items():
+            if not g.state.final and g.incs.get(who, inc) < inc:
+                g.lost = [self._restarted(rid, g, who, g.incs[who], inc)]
+
+    @staticmethod
+    def _restarted(rid: str, g: _Group, who: str, was: int, now: int) -> str:
+        return (f"[RankAgreement] {rid!r}: {who} restarted (incarnation {was} -> {now}) "
+                f"during the attempt at epoch {g.epoch}")  # fmt: skip
+
+    def waiting(self, request_id: str) -> list[str]:
+        """What the live attempt here still waits for, each naming a rank and the epoch
+        (a stall that ends by a timer says this, never a bare timeout)."""
+        g = self._g.get(request_id)
+        if g is None or g.state.final:
+            return []
+        me = {self.rank} if self.side == "p" else set()
+        out = [f"prefill rank {r}'s offer at epoch {g.epoch}"
+               for r in range(self.src_tp) if r not in g.offered | me]  # fmt: skip
+        return out + [f"decode rank {d}'s install at epoch {g.epoch}"
+                      for d in range(self.dst_tp) if d not in g.installed]  # fmt: skip
+
+    def _aborted(self, rid: str, reason: str) -> str:
+        g, w = self._g.get(rid), self.waiting(rid)
+        at = f" (epoch {g.epoch}{'; waiting on ' + ', '.join(w) if w else ''})" if g else ""
+        return f"{self._me()} aborted: {reason}{at}"
 
     def _all(self, rid: str) -> list[str]:
         ps = [group_channel(rid, "p", r) for r in range(self.src_tp)]
@@ -137,13 +241,52 @@ class _Member:
         return [c for c in self._all(rid) if c != me]
 
     def _say(self, rid: str, header: dict[str, Any]) -> None:
-        who = f"{'prefill' if self.side == 'p' else 'decode'} rank {self.rank}"
+        stamped = stamp({**header, "from": self._me()}, self.incarnation)
         for to in self._others(rid):
-            send_quietly(self.transport, to, {**header, "from": who})
+            send_quietly(self.transport, to, stamped)
 
     def _heard(self, rid: str) -> list[dict[str, Any]]:
+        """This rank's group messages, less a dead incarnation's (named in ``stale``)."""
         msgs = self.transport.poll(group_channel(rid, self.side, self.rank))
-        return [h for h, _ in msgs if isinstance(h, dict)]
+        out = []
+        for h, _ in msgs:
+            if not isinstance(h, dict):
+                continue
+            who, inc = h.get("from"), inc_of(h)
+            if isinstance(who, str) and who in self._names():
+                newest = self._newest.get(who, 0)
+                if inc is None or inc < newest:
+                    was = h.get("inc") if inc is None else inc
+                    why = f"incarnation {was!r:.20}; {who} is at incarnation {newest}"
+                    why = f"[Fencing] {rid!r}: {h.get('type')!s:.20} refused: {why}"
+                    self._refused = [*self._refused[-63:], why]
+                    continue
+                self._newest[who] = inc
+            out.append(h)
+        return out
+
+    def _before(self, rid: str, heard: list[dict[str, Any]], now: int) -> None:
+        """No attempt here yet: an abort heard (or a failed peer) ends the attempt it
+        names here too, before it starts (at ``now`` for a failed peer: the newest
+        attempt's epoch); anything else waits for this rank's attempt."""
+        aborts = [h for h in heard if h.get("type") == ABORT]
+        why = (reasons_of(aborts[0]) or ["aborted"]) if aborts else None
+        why = why or ([w] if (w := self._failed(rid)) else None)
+        if why is None:
+            self._keep_early(rid, heard)
+            return
+        e = max((epoch_of(h) or 0 for h in aborts), default=now)
+        self._g[rid] = _Group(e, State.ABORTED, why)
+        self._early.pop(rid, None)
+
+    def _early_then(self, rid: str, heard: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages kept from before this rank's attempt, then ``heard``."""
+        return self._early.pop(rid, []) + heard
+
+    def _keep_early(self, rid: str, heard: list[dict[str, Any]]) -> None:
+        """The others may be ahead: their messages wait for this rank's attempt (bounded)."""
+        self._early.setdefault(rid, []).extend(heard)
+        del self._early[rid][:-MAX_EARLY]
 
     def _failed(self, rid: str) -> str:
         f = getattr(self.transport, "failed", None)
@@ -172,11 +315,15 @@ class _Member:
         if e > g.epoch or (kind == OFFER and e != g.epoch):
             g.other = e
             return [
-                f"[RankAgreement] {rid!r}: {who} is at epoch {e}, but "
-                f"{'prefill' if self.side == 'p' else 'decode'} rank {self.rank} at {g.epoch}"
+                f"[RankAgreement] {rid!r}: {who} is at epoch {e}, but {self._me()} at {g.epoch}"
             ]
+        inc = inc_of(h) or 0
+        if who in self._names() and g.incs.setdefault(who, inc) != inc:
+            return [self._restarted(rid, g, who, g.incs[who], inc)]
         if kind == ABORT:
             return reasons_of(h) or [f"{who} aborted"]
         if kind == INSTALLED and type(h.get("rank")) is int and 0 <= h["rank"] < self.dst_tp:
             g.installed.add(h["rank"])
+        if kind == OFFER and type(h.get("rank")) is int and 0 <= h["rank"] < self.src_tp:
+            g.offered.add(h["rank"])
         return None

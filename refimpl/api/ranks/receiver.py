@@ -7,16 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import (
-    ABORT,
-    INSTALLED,
-    MAX_EARLY,
-    _Group,
-    _Member,
-    epoch_of,
-    reasons_of,
-    sub_id,
-)
+from refimpl.api.ranks.group import ABORT, INSTALLED, Epochs, _Group, _Member, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.wire import State
 from refimpl.engine.data import RankPools
@@ -42,16 +33,25 @@ class RankReceiver(_Member):
         *,
         rank: int,
         src_tp: int,
+        incarnation: int = 0,
+        epochs: Epochs | None = None,
         **receiver_options: Any,
     ) -> None:
         """``geometry``: the decode side's (tp = D), ``pools`` rank ``rank``'s alone;
-        ``src_tp``: the prefill side's TP. ``receiver_options`` go to the Receiver."""
+        ``src_tp``: the prefill side's TP. ``incarnation``: this process's restarts so
+        far (its Receiver's too: a write to a dead incarnation's registration is
+        refused). ``epochs``: the router's, if this rank can reach it: an abort before
+        the attempt reached this rank then ends the newest attempt on every rank at once
+        (without it, the attempt's manifest is refused here and the prefill ranks tell
+        every rank). ``receiver_options`` go to the Receiver."""
         geometry.check_rank_pools(pools, rank)
-        self.rx = Receiver(pools, geometry.rank_view(rank), transport, model, **receiver_options)
-        self.pools, self.transport = pools, transport
+        self._init_member(incarnation)
+        view = geometry.rank_view(rank)
+        self.rx = Receiver(pools, view, transport, model, incarnation=incarnation,
+                           **receiver_options)  # fmt: skip
+        self.pools, self.transport, self.epochs = pools, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, src_tp, geometry.tp, "d"
         self._g: dict[str, _Group] = {}
-        self._early: dict[str, list[dict[str, Any]]] = {}  # group messages before the attempt
 
     def expect(self, request_id: str, **kw: Any) -> None:
         """As ``Receiver.expect`` (decode room, this rank's prefix blocks and tokens)."""
@@ -95,23 +95,18 @@ class RankReceiver(_Member):
             return n
         heard = self._heard(request_id)
         if e is None:  # no attempt here yet: an abort or a failed peer ends it now
-            why = next((reasons_of(h) for h in heard if h.get("type") == ABORT), None)
-            why = why or ([w] if (w := self._failed(request_id)) else None)
-            if why is not None:
-                ended = max((epoch_of(h) or 0 for h in heard), default=0)
-                self._g[request_id] = _Group(ended, State.ABORTED, why)
-                self._early.pop(request_id, None)
-            else:  # the others may be ahead: their messages wait for the attempt (bounded)
-                self._early.setdefault(request_id, []).extend(heard)
-                del self._early[request_id][:-MAX_EARLY]
+            self._before(request_id, heard, self._now(request_id))
             return n + len(heard)
         if g is None or g.epoch < e:
             g = self._g[request_id] = _Group(e, State.RECEIVING)
-            heard = self._early.pop(request_id, []) + heard
+            heard = self._early_then(request_id, heard)
         for h in heard:
             if (why := self._hear(request_id, g, h)) is not None:
                 self._stop(request_id, g, why, tell=h.get("type") != ABORT)
                 return n + len(heard)
+        if g.lost:
+            self._stop(request_id, g, g.lost, tell=True)
+            return n + len(heard)
         st = self.rx.state(sid)
         if st.final and st is not State.DONE:
             self._stop(request_id, g, [f"decode rank {self.rank}: {self.rx.error(sid)}"], tell=True)
@@ -126,12 +121,26 @@ class RankReceiver(_Member):
         return n + len(heard)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt on this rank (its blocks given back) and tell every rank."""
-        g = self._g.get(request_id)
+        """End the attempt on this rank (its blocks given back) and tell every rank; the
+        reason names the epoch and what the attempt still waited for (``waiting``).
+        Before the attempt reached this rank, its manifest is refused when it comes (the
+        prefill ranks end with the reason and tell every rank), and with ``epochs`` the
+        newest attempt ends on every rank now."""
+        g, sid = self._g.get(request_id), sub_id(request_id, self.rank)
         if g is not None and not g.state.final:
-            self._stop(request_id, g, [f"decode rank {self.rank} aborted: {reason}"], tell=True)
+            self._stop(request_id, g, [self._aborted(request_id, reason)], tell=True)
+        elif g is None and self.rx.state(sid) is State.WAITING:
+            why = self._aborted(request_id, reason)
+            self.rx.end(sid, why)
+            e = self._now(request_id)
+            g = self._g[request_id] = _Group(e, State.RECEIVING)
+            self._end_group(request_id, g, [why], tell=e > 0)
         elif g is None:
-            self.rx.abort(sub_id(request_id, self.rank), reason)
+            self.rx.abort(sid, reason)
+
+    def _now(self, rid: str) -> int:
+        """The newest attempt's epoch, if this rank can read it (else 0: unknown)."""
+        return self.epochs.peek(rid) if self.epochs is not None else 0
 
     def _stop(self, rid: str, g: _Group, reasons: list[str], *, tell: bool) -> None:
         sid = sub_id(rid, self.rank)

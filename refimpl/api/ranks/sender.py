@@ -29,10 +29,17 @@ class RankSender(_Member):
         rank: int,
         dst_tp: int,
         epochs: Epochs,
+        incarnation: int = 0,
     ) -> None:
         """``geometry``: the prefill side's (tp = P), ``pools`` rank ``rank``'s alone
-        (``geometry.make_rank_pools``); ``dst_tp``: the decode side's TP."""
+        (``geometry.make_rank_pools``); ``dst_tp``: the decode side's TP.
+        ``incarnation``: this process's restarts so far (a restarted rank builds a new
+        RankSender with the next one): its group messages carry it, and an attempt its
+        older incarnation offered is never offered again (``Epochs.claim``). The
+        sub-handoffs' Senders stay at incarnation 0: a decode rank's Receiver hears
+        several prefill ranks, and the epoch fences a dead incarnation's messages there."""
         geometry.check_rank_pools(pools, rank)
+        self._init_member(incarnation)
         self.pools, self.geometry, self.transport, self.epochs = pools, geometry, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, geometry.tp, dst_tp, "p"
         own = geometry.kv_heads_per_rank
@@ -59,8 +66,15 @@ class RankSender(_Member):
         return list(self._g[request_id].reasons)
 
     def stats(self, request_id: str) -> dict[int, tuple[int, int]]:
-        """Per decode rank this rank sends to: (chunks, payload bytes) of the attempt."""
-        return {d: tx.stats(sub_id(request_id, d)) for d, (tx, _, _) in self._subs.items()}
+        """Per decode rank this rank sends to: (chunks, payload bytes) of the attempt
+        ((0, 0) where nothing was offered: the attempt ended here before the offer)."""
+        out = {}
+        for d, (tx, _, _) in self._subs.items():
+            try:
+                out[d] = tx.stats(sub_id(request_id, d))
+            except KeyError:
+                out[d] = (0, 0)
+        return out
 
     def held(self) -> dict[str, tuple[int, ...]]:
         """Blocks this rank's live sub-handoffs hold (their slices' copies)."""
@@ -80,25 +94,43 @@ class RankSender(_Member):
         prefix_blocks: int = 0,
     ) -> int:
         """Offer the request's current attempt (``Epochs.current``), layer by layer;
-        returns its epoch. ``blocks``: the request's blocks holding ``token_ids``."""
+        returns its epoch. ``blocks``: the request's blocks holding ``token_ids``.
+        An attempt that has already ended here (an abort heard or made before this
+        offer, or one this rank's older incarnation offered) is not offered: its state
+        is ABORTED with the reasons, told to every rank."""
         g = self._g.get(request_id)
         if g is not None and not g.state.final:
             raise ValueError(f"{request_id!r} already has an attempt in state {g.state.value}")
         e = self.epochs.current(request_id)
-        self._g[request_id] = _Group(e, State.OFFERED)
+        if g is not None and g.epoch == e and g.state is not State.DONE:
+            return e  # this attempt ended here before the offer: nothing leaves
+        g = self._g[request_id] = _Group(e, State.OFFERED)
+        if (was := self.epochs.claim(request_id, self.rank, e, self.incarnation)) is not None:
+            why = self._restarted(request_id, g, self._me(), was, self.incarnation)
+            self._end_group(request_id, g, [f"{why}; the router opens a retry"], tell=True)
+            return e
         self._blocks[request_id] = list(blocks)
+        try:
+            self._offer_subs(request_id, token_ids, e, prefix_blocks)
+        except Exception as exc:  # a half-made offer: every rank ends it with the reason
+            self._stop(
+                request_id, g, [f"{self._me()}'s offer at epoch {e} failed: {exc}"], tell=True
+            )
+            raise
+        self._say(request_id, {"type": OFFER, "epoch": e, "rank": self.rank})
+        return e
+
+    def _offer_subs(self, rid: str, token_ids: Sequence[int], e: int, prefix_blocks: int) -> None:
         for d, (tx, _, sp) in self._subs.items():
-            sid = sub_id(request_id, d)
+            sid = sub_id(rid, d)
             tx.forget(sid)
-            use = self._hold(request_id, d, sp)
+            use = self._hold(rid, d, sp)
             try:
                 tx.offer(sid, token_ids, blocks=use, epoch=e, dst_tp=1,
                          prefix_blocks=prefix_blocks, layers=self.geometry.num_layers)  # fmt: skip
             finally:
                 if sp is None:
                     self.pools.alloc.free(sid)
-        self._say(request_id, {"type": OFFER, "epoch": e, "rank": self.rank})
-        return e
 
     def _hold(self, rid: str, d: int, sp: RankPools | None) -> list[int]:
         """The blocks sub-handoff d reads: the request's own (a reference for the call:
@@ -135,18 +167,26 @@ class RankSender(_Member):
             g.state = State.SENDING
 
     def poll(self, request_id: str) -> int:
-        """The sub-handoffs' replies and the group's messages; returns messages read."""
-        g = self._g[request_id]
+        """The sub-handoffs' replies and the group's messages; returns messages read.
+        Before this rank's offer, an abort heard ends the attempt here already."""
+        g = self._g.get(request_id)
         n = 0
         for d, (tx, _, _) in self._subs.items():
             n += tx.poll(sub_id(request_id, d))
         heard = self._heard(request_id)
+        if g is None:
+            self._before(request_id, heard, self.epochs.peek(request_id))
+            return n + len(heard)
         if g.state.final:
             return n + len(heard)
+        heard = self._early_then(request_id, heard)
         for h in heard:
             if (why := self._hear(request_id, g, h)) is not None:
                 self._stop(request_id, g, why, tell=h.get("type") != ABORT)
                 return n + len(heard)
+        if g.lost:
+            self._stop(request_id, g, g.lost, tell=True)
+            return n + len(heard)
         for d, (tx, _, _) in self._subs.items():
             st = tx.state(sub_id(request_id, d))
             if st.final and st is not State.DONE:
@@ -164,10 +204,16 @@ class RankSender(_Member):
         return n + len(heard)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt on this rank and tell every rank of both sides why."""
+        """End the attempt on this rank and tell every rank of both sides why (before
+        this rank's offer too: the newest attempt ends on every rank). The reason names
+        the epoch and what the attempt still waited for (``waiting``)."""
         g = self._g.get(request_id)
         if g is not None and not g.state.final:
-            self._stop(request_id, g, [f"prefill rank {self.rank} aborted: {reason}"], tell=True)
+            self._stop(request_id, g, [self._aborted(request_id, reason)], tell=True)
+        elif g is None:
+            e = self.epochs.peek(request_id)
+            g = self._g[request_id] = _Group(e, State.OFFERED)
+            self._end_group(request_id, g, [self._aborted(request_id, reason)], tell=e > 0)
 
     def _stop(self, rid: str, g: _Group, reasons: list[str], *, tell: bool) -> None:
         for d, (tx, _, _) in self._subs.items():
@@ -190,3 +236,5 @@ class RankSender(_Member):
         self._g.pop(request_id, None)
         self._drop(request_id)
         self._blocks.pop(request_id, None)
+        self._early.pop(request_id, None)
+        self.epochs.release(request_id, self.rank)

@@ -3,10 +3,12 @@ when"): four processes in one gloo group over ``DistTransport``, ``RankSender`` 
 prefill rank and ``RankReceiver`` per decode rank, the epochs from the router's
 ``TCPStore`` (this process: ``Epochs.open``). Request "a" goes layer by layer with a
 block-size change (4 -> 8) and lands bit-exact on each decode rank (its own heads
-only). Request "b": prefill rank 1 sends layer 0, then its process is SIGKILLed; every
-surviving rank (prefill rank 0, both decode ranks) must end with the dead rank's reason
-(the transport's failure detection: gloo's link fails at once), not its own timeout,
-and hold 0 blocks. Every process is ended by its pid."""
+only). Request "b": one rank's process is SIGKILLed mid-transfer, a prefill rank (rank
+1, after it sent layer 0) or a decode rank (rank 1, once its layer 0 landed; prefill
+rank 1 holds back layers 1-2 meanwhile, as a slow forward pass would); every surviving
+rank must end with the dead rank's reason (the transport's failure detection: gloo's
+link fails at once), not its own timeout, and hold 0 blocks. Every process is ended by
+its pid."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 
 from refimpl import KVGeometry, read_kv, write_kv_layer
@@ -36,7 +39,7 @@ def _until(done: Any, poll: Any) -> None:
         time.sleep(0.002)
 
 
-def _prefill(rank: int, t: Any, epochs: Epochs, conn: Any) -> dict[str, Any]:
+def _prefill(rank: int, t: Any, epochs: Epochs, conn: Any, dead: int) -> dict[str, Any]:
     pools = SRC.make_rank_pools(rank, 16)
     tx = RankSender(pools, SRC, t, MODEL, rank=rank, dst_tp=2, epochs=epochs)
     out = {}
@@ -48,9 +51,11 @@ def _prefill(rank: int, t: Any, epochs: Epochs, conn: Any) -> dict[str, Any]:
             write_kv_layer(pools, rid, blocks, layer, [kv[layer, 0], kv[layer, 1]])
             tx.send_layer(rid, layer)
             tx.poll(rid)
-            if rid == "b" and rank == 1:
+            if rid == "b" and rank == 1 and dead == 1:
                 conn.send("layer 0 sent")
                 time.sleep(3 * TIMEOUT)  # killed here, mid-transfer
+            if rid == "b" and rank == 1 and dead == 3:  # layers 1, 2 wait for the kill
+                _until(lambda rid=rid: tx.state(rid).final, lambda rid=rid: tx.poll(rid))
         _until(lambda rid=rid: tx.state(rid).final, lambda rid=rid: tx.poll(rid))
         if not tx.state(rid).final:
             tx.abort(rid, "timeout")
@@ -60,12 +65,16 @@ def _prefill(rank: int, t: Any, epochs: Epochs, conn: Any) -> dict[str, Any]:
     return out
 
 
-def _decode(d: int, t: Any) -> dict[str, Any]:
+def _decode(d: int, t: Any, conn: Any, dead: int) -> dict[str, Any]:
     pools = DST.make_rank_pools(d, 16)
     rx = RankReceiver(pools, DST, t, MODEL, rank=d, src_tp=2)
     out = {}
     for rid in RIDS:
         rx.expect(rid, decode_room=4)
+        if rid == "b" and d + 2 == dead:
+            _until(lambda: rx.rx.layer_ready(sub_id("b", d), 0), lambda: rx.poll("b"))
+            conn.send("layer 0 landed")
+            time.sleep(3 * TIMEOUT)  # killed here, mid-transfer
         _until(lambda rid=rid: rx.state(rid).final, lambda rid=rid: rx.poll(rid))
         if not rx.state(rid).final:
             rx.abort(rid, "timeout")
@@ -80,7 +89,7 @@ def _decode(d: int, t: Any) -> dict[str, Any]:
     return out
 
 
-def _body(store_port: int) -> Any:
+def _body(store_port: int, dead: int) -> Any:
     def body(rank: int, conn: Any) -> dict[str, Any]:
         import torch.distributed as dist
 
@@ -91,9 +100,9 @@ def _body(store_port: int) -> Any:
         if rank < 2:
             store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                   timeout=timedelta(seconds=TIMEOUT))  # fmt: skip
-            out = _prefill(rank, t, Epochs(store), conn)
+            out = _prefill(rank, t, Epochs(store), conn, dead)
         else:
-            out = _decode(rank - 2, t)
+            out = _decode(rank - 2, t, conn, dead)
         try:
             t.close(timeout_s=5.0)
         except TimeoutError:
@@ -103,7 +112,8 @@ def _body(store_port: int) -> Any:
     return body
 
 
-def test_tp2_to_tp2_per_rank_bit_exact_then_a_killed_rank_ends_every_survivor() -> None:
+@pytest.mark.parametrize("dead", [1, 3], ids=["prefill_rank_1", "decode_rank_1"])
+def test_tp2_to_tp2_per_rank_bit_exact_then_a_killed_rank_ends_every_survivor(dead: int) -> None:
     import torch.distributed as dist
 
     store_port = free_port()
@@ -111,20 +121,22 @@ def test_tp2_to_tp2_per_rank_bit_exact_then_a_killed_rank_ends_every_survivor() 
                            timeout=timedelta(seconds=TIMEOUT))  # fmt: skip
     epochs = Epochs(router)
     assert [epochs.open(rid) for rid in RIDS] == [1, 1]
-    with Procs(4, _body(store_port), TIMEOUT) as procs:
-        assert procs.recv(1, 2 * TIMEOUT) == "layer 0 sent", "prefill rank 1 never sent layer 0"
-        procs.kill(1)  # mid-transfer: layers 1, 2 never leave
+    survivors = [r for r in range(4) if r != dead]
+    with Procs(4, _body(store_port, dead), TIMEOUT) as procs:
+        said = procs.recv(dead, 2 * TIMEOUT)
+        assert said in ("layer 0 sent", "layer 0 landed"), said
+        procs.kill(dead)  # mid-transfer: layers 1, 2 never leave or land
         killed = time.time()
-        out = {r: procs.report(r, 2 * TIMEOUT) for r in (0, 2, 3)}
-    for r in (2, 3):  # request "a": every decode rank ready, its own heads bit-exact
-        assert out[r]["a"]["state"] == "done" and out[r]["a"]["equal"], out[r]["a"]
-    assert out[0]["a"]["state"] == "done", out[0]["a"]
-    took = {r: round(out[r]["b"]["end"] - killed, 2) for r in (0, 2, 3)}
-    print(f"survivors (prefill 0, decode 0, decode 1) ended {took} s after the kill")
-    for r in (0, 2, 3):
+        out = {r: procs.report(r, 2 * TIMEOUT) for r in survivors}
+    for r in survivors:  # request "a": every rank done, each decode rank's heads bit-exact
+        assert out[r]["a"]["state"] == "done", (r, out[r]["a"])
+        assert r < 2 or out[r]["a"]["equal"], (r, out[r]["a"])
+    took = {r: round(out[r]["b"]["end"] - killed, 2) for r in survivors}
+    print(f"rank {dead} killed: survivors (group ranks) ended {took} s after the kill")
+    for r in survivors:
         b = out[r]["b"]
         assert b["state"] == "aborted", (r, b)
-        assert any("peer 1 failed" in x for x in b["reasons"]), (r, b)  # the dead rank's
+        assert any(f"peer {dead} failed" in x for x in b["reasons"]), (r, b)  # the dead rank's
         assert not any("timeout" in x for x in b["reasons"]), (r, b)  # not its own timer
         assert b["held"] == 0 and b["holders"] == [], (r, b)
         assert took[r] < TIMEOUT / 2, took  # failure detection, well before any timer
