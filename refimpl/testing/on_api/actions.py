@@ -121,7 +121,7 @@ class ApiActions:
             self.after_reply(i, name)
 
     def after_reply(self, i: int, name: str) -> None:
-        """The scheduler's part after a reply reached the Senders (on_api/streamed.py)."""
+        """The scheduler's part after a reply reached the Senders (on_api/worlds/streamed.py)."""
 
     def tell_ends(self) -> None:
         """The router tells the Receiver of every request it has ended (``Receiver.end``):

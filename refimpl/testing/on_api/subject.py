@@ -17,11 +17,11 @@ What runs where:
                     ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``)
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
-                    told (``peer_restarted``): ``on_api/restarts.py``
+                    told (``peer_restarted``): ``on_api/worlds/restarts.py``
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
                     the dead worker (and its writes) are gone
     DecodeFail      ``Receiver.fail``: the engine's own failure of the attempt being
-                    received (``on_api/failure.py``; its abort is eager)
+                    received (``on_api/worlds/failure.py``; its abort is eager)
 
 The API does some spec steps inside one call (``api_tour.EAGER``: a Sender sends every
 chunk and seal on Ready; a Receiver verifies and commits once complete, and aborts at
@@ -41,11 +41,9 @@ from refimpl.api.abstract import prefill_replica, sender_part
 from refimpl.api.wire import channels
 from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiRefusal
-from refimpl.testing.on_api.failure import FailureActions
-from refimpl.testing.on_api.restarts import RestartActions
-from refimpl.testing.on_api.streamed import StreamedActions
 from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
+from refimpl.testing.on_api.worlds import FailureActions, RestartActions, StreamedActions
 from spec.actions import decode_args
 from spec.config import Config
 from spec.manifest import RopeConfig
@@ -81,7 +79,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
         self.tx_kw, self.rx_kw = tx_kw, rx_kw = _switches(mutants)
         self.stage, self.remote = stage, remote
-        self.restart_init(self.n)  # incarnations 0 (on_api/restarts.py)
+        self.restart_init(self.n)  # incarnations 0 (on_api/worlds/restarts.py)
         self.tx = self.senders(0)
         if remote is None:
             self.tag = ""
@@ -95,7 +93,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
         self.frozen: list[dict[int, int]] = [{} for _ in range(self.n)]
         self.faults, self.p_up, self.d_up = 0, True, True
         self.dead_dep = [0] * self.n  # decode's epochs when it crashed (the spec keeps dep)
-        self.stream_init(self.n)  # the streamed worlds' registers (on_api/streamed.py)
+        self.stream_init(self.n)  # the streamed worlds' registers (on_api/worlds/streamed.py)
 
     # ------------------------------------------------------------ names
     def code(self, lm: Logical) -> int:
