@@ -40,8 +40,8 @@ def test_every_pair_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
 @pytest.mark.nightly
 @pytest.mark.parametrize("name", sorted(EDGES))
 def test_every_edge_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
-    """handoff_tp1to2: 5718/5718 edges, 2,569 walks, 0 divergences (40 CPU s);
-    pair_ranks_fail: 4656/4656 (42 CPU s)."""
+    """handoff_tp1to2: 5718/5718 edges, 2,569 walks, 0 divergences (45 CPU s);
+    pair_ranks_fail: 4656/4656, 1,758 walks (30 CPU s)."""
     plan = plan_api(get_world(name))
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
@@ -131,3 +131,21 @@ def test_decode_rank_worlds_the_api_maps_and_those_it_refuses_naming_why() -> No
     with pytest.raises(ValueError, match="decode_ranks: decode ranks"):
         ApiAdapter().build(c, frozenset(), 0)
     assert "decode_ranks" in unexpressed(get_world("handoff_tp1to2"), remote=True)
+
+
+@pytest.mark.nightly
+def test_the_edge_tour_of_pair_ranks_fail_kills_a_rank_ready_on_its_own_install() -> None:
+    """2 of 1,758 walks: the last chunk corrupt on decode rank 0 alone, with rank 1
+    polled first (it commits and stays ready); handoff_tp1to2's edge tour does not kill
+    it (a loss takes every rank's copy, the ranks never part): 0 of 2,569."""
+    plan = plan_api(get_world("pair_ranks_fail"))
+    res = run_api_tour(ApiAdapter(), plan, frozenset({"ready_on_own_install"}))
+    assert api_report(plan, res)["divergences"] == {"crashed at DecodeReceiveChunk": 2}
+    assert all("decode ranks' d differ" in str(e) for _, e in res.failures)
+
+
+def test_kvown_fuzz_refuses_the_decode_ranks_across_processes() -> None:
+    from kvown_cli.main import main
+
+    argv = ["fuzz", "--tour", "--impl", "api", "--config", "handoff_tp1to2"]
+    assert main([*argv, "--across-processes"]) == 2
