@@ -3,6 +3,8 @@ tour or a test can show that it is caught (a mutant). Never for serving.
 
     Sender(..., mutants={"stream_reads_at_ready"})
     Receiver(..., mutants={"layer_ready_on_staging"})
+    RankReceiver(..., mutants={"ready_on_own_install"})
+    RankSender(..., mutants={"heads_of_another_rank"})
 
 ``stream_reads_at_ready`` (FrozenSnapshot / NoReuseUnderIO, issue #30 bug 2): a streamed
 offer reads a layer's bytes from its blocks when it sends them (at the receiver's ready
@@ -17,6 +19,14 @@ while the blocks ``held()`` names still hold what was there before.
 a ``Sender`` or ``Receiver`` takes a control message of its peer's older incarnation
 (a dead receiver's ready, a dead sender's manifest) as current, after it heard of the
 restart (``peer_restarted``).
+
+``ready_on_own_install`` (RankAgreement, decode ranks; the spec's
+``decode_runs_before_all_ranks``): a ``RankReceiver`` takes the request as ready once its
+own heads committed, without waiting for every other decode rank's install.
+
+``heads_of_another_rank`` (a reshard off by one rank): a ``RankSender`` sends each
+decode rank the slice of its neighbour's heads (decode rank d gets rank d + 1's, the
+last rank the first's); both ends check and seal the same wrong bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +38,11 @@ LAYER_READY_ON_STAGING = "layer_ready_on_staging"
 STALE_INCARNATION_ACCEPTED = "stale_incarnation_accepted"
 SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED})
 RECEIVER_SWITCHES = frozenset({LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED})
-API_SWITCHES = SENDER_SWITCHES | RECEIVER_SWITCHES
+READY_ON_OWN_INSTALL = "ready_on_own_install"
+HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"
+RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL})
+RANK_SENDER_SWITCHES = frozenset({HEADS_OF_ANOTHER_RANK})
+API_SWITCHES = SENDER_SWITCHES | RECEIVER_SWITCHES | RANK_RECEIVER_SWITCHES | RANK_SENDER_SWITCHES
 
 
 def check_switches(mutants: Iterable[str], known: frozenset[str], who: str) -> frozenset[str]:

@@ -95,7 +95,7 @@ def test_the_tour_on_the_api_refuses_a_streamed_world_of_other_layers_naming_why
         ApiAdapter().build(CONFIGS["stream_reuse"], frozenset(), 0)
 
 
-# the tour on the public API (refimpl/testing/on_api/streamed.py): measured
+# the tour on the public API (refimpl/testing/on_api/worlds/streamed.py): measured
 STREAM_FOUND = {  # the correct API's divergence classes in stream_one, each in on_api.gaps:
     # only the layer chunks since the handoff worlds' gaps were closed (Receiver.end etc.)
     "state differs at PrefillRecvReady (net)",

@@ -48,7 +48,7 @@ def test_the_closed_graph_has_no_eager_step_left_and_its_walks_take_every_edge()
     for w in g.states:
         assert close(w, c) == w
     for e in range(g.n_edges):  # an eager step is never a step of its own
-        assert g.lab[e][0] not in EAGER[:3]
+        assert g.lab[e][0] not in EAGER[:4]
         assert g.dst[e] < g.n_states
     plan = plan_api(c)
     assert plan.states == g.n_states and len(plan.edge_keys) == PINNED["mismatch_one"][0]
@@ -108,7 +108,7 @@ def test_a_world_the_api_cannot_run_is_refused_naming_why() -> None:
     assert "offload" in unexpressed(c)
     with pytest.raises(ValueError, match="offload"):
         ApiAdapter().build(c, frozenset(), 0)
-    assert unexpressed(get_world("restart_handoff")) == []  # restarts: on_api/restarts.py
+    assert unexpressed(get_world("restart_handoff")) == []  # restarts: on_api/worlds/restarts.py
 
 
 def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
@@ -236,7 +236,7 @@ def test_kvown_fuzz_tour_impl_api_tours_a_large_world_by_pairs(
 
 
 def test_restart_handoff_tours_every_pair_on_the_api() -> None:
-    """Restarts (EnvRestart, on_api/restarts.py): 41/41 pairs, no divergence (0.4 CPU s)."""
+    """Restarts (EnvRestart, on_api/worlds/restarts.py): 41/41 pairs, no divergence (0.4 CPU s)."""
     plan = plan_api_pairs(get_world("restart_handoff"))
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)

@@ -74,7 +74,7 @@ class Epochs:
         if store is None:
             import torch.distributed as dist
 
-            store = dist.HashStore()
+            store = dist.HashStore()  # type: ignore[attr-defined,unused-ignore]
         self.store, self.prefix = store, prefix
 
     def open(self, request_id: str) -> int:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import ABORT, INSTALLED, Epochs, _Group, _Member, sub_id
+from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, sub_id
 from refimpl.api.receiver import Receiver
-from refimpl.api.wire import State
+from refimpl.api.switches import RANK_RECEIVER_SWITCHES, READY_ON_OWN_INSTALL, check_switches
+from refimpl.api.wire import ABORT, State
 from refimpl.engine.data import RankPools
 from refimpl.transport import Transport
 
@@ -35,6 +36,7 @@ class RankReceiver(_Member):
         src_tp: int,
         incarnation: int = 0,
         epochs: Epochs | None = None,
+        mutants: frozenset[str] = frozenset(),
         **receiver_options: Any,
     ) -> None:
         """``geometry``: the decode side's (tp = D), ``pools`` rank ``rank``'s alone;
@@ -43,8 +45,10 @@ class RankReceiver(_Member):
         refused). ``epochs``: the router's, if this rank can reach it: an abort before
         the attempt reached this rank then ends the newest attempt on every rank at once
         (without it, the attempt's manifest is refused here and the prefill ranks tell
-        every rank). ``receiver_options`` go to the Receiver."""
+        every rank). ``mutants``: this rank's bug switches (``refimpl.api.switches``),
+        for demonstrations only. ``receiver_options`` go to the Receiver."""
         geometry.check_rank_pools(pools, rank)
+        self.mutants = check_switches(mutants, RANK_RECEIVER_SWITCHES, "RankReceiver")
         self._init_member(incarnation)
         view = geometry.rank_view(rank)
         self.rx = Receiver(pools, view, transport, model, incarnation=incarnation,
@@ -116,9 +120,28 @@ class RankReceiver(_Member):
             g.told = True
             g.installed.add(self.rank)
             self._say(request_id, {"type": INSTALLED, "epoch": g.epoch, "rank": self.rank})
-        if g.state is State.RECEIVING and len(g.installed) == self.dst_tp:
+        if g.state is State.RECEIVING and self._all_installed(g):
             self._done(request_id, g)
         return n + len(heard)
+
+    def _all_installed(self, g: _Group) -> bool:
+        if READY_ON_OWN_INSTALL in self.mutants:  # the bug: this rank's install is enough
+            return self.rank in g.installed
+        return len(g.installed) == self.dst_tp
+
+    def end(self, request_id: str, reason: str = "cancelled") -> None:
+        """The scheduler has ended the request (``Receiver.end``): this rank's part is
+        never committed from now on, and its manifest is refused at intake."""
+        self.rx.end(sub_id(request_id, self.rank), reason)
+
+    def fail(self, request_id: str, reason: str) -> None:
+        """The engine's own failure of this rank's part (its load failed,
+        ``Receiver.fail``): given back here, the prefill ranks nacked with the reason,
+        and every rank of both sides told at once; nothing if the attempt is final."""
+        g, sid = self._g.get(request_id), sub_id(request_id, self.rank)
+        self.rx.fail(sid, reason)
+        if g is not None and not g.state.final and self.rx.state(sid).final:
+            self._stop(request_id, g, [f"decode rank {self.rank}: {self.rx.error(sid)}"], tell=True)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
         """End the attempt on this rank (its blocks given back) and tell every rank; the

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import ABORT, OFFER, Epochs, _Group, _Member, _pieces, sub_id
+from refimpl.api.ranks.group import OFFER, Epochs, _Group, _Member, _pieces, sub_id
 from refimpl.api.sender import Sender
-from refimpl.api.wire import State
+from refimpl.api.switches import HEADS_OF_ANOTHER_RANK, RANK_SENDER_SWITCHES, check_switches
+from refimpl.api.wire import ABORT, State
 from refimpl.engine.data import RankPools
 from refimpl.transport import Transport
 
@@ -30,6 +31,8 @@ class RankSender(_Member):
         dst_tp: int,
         epochs: Epochs,
         incarnation: int = 0,
+        mutants: frozenset[str] = frozenset(),
+        blocks_per_chunk: int | None = None,
     ) -> None:
         """``geometry``: the prefill side's (tp = P), ``pools`` rank ``rank``'s alone
         (``geometry.make_rank_pools``); ``dst_tp``: the decode side's TP.
@@ -37,8 +40,11 @@ class RankSender(_Member):
         RankSender with the next one): its group messages carry it, and an attempt its
         older incarnation offered is never offered again (``Epochs.claim``). The
         sub-handoffs' Senders stay at incarnation 0: a decode rank's Receiver hears
-        several prefill ranks, and the epoch fences a dead incarnation's messages there."""
+        several prefill ranks, and the epoch fences a dead incarnation's messages there.
+        ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations only.
+        ``blocks_per_chunk``: the sub-handoffs' Senders' (their default if None)."""
         geometry.check_rank_pools(pools, rank)
+        self.mutants = check_switches(mutants, RANK_SENDER_SWITCHES, "RankSender")
         self._init_member(incarnation)
         self.pools, self.geometry, self.transport, self.epochs = pools, geometry, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, geometry.tp, dst_tp, "p"
@@ -54,8 +60,12 @@ class RankSender(_Member):
                                      tp=len(pieces))  # fmt: skip
             sliced = p.src_stop - p.src_start != own  # a narrower decode rank: a slice
             sub_pools = sub_geo.make_rank_pools(mine[0], pools.alloc.capacity) if sliced else None
-            tx = Sender(sub_pools or pools, sub_geo, transport, model, rank=mine[0])
-            self._subs[d] = (tx, p.src_start, sub_pools)
+            tx = Sender(sub_pools or pools, sub_geo, transport, model, rank=mine[0],
+                        blocks_per_chunk=blocks_per_chunk)  # fmt: skip
+            lo = p.src_start
+            if HEADS_OF_ANOTHER_RANK in self.mutants:  # the bug: the neighbour's slice
+                lo = (lo + p.src_stop - p.src_start) % own
+            self._subs[d] = (tx, lo, sub_pools)
         self._g: dict[str, _Group] = {}
         self._blocks: dict[str, list[int]] = {}
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from refimpl.api import KVGeometry, Receiver, Sender
-from refimpl.api.abstract import TIMEOUT_REASON, sender_part
+from refimpl.api.abstract import TIMEOUT_REASON
 from refimpl.api.wire import CHUNK, State
 from refimpl.engine.data import RankPools
 from refimpl.errors import OwnershipError
@@ -93,6 +93,9 @@ class ApiActions:
     def from_source(self, kv: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError  # ``ApiSubject.from_source``
 
+    def sender_view(self, i: int) -> dict[str, int]:
+        raise NotImplementedError  # ``ApiSubject.sender_view``
+
     def _message(self, i: int, code: int) -> Logical:
         lm = self.net.find(self.rid(i), code, self.c.blocks, self.bad_manifest)
         if lm is None:
@@ -121,7 +124,7 @@ class ApiActions:
             self.after_reply(i, name)
 
     def after_reply(self, i: int, name: str) -> None:
-        """The scheduler's part after a reply reached the Senders (on_api/streamed.py)."""
+        """The scheduler's part after a reply reached the Senders (on_api/worlds/streamed.py)."""
 
     def tell_ends(self) -> None:
         """The router tells the Receiver of every request it has ended (``Receiver.end``):
@@ -159,7 +162,7 @@ class ApiActions:
         self.st[i], self.tokens[i] = RUNNING, 0
 
     def _live(self, i: int) -> bool:
-        return sender_part(self.tx, self.rid(i), self.c.blocks)["live"] == 1
+        return self.sender_view(i)["live"] == 1
 
     def _PrefillDecodeStep(self, i: int, arg: int) -> None:
         rid = self.rid(i)

@@ -14,6 +14,7 @@ from typing import Any
 from refimpl.errors import OwnershipError
 from refimpl.testing.on_api.actions import LAYERS, ApiRefusal
 from refimpl.testing.on_api.subject import ApiSubject
+from refimpl.testing.on_api.worlds.ranks import RankSubject
 from spec.config import Config
 
 __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
@@ -26,7 +27,9 @@ UNEXPRESSED: dict[str, str] = {
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
-    "decode_ranks": "the API has one Receiver for all decode ranks (no per-rank install)",
+    "decode_ranks": "decode ranks (one RankReceiver per rank, on_api/worlds/ranks.py) are "
+    "mapped for prefill TP 1, whole-request offers, no crash, restart or mismatched "
+    "manifest, in one process",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
@@ -37,7 +40,10 @@ UNEXPRESSED: dict[str, str] = {
 }
 
 
-def unexpressed(c: Config) -> list[str]:
+_RANKLESS = frozenset({"crash", "mismatch"})  # faults not mapped with decode ranks
+
+
+def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
         "offload": c.offload,
@@ -45,7 +51,8 @@ def unexpressed(c: Config) -> list[str]:
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
-        "decode_ranks": c.decode_ranks,
+        "decode_ranks": c.decode_ranks
+        and (c.src_tp != 1 or bool(c.layers) or c.restarts > 0 or bool(_RANKLESS & c.fault_kinds)),
         "identity": c.identity,
         "slots": c.slots,
         "host_cache": c.host_cache > 0,
@@ -53,6 +60,8 @@ def unexpressed(c: Config) -> list[str]:
         "unrevocable": not c.revocable,
         "layers": c.layers not in (0, LAYERS),
     }
+    if remote and c.decode_ranks:
+        on["decode_ranks"] = True
     return [k for k, v in on.items() if v]
 
 
@@ -69,13 +78,14 @@ class ApiAdapter:
     remote: Any = None  # an on_api.remote.RemoteDecode: the Receiver in its own process
 
     def build(self, config: Config, mutants: frozenset[str], seed: int) -> ApiSubject:
-        if bad := unexpressed(config):
+        if bad := unexpressed(config, self.remote is not None):
             why = "; ".join(f"{b}: {UNEXPRESSED[b]}" for b in bad)
             raise ValueError(f"{config.name}: the API cannot run it ({why})")
         known = self.switches()
         if unknown := set(mutants) - set(known):
             raise ValueError(f"unknown API switches {sorted(unknown)}; known: {sorted(known)}")
-        return ApiSubject(
+        cls = RankSubject if config.decode_ranks else ApiSubject
+        return cls(
             config,
             seed,
             stage=self.stage,

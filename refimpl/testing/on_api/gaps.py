@@ -31,7 +31,7 @@ _LAYER_CHUNKS = (
 )
 
 GAPS: dict[str, tuple[str, str]] = {
-    # streamed worlds (Config.layers, on_api/streamed.py)
+    # streamed worlds (Config.layers, on_api/worlds/streamed.py)
     "state differs at PrefillRecvReady (net)": _LAYER_CHUNKS,
     "state differs at PrefillSendLayer (net)": _LAYER_CHUNKS,
 }

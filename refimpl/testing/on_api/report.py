@@ -30,7 +30,9 @@ __all__ = ["API_WORLDS", "EDGE_WORLDS", "complete", "plan_for", "render", "tour_
 
 API_WORLDS = ("mismatch_one", "net_one", "handoff_crash")  # the default: small worlds
 # toured edge by edge; others by pairs
-EDGE_WORLDS = frozenset({*API_WORLDS, "crash_both", "handoff_decode_fail"})
+EDGE_WORLDS = frozenset(
+    {*API_WORLDS, "crash_both", "handoff_decode_fail", "handoff_tp1to2", "pair_ranks_fail"}
+)
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")
 
 
@@ -85,7 +87,7 @@ def tour_api(
     remote = getattr(args, "across_processes", False)
     names = (args.config,) if args.config else API_WORLDS
     for name in names:
-        if bad := unexpressed(get_world(name)):
+        if bad := unexpressed(get_world(name), remote):
             why = "; ".join(f"{b}: {UNEXPRESSED[b]}" for b in bad)
             return refuse(f"--impl api cannot run {name!r} ({why})")
     rows = []

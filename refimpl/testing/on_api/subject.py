@@ -17,11 +17,11 @@ What runs where:
                     ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``)
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
-                    told (``peer_restarted``): ``on_api/restarts.py``
+                    told (``peer_restarted``): ``on_api/worlds/restarts.py``
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
                     the dead worker (and its writes) are gone
     DecodeFail      ``Receiver.fail``: the engine's own failure of the attempt being
-                    received (``on_api/failure.py``; its abort is eager)
+                    received (``on_api/worlds/failure.py``; its abort is eager)
 
 The API does some spec steps inside one call (``api_tour.EAGER``: a Sender sends every
 chunk and seal on Ready; a Receiver verifies and commits once complete, and aborts at
@@ -41,11 +41,9 @@ from refimpl.api.abstract import prefill_replica, sender_part
 from refimpl.api.wire import channels
 from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiRefusal
-from refimpl.testing.on_api.failure import FailureActions
-from refimpl.testing.on_api.restarts import RestartActions
-from refimpl.testing.on_api.streamed import StreamedActions
 from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
+from refimpl.testing.on_api.worlds import FailureActions, RestartActions, StreamedActions
 from spec.actions import decode_args
 from spec.config import Config
 from spec.manifest import RopeConfig
@@ -76,16 +74,16 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
         self.c, self.seed, self.n = c, seed, c.n_reqs
         heads = max(2, c.src_tp, c.dst_tp)
         self.gp = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.src_tp)
-        self.net = SpecTransport(_rid_of)
+        self.net = self.transport()
         self.net.alive = lambda to_d: self.d_up if to_d else self.p_up
         self.pp = [self.gp.make_rank_pools(r, c.cap_p) for r in range(c.src_tp)]
         self.tx_kw, self.rx_kw = tx_kw, rx_kw = _switches(mutants)
         self.stage, self.remote = stage, remote
-        self.restart_init(self.n)  # incarnations 0 (on_api/restarts.py)
+        self.restart_init(self.n)  # incarnations 0 (on_api/worlds/restarts.py)
         self.tx = self.senders(0)
         if remote is None:
             self.tag = ""
-            self.gd, self.dp, self.rx = decode_end(c, self.net, stage, dst_block, rx_kw)
+            self.gd, self.dp, self.rx = self.decode_side(stage, dst_block, rx_kw)
         else:  # the same end, built in the decode process; proxies here
             end = remote.decode(c, self.net, stage, dst_block, rx_kw)
             self.tag, self.gd, self.dp, self.rx = end
@@ -95,7 +93,17 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
         self.frozen: list[dict[int, int]] = [{} for _ in range(self.n)]
         self.faults, self.p_up, self.d_up = 0, True, True
         self.dead_dep = [0] * self.n  # decode's epochs when it crashed (the spec keeps dep)
-        self.stream_init(self.n)  # the streamed worlds' registers (on_api/streamed.py)
+        self.stream_init(self.n)  # the streamed worlds' registers (on_api/worlds/streamed.py)
+
+    def transport(self) -> SpecTransport:
+        """The transport the spec schedules, naming each channel's request and side."""
+        return SpecTransport(_rid_of)
+
+    def decode_side(
+        self, stage: bool, dst_block: int, rx_kw: dict[str, Any]
+    ) -> tuple[KVGeometry, Any, Receiver]:
+        """The decode side in this process (``decode_end``)."""
+        return decode_end(self.c, self.net, stage, dst_block, rx_kw)
 
     # ------------------------------------------------------------ names
     def code(self, lm: Logical) -> int:
@@ -128,17 +136,12 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
 
     def abstract(self) -> World:
         reqs = []
-        m = self.c.blocks
         for i in range(self.n):
             rid = self.rid(i)
-            sp = sender_part(self.tx, rid, m) if self.p_up else {"ps": IDLE, "sent": 0, "live": 0}
+            sp = self.sender_view(i)
             ep = sp.get("ep") or self.ep[i]
             held = bool(self.pp[0].alloc.blocks_of(rid))
-            if self.d_up:  # a restarted Receiver's fence: at least the dead one's
-                rp = view(self.rx, "part", rid, m)
-                rp["dep"] = max(rp["dep"], self.dead_dep[i])
-            else:
-                rp = {"d": 0, "dep": self.dead_dep[i], "landed": 0, "rmask": 0, "dfl": 0}
+            rp = self.receiver_view(i)
             net = tuple(sorted(self.code(lm) for lm in self.net.flight if lm.rid == rid))
             reqs.append(
                 Req(
@@ -165,6 +168,20 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
             d_inc=self.d_inc,
         )
 
+    def sender_view(self, i: int) -> dict[str, int]:
+        """The prefill side's part of request i (``abstract.sender_part``)."""
+        if not self.p_up:
+            return {"ps": IDLE, "sent": 0, "live": 0}
+        return sender_part(self.tx, self.rid(i), self.c.blocks)
+
+    def receiver_view(self, i: int) -> dict[str, int]:
+        """The decode side's part of request i (``abstract.receiver_part``)."""
+        if not self.d_up:
+            return {"d": 0, "dep": self.dead_dep[i], "landed": 0, "rmask": 0, "dfl": 0}
+        rp: dict[str, int] = view(self.rx, "part", self.rid(i), self.c.blocks)
+        rp["dep"] = max(rp["dep"], self.dead_dep[i])  # a restarted Receiver's fence
+        return rp
+
     def check_integrity(self) -> None:
         problems = []
         for p in self.pp:
@@ -175,7 +192,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
             held = {len(p.alloc.blocks_of(rid)) for p in self.pp}
             if len(held) > 1:
                 problems.append(f"{rid}: the prefill ranks hold {sorted(held)} blocks")
-            if self.p_up and (e := sender_part(self.tx, rid, self.c.blocks)["ep"]):
+            if self.p_up and (e := self.sender_view(i).get("ep", 0)):
                 if e != self.ep[i]:
                     problems.append(f"{rid}: the Senders' epoch {e}, the router's {self.ep[i]}")
         if problems:

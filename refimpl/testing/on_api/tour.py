@@ -58,7 +58,14 @@ __all__ = [
     "run_api_tour",
 ]
 
-EAGER = ("PrefillSendChunk", "DecodeValidate", "DecodeCommit", "DecodeAbort", "DecodeInstallLayer")
+EAGER = (
+    "PrefillSendChunk",
+    "DecodeValidate",
+    "DecodeRankInstall",
+    "DecodeCommit",
+    "DecodeAbort",
+    "DecodeInstallLayer",
+)
 MAX_LEN = 60
 JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter judges
 

@@ -20,6 +20,17 @@ its header carries (``inc``: the sender's, a chunk its target's; spec ``msg_inc`
     abort (rank -> rank)        none: a ranked Sender tells its siblings (issue #30 bug 3);
                                 the spec's prefill is one worker, so it is there at once
 
+With decode ranks (``group_of``: ``refimpl.api.ranks``' group channels, one sub-handoff
+per decode rank, ``on_api/worlds/ranks.py``) one logical message is every sub-handoff's
+copy of it sent in one step (the spec's decode is one worker of ``dst_tp`` ranks); a
+group message between ranks of one side is there at once (inside one spec worker), and
+one across the sides travels with the spec message its sender sent in the same step
+(an offer with the manifests, an abort with the sender's aborts or the nacks, an
+"installed" with the acks), else it is there at once (it has no spec message). The
+ranks' replies to prefill of one step are the decode worker's one verdict: a Nack if any
+rank nacked (a rank that committed before it heard a sibling's abort acks its part, then
+gives its blocks back: no spec Ack), else the Ack.
+
 ``abort(channel)`` revokes the *writes* (chunks) in flight on the channel, as the spec's
 fence and flush do (``drop_chunks``); a control message once posted is not recalled.
 Each message is named from its bytes (``kind``): a chunk whose payload no longer hashes
@@ -61,6 +72,7 @@ class Logical:
     to_d: bool
     group: tuple[Any, ...]  # what makes copies one message (a chunk's (epoch, rank, block))
     copies: list[tuple[str, str, Payload]] = field(default_factory=list)  # (channel, text, data)
+    tick: int = -1  # the step that sent it
 
     @property
     def header(self) -> dict[str, Any]:
@@ -71,8 +83,13 @@ class SpecTransport:
     """Messages in flight as logical messages; delivery, loss, duplication, corruption and
     a manifest mismatch are the environment's (the spec's) steps."""
 
-    def __init__(self, rid_of: Callable[[str], tuple[str, bool]]) -> None:
+    def __init__(
+        self,
+        rid_of: Callable[[str], tuple[str, bool]],
+        group_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.rid_of = rid_of  # channel -> (request id, to decode?)
+        self.group_of = group_of  # a rank group's channel -> its side ("p"/"d"), else None
         self.flight: list[Logical] = []
         self._delivered: dict[str, list[tuple[str, Payload]]] = {}
         self.tick = 0  # the environment's step (the adapter's): what one step sends
@@ -85,6 +102,8 @@ class SpecTransport:
         if not self.alive(to_d):
             return  # a message to a dead worker vanishes (its connection is gone)
         kind = header.get("type")
+        if self.group_of is not None and self._group_message(channel, header, text, rid, to_d):
+            return
         if kind == ABORT and not to_d:  # a prefill rank's abort told to its siblings
             self._delivered.setdefault(channel, []).append((text, bytes(payload)))
             return  # inside the spec's one prefill worker: no spec message, no delay
@@ -97,6 +116,9 @@ class SpecTransport:
             )
         elif kind == ABORT:
             group = (ABORT, header.get("epoch"), self.tick)  # every rank's, one step: one
+        elif self.group_of is not None:  # every sub-handoff's copy of one step: one
+            verdict = "verdict" if kind in (ACK, NACK) else kind  # the ranks' acks and nacks
+            group = (verdict, header.get("epoch"), header.get("rank"), self.tick)
         elif to_d:
             group = (text, len(self.flight))  # one message per send
         else:
@@ -107,7 +129,25 @@ class SpecTransport:
                     lm.copies.append((channel, text, bytes(payload)))
                     return
                 break
-        self.flight.append(Logical(rid, to_d, group, [(channel, text, bytes(payload))]))
+        self.flight.append(
+            Logical(rid, to_d, group, [(channel, text, bytes(payload))], tick=self.tick)
+        )
+
+    def _group_message(
+        self, channel: str, header: Mapping[str, Any], text: str, rid: str, to_d: bool
+    ) -> bool:
+        """A rank group's message: there at once, or with its step's spec message (see
+        the module doc). False if ``channel`` is not a group channel."""
+        side = self.group_of(channel) if self.group_of is not None else None
+        if side is None:
+            return False
+        own = str(header.get("from", "")).startswith("decode" if side == "d" else "prefill")
+        for lm in reversed(self.flight if not own else []):
+            if lm.rid == rid and lm.to_d == to_d and lm.tick == self.tick:
+                lm.copies.append((channel, text, b""))
+                return True
+        self._delivered.setdefault(channel, []).append((text, b""))
+        return True
 
     def poll(self, channel: str) -> list[Message]:
         got = self._delivered.pop(channel, [])
@@ -116,9 +156,7 @@ class SpecTransport:
     def abort(self, channel: str) -> int:
         """Revoke the chunks in flight on ``channel`` (posted control messages stay)."""
         before = len(self.flight)
-        self.flight = [
-            lm for lm in self.flight if not (lm.group[0] == CHUNK and lm.copies[0][0] == channel)
-        ]
+        self._take(lambda lm, ch: lm.group[0] == CHUNK and ch == channel)
         left = [(t, d) for t, d in self._delivered.get(channel, []) if '"type":"chunk"' not in t]
         self._delivered[channel] = left
         return before - len(self.flight)
@@ -127,12 +165,15 @@ class SpecTransport:
         """Revoke ``rank``'s chunks of ``epoch`` in flight on ``channel`` (a revocable
         transport: the spec's flush of a sender's own writes)."""
         before = len(self.flight)
-        self.flight = [
-            lm
-            for lm in self.flight
-            if not (lm.group[:3] == (CHUNK, epoch, rank) and lm.copies[0][0] == channel)
-        ]
+        self._take(lambda lm, ch: lm.group[:3] == (CHUNK, epoch, rank) and ch == channel)
         return before - len(self.flight)
+
+    def _take(self, gone: Callable[[Logical, str], bool]) -> None:
+        """Take back the copies ``gone`` names (a message with none left is gone)."""
+        for lm in list(self.flight):
+            lm.copies = [c for c in lm.copies if not gone(lm, c[0])]
+            if not lm.copies:
+                self.flight.remove(lm)
 
     # ------------------------------------------------------------ the environment
     def deliver(self, lm: Logical) -> None:
@@ -189,6 +230,8 @@ class SpecTransport:
         if kind == ABORT:
             return msg(M_QUIESCED, int(h["epoch"]), 0, inc)
         idx = int(h["rank"]) if kind == SEAL else 0
+        if kind == ACK and any(json.loads(t).get("type") == NACK for _, t, _ in lm.copies):
+            kind = NACK  # decode ranks: a rank's nack in the step ends the attempt (no Ack)
         return msg(CONTROL_KINDS[str(kind)], int(h["epoch"]), idx, inc)
 
     def find(

@@ -10,7 +10,9 @@ import torch
 from refimpl import Receiver, Sender, State, read_kv, write_kv
 from refimpl.api.switches import (
     API_SWITCHES,
+    HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
+    READY_ON_OWN_INSTALL,
     STALE_INCARNATION_ACCEPTED,
     STREAM_READS_AT_READY,
 )
@@ -36,6 +38,8 @@ def test_the_switches_are_validated_by_name() -> None:
         LAYER_READY_ON_STAGING,
         STREAM_READS_AT_READY,
         STALE_INCARNATION_ACCEPTED,
+        READY_ON_OWN_INSTALL,  # the rank switches (tests/library/ownership/test_api_tour_ranks.py)
+        HEADS_OF_ANOTHER_RANK,
     }
 
 

@@ -1,0 +1,9 @@
+"""The world-specific mixins of ``on_api.subject.ApiSubject``: the actions and registers
+of one ``Config`` feature each (``restarts``: EnvRestart; ``streamed``: the layer
+actions; ``failure``: DecodeFail)."""
+
+from refimpl.testing.on_api.worlds.failure import FailureActions
+from refimpl.testing.on_api.worlds.restarts import RestartActions
+from refimpl.testing.on_api.worlds.streamed import StreamedActions
+
+__all__ = ["FailureActions", "RestartActions", "StreamedActions"]
