@@ -131,6 +131,10 @@ def test_decode_rank_worlds_the_api_maps_and_those_it_refuses_naming_why() -> No
     with pytest.raises(ValueError, match="decode_ranks: decode ranks"):
         ApiAdapter().build(c, frozenset(), 0)
     assert "decode_ranks" in unexpressed(get_world("handoff_tp1to2"), remote=True)
+    with pytest.raises(ValueError, match="not mapped with decode ranks"):
+        ApiAdapter().build(get_world("handoff_tp1to2"), frozenset({"stream_reads_at_ready"}), 0)
+    with pytest.raises(ValueError, match="a world with decode ranks"):
+        ApiAdapter().build(get_world("mismatch_one"), frozenset({"ready_on_own_install"}), 0)
 
 
 @pytest.mark.nightly
