@@ -49,14 +49,15 @@ def test_every_edge_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
     assert not res.failures, _first_lines(res)
 
 
-def test_the_hypothesis_machine_walks_the_decode_ranks() -> None:
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_the_hypothesis_machine_walks_the_decode_ranks(name: str) -> None:
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from refimpl.testing.on_api.machine import ApiTally, make_api_machine
 
     tally = ApiTally()
-    machine = make_api_machine(ApiAdapter(), get_world("handoff_tp1to2"), tally=tally)
+    machine = make_api_machine(ApiAdapter(), get_world(name), tally=tally)
     run_state_machine_as_test(
         machine,
         settings=settings(
