@@ -304,6 +304,8 @@ def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         SENDER_SWITCHES,
     )
 
+    if rest := sorted(mutants - SENDER_SWITCHES - RECEIVER_SWITCHES):  # the rank switches
+        raise ValueError(f"the switches {rest} are the rank ends': a world with decode ranks")
     tx, rx = mutants & SENDER_SWITCHES, mutants & RECEIVER_SWITCHES
     return ({"mutants": tx} if tx else {}), ({"mutants": rx} if rx else {})
 

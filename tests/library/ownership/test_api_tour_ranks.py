@@ -49,14 +49,15 @@ def test_every_edge_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
     assert not res.failures, _first_lines(res)
 
 
-def test_the_hypothesis_machine_walks_the_decode_ranks() -> None:
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_the_hypothesis_machine_walks_the_decode_ranks(name: str) -> None:
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from refimpl.testing.on_api.machine import ApiTally, make_api_machine
 
     tally = ApiTally()
-    machine = make_api_machine(ApiAdapter(), get_world("handoff_tp1to2"), tally=tally)
+    machine = make_api_machine(ApiAdapter(), get_world(name), tally=tally)
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -131,6 +132,10 @@ def test_decode_rank_worlds_the_api_maps_and_those_it_refuses_naming_why() -> No
     with pytest.raises(ValueError, match="decode_ranks: decode ranks"):
         ApiAdapter().build(c, frozenset(), 0)
     assert "decode_ranks" in unexpressed(get_world("handoff_tp1to2"), remote=True)
+    with pytest.raises(ValueError, match="not mapped with decode ranks"):
+        ApiAdapter().build(get_world("handoff_tp1to2"), frozenset({"stream_reads_at_ready"}), 0)
+    with pytest.raises(ValueError, match="a world with decode ranks"):
+        ApiAdapter().build(get_world("mismatch_one"), frozenset({"ready_on_own_install"}), 0)
 
 
 @pytest.mark.nightly
@@ -149,3 +154,35 @@ def test_kvown_fuzz_refuses_the_decode_ranks_across_processes() -> None:
 
     argv = ["fuzz", "--tour", "--impl", "api", "--config", "handoff_tp1to2"]
     assert main([*argv, "--across-processes"]) == 2
+
+
+def test_a_decode_ranks_failed_load_ends_every_rank_of_both_sides_with_its_reason() -> None:
+    """``RankReceiver.fail`` (the engine's load of that rank's part failed, mid-transfer):
+    every rank of both sides ends at once with decode rank 1's reason, 0 blocks held."""
+    from refimpl import State
+    from tests.library.ownership.test_api_ranks import RID, Group
+
+    g = Group(2, 2)
+    g.run(upto=1)  # layer 0 of 3 sent: every decode rank is receiving
+    assert all(rx.state(RID) is State.RECEIVING for rx in g.rx)
+    g.rx[1].fail(RID, "its load failed")
+    g.poll()
+    for x in [*g.tx, *g.rx]:
+        assert x.state(RID) is State.ABORTED, (x, x.reasons(RID))
+        assert any("failed on decode: its load failed" in r for r in x.reasons(RID))
+    assert g.leftover() == [] and not any(rx.held() for rx in g.rx)
+
+
+def test_a_request_the_scheduler_ended_is_never_ready_on_any_rank() -> None:
+    """``RankReceiver.end`` on every rank before the transfer: no rank commits, the
+    prefill ranks end with the refusal, 0 blocks held."""
+    from refimpl import State
+    from tests.library.ownership.test_api_ranks import RID, Group
+
+    g = Group(2, 2)
+    for rx in g.rx:
+        rx.end(RID, "the client cancelled")
+    g.run()
+    assert not any(rx.ready(RID) for rx in g.rx)
+    assert all(tx.state(RID) in (State.ABORTED, State.REFUSED) for tx in g.tx)
+    assert g.leftover() == [] and not any(rx.held() for rx in g.rx)

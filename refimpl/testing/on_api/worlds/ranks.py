@@ -47,6 +47,7 @@ from refimpl.testing.on_api.subject import MODEL, ApiSubject, decode_geometry
 from refimpl.testing.on_api.wire import SpecTransport
 from refimpl.testing.on_api.worlds.failure import FAIL_REASON
 from spec.behaviours.decode_ranks import all_dst_ranks
+from spec.config import Config
 from spec.state import COMPLETE, FINISHED, RUNNING, WRITABLE
 
 __all__ = ["RankSubject", "group_side", "rank_channel"]
@@ -73,13 +74,21 @@ def rank_channel(channel: str) -> tuple[str, bool]:
 class RankSubject(ApiSubject):
     """The subject of a decode-ranks world (see the module doc)."""
 
-    def __init__(self, c: Any, seed: int, *, mutants: frozenset[str] = frozenset(), **kw: Any):
+    def __init__(
+        self, c: Config, seed: int, *, mutants: frozenset[str] = frozenset(), **kw: Any
+    ) -> None:
         from refimpl.api.switches import RANK_RECEIVER_SWITCHES, RANK_SENDER_SWITCHES
 
+        rank_switches = RANK_RECEIVER_SWITCHES | RANK_SENDER_SWITCHES
+        if other := sorted(mutants - rank_switches):
+            raise ValueError(
+                f"{c.name}: the switches {other} are not mapped with decode ranks; "
+                f"these are: {sorted(rank_switches)}"
+            )
         self.epochs = Epochs()  # the router's: one epoch per attempt, for every rank
         self.rx_rank_mutants = mutants & RANK_RECEIVER_SWITCHES
         tx_rank = mutants & RANK_SENDER_SWITCHES
-        super().__init__(c, seed, mutants=mutants - tx_rank - RANK_RECEIVER_SWITCHES, **kw)
+        super().__init__(c, seed, **kw)
         self.ptx = [
             RankSender(
                 p,
@@ -94,7 +103,9 @@ class RankSubject(ApiSubject):
             )
             for r, p in enumerate(self.pp)
         ]
-        self.tx = []  # no Sender of the whole request: the RankSenders' sub-handoffs
+
+    def senders(self, incarnation: int) -> list[Any]:
+        return []  # no Sender of the whole request: the RankSenders' sub-handoffs
 
     def transport(self) -> SpecTransport:
         return SpecTransport(rank_channel, group_side)
@@ -116,7 +127,6 @@ class RankSubject(ApiSubject):
                 rank=d,
                 src_tp=c.src_tp,
                 stage=stage,
-                **rx_kw,
                 mutants=self.rx_rank_mutants,
             )
             for d in range(c.dst_tp)
