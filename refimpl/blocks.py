@@ -137,6 +137,39 @@ class BlockAllocator:
         """Take ``n`` free blocks as RESERVED destinations of attempt ``epoch``."""
         return self._take(owner, n, epoch, BlockStatus.RESERVED)
 
+    def allocate_ids(self, owner: str, ids: Iterable[int], *, epoch: int = 0) -> list[int]:
+        """``allocate`` of the given free blocks (an engine's scheduler chose the ids)."""
+        return self._take_ids(owner, list(ids), epoch, BlockStatus.OWNED)
+
+    def reserve_ids(self, owner: str, ids: Iterable[int], *, epoch: int) -> list[int]:
+        """``reserve`` of the given free blocks (an engine's scheduler chose the ids)."""
+        return self._take_ids(owner, list(ids), epoch, BlockStatus.RESERVED)
+
+    def check_ids(self, ids: Iterable[object], what: str = "block ids") -> list[int]:
+        """``ids`` as a list, or ValueError naming each one that is not an id of this
+        table (not an int, out of range) and each duplicate."""
+        ids = list(ids)
+        bad = [b for b in ids if type(b) is not int or not 0 <= b < self.capacity]
+        if bad:
+            raise ValueError(f"{what}: {bad!r:.200} not block ids 0..{self.capacity - 1}")
+        dups = sorted(b for b, k in Counter(ids).items() if k > 1)  # type: ignore[type-var]
+        if dups:
+            raise ValueError(f"{what}: {dups!r:.200} given twice")
+        return ids  # type: ignore[return-value]
+
+    def _take_ids(self, owner: str, ids: list[int], epoch: int, status: BlockStatus) -> list[int]:
+        if epoch < 0:
+            raise ValueError(f"epoch={epoch} must be >= 0")
+        self.check_ids(ids, f"{owner!r}'s block ids")
+        if busy := [b for b in ids if self._status[b] is not BlockStatus.FREE]:
+            raise InUseError(
+                f"{owner!r} takes blocks {busy} that are not free here: "
+                + ", ".join(f"{b} {self._status[b].value} by {self._owner[b]!r}" for b in busy)
+            )
+        taken = set(ids)
+        self._free = deque(b for b in self._free if b not in taken)
+        return self._hold(owner, ids, epoch, status)
+
     def _take(self, owner: str, n: int, epoch: int, status: BlockStatus) -> list[int]:
         if n < 0 or epoch < 0:
             raise ValueError(f"n={n} and epoch={epoch} must be >= 0")
@@ -144,7 +177,9 @@ class BlockAllocator:
             raise CapacityError(
                 f"{owner!r} asks for {n} blocks, {len(self._free)} free of {self.capacity}"
             )
-        got = [self._free.popleft() for _ in range(n)]
+        return self._hold(owner, [self._free.popleft() for _ in range(n)], epoch, status)
+
+    def _hold(self, owner: str, got: list[int], epoch: int, status: BlockStatus) -> list[int]:
         for b in got:
             self._status[b], self._refcount[b] = status, 1
             self._owner[b], self._epoch[b] = owner, epoch
