@@ -51,7 +51,6 @@ from refimpl.api.switches import (
 )
 from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, Incarnated, State, channels
-from refimpl.checksum import block_checksum
 from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
@@ -322,11 +321,13 @@ class Receiver(ChunkIntake, Incarnated):
             todo = [i for i in m.sent_blocks if i not in a.verified]
             if a.staging is not None:
                 ids = a.staging.alloc.blocks_of(rid)
-                full = a.staging.gather([ids[i - m.prefix_blocks] for i in todo])
+                sums = a.staging.checksums([ids[i - m.prefix_blocks] for i in todo])
             else:
-                full = self.pools.gather([a.target[a.prefix + i - m.prefix_blocks] for i in todo])
-            for i, blk in zip(todo, full, strict=True):
-                got, want = block_checksum(blk), m.block_checksums[i - m.prefix_blocks]
+                sums = self.pools.checksums(
+                    [a.target[a.prefix + i - m.prefix_blocks] for i in todo]
+                )
+            for i, got in zip(todo, sums, strict=True):
+                want = m.block_checksums[i - m.prefix_blocks]
                 if got != want:
                     raise ChecksumError(
                         f"block {i}: bytes hash to {got}, not the manifest's checksum {want}"

@@ -22,7 +22,7 @@ import torch
 import xxhash
 
 from refimpl.blocks import BlockAllocator
-from refimpl.checksum import Buffer, block_checksum, tensor_from_bytes
+from refimpl.checksum import Buffer, block_checksum, byte_view, tensor_from_bytes
 from refimpl.memory.interface import BlockMemory
 from refimpl.pool import TORCH_DTYPES, KVPool, PoolGeometry
 from spec import shardmap as sm
@@ -127,17 +127,45 @@ class RankPools:
         perm = (0, *(p + 1 for p in self.to_hm))
         for r in self.primaries:
             h = self.heads[r]
-            out[:, :, :, h.start : h.stop] = (
-                self.pools[r].read_blocks(block_ids).permute(perm).cpu()
-            )
+            if self.device.type != "cpu":  # one batched read, one D2H copy
+                out[:, :, :, h.start : h.stop] = (
+                    self.pools[r].read_blocks(block_ids).permute(perm).cpu()
+                )
+                continue
+            for k, b in enumerate(block_ids):  # straight from the views: one copy
+                for li in range(g.num_layers):
+                    out[k, li, :, h.start : h.stop].copy_(self.hm_layer(r, li, b))
         return out
 
     def block_checksum(self, b: int) -> str:
-        """xxh3 of block ``b`` as one full heads_major block (the manifest's checksum);
-        hashed in place when one rank already holds it in that layout."""
-        if self.canonical:
-            return block_checksum(self.pools[0].block(b))
-        return block_checksum(self.gather([b])[0])
+        """xxh3 of block ``b`` as one full heads_major block (the manifest's checksum)."""
+        return self.checksums([b])[0]
+
+    def checksums(self, block_ids: Sequence[int]) -> list[str]:
+        """The manifest's checksum of each block: xxh3 of the full heads_major block,
+        hashed in place when one rank already holds it in that layout, else layer by
+        layer on CPU (xxh3 streams: the same digest) through one reused buffer of a
+        layer of the blocks, gathered in one copy per layer and rank (no fresh copy of
+        whole blocks: a fresh buffer's first touch costs more than the copy)."""
+        if self.canonical and self.device.type == "cpu":
+            return [block_checksum(self.pools[0].block(b)) for b in block_ids]
+        if self.device.type != "cpu" or not block_ids:
+            return [block_checksum(full) for full in self.gather(block_ids)]
+        g, n = self.geometry, len(block_ids)
+        buf = torch.empty((n, g.num_fields, self.kv_heads, g.block_size, g.head_dim), dtype=g.dtype)
+        raw, per = byte_view(buf), buf[0].numel() * buf.element_size()
+        idx = torch.as_tensor(list(block_ids), dtype=torch.long)
+        hashes = [xxhash.xxh3_64() for _ in block_ids]
+        for li in range(g.num_layers):
+            for r in self.primaries:
+                hs, lv = self.heads[r], self.pools[r].layer(li).permute(self.to_hm)
+                if len(self.primaries) == 1:
+                    torch.index_select(lv, 0, idx, out=buf)
+                else:
+                    buf[:, :, hs.start : hs.stop] = lv.index_select(0, idx)
+            for k, h in enumerate(hashes):
+                h.update(raw[k * per : (k + 1) * per])
+        return [h.hexdigest() for h in hashes]
 
     def write_full(self, holder: str, block_ids: Sequence[int], full: torch.Tensor) -> None:
         """Write a full replica ``[n, layers, 2, H, bs, D]`` into the ranks (checked first)."""

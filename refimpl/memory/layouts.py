@@ -11,6 +11,11 @@ in its byte order (what vLLM's ``register_cross_layers_kv_cache`` is given):
     flash_attn_hnd   K N T H D          K N H T D      N H L K T D
     flashinfer       N K T H D          N K T H D      N L K T H D
     flashinfer_hnd   N K T H D          N K H T D      N K H L T D
+    flash_attn_packed      N H T 2D     N T H 2D       N L T H 2D
+    flash_attn_packed_hnd  N H T 2D     N H T 2D       N H L T 2D
+
+(the packed forms: vLLM's newer FlashAttention backend, K and V side by side in the last
+axis, ``2D`` = K's head_dim values then V's).
 
 An NHD cache's blocks are kvown's ``tokens_major`` (T before H), an HND cache's
 ``heads_major``; the NHD cross-layer tensor is byte for byte kvown's own tokens_major
@@ -34,6 +39,7 @@ class Layout:
     shape: str  # per-layer tensor's shape, as the backend declares it
     order: str  # per-layer tensor's byte order
     cross: str  # the cross-layer tensor's shape (= its byte order)
+    packed: bool = False  # K and V side by side in the last axis (its size 2 * D)
 
     @property
     def kv_layout(self) -> str:
@@ -52,6 +58,8 @@ LAYOUTS: dict[str, Layout] = {
         Layout("flash_attn_hnd", "KNTHD", "KNHTD", "NHLKTD"),
         Layout("flashinfer", "NKTHD", "NKTHD", "NLKTHD"),
         Layout("flashinfer_hnd", "NKTHD", "NKHTD", "NKHLTD"),
+        Layout("flash_attn_packed", "NHTKD", "NTHKD", "NLTHKD", packed=True),
+        Layout("flash_attn_packed_hnd", "NHTKD", "NHTKD", "NHLTKD", packed=True),
     )
 }
 
@@ -73,9 +81,22 @@ def _dims(t: torch.Tensor, axes: str) -> dict[str, int]:
     return dict(zip(axes, t.shape, strict=True))
 
 
+def _unpack(t: object, lay: Layout, what: str) -> object:
+    """A packed layout's tensor with its last axis (K and V side by side) split in two."""
+    if not lay.packed or not isinstance(t, torch.Tensor) or t.dim() < 1:
+        return t
+    if t.shape[-1] % 2 or t.stride(-1) != 1:
+        raise ValueError(
+            f"{what}: {lay.name} packs K and V in the last axis (2 * head_dim, contiguous); "
+            f"shape {tuple(t.shape)}, strides {t.stride()}"
+        )
+    return t.unflatten(-1, (2, t.shape[-1] // 2))
+
+
 def layer_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
     """One layer's tensor (shape ``lay.shape``, bytes ``lay.order``) as ``[N, K, a, b, D]``
     in kvown's block order (a view)."""
+    t = _unpack(t, lay, what)  # type: ignore[assignment]
     if not isinstance(t, torch.Tensor) or t.dim() != len(lay.shape):
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(
@@ -96,6 +117,7 @@ def layer_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
 def cross_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
     """The cross-layer tensor (shape and bytes ``lay.cross``) as ``[N, L, K, a, b, D]`` in
     kvown's block order (a view)."""
+    t = _unpack(t, lay, what)  # type: ignore[assignment]
     if not isinstance(t, torch.Tensor) or t.dim() != len(lay.cross):
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         raise ValueError(
@@ -118,13 +140,14 @@ def cross_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
 
 
 def _check_order(t: torch.Tensor, shape: str, order: str, what: str, name: str) -> None:
-    """Refuse a tensor whose inner bytes are not laid out as the layout says (its block
-    axis and fields may be in either order: only T, H, D must be)."""
-    dims = _dims(t, shape)
-    inner = [c for c in order if c in "THD"]  # outermost first
-    want = {inner[2]: 1, inner[1]: dims[inner[2]], inner[0]: dims[inner[2]] * dims[inner[1]]}
-    got = {c: t.stride(shape.index(c)) for c in inner}
-    if any(got[c] != want[c] for c in inner if dims[c] > 1):
+    """Refuse a tensor whose bytes within a block are not laid out as the layout says:
+    the axes after N in ``order`` densely packed, outermost first (the block axis and an
+    axis before it, FlashAttention's K, may have any stride)."""
+    dims, inner = _dims(t, shape), order[order.index("N") + 1 :]
+    want, step = {}, 1
+    for c in reversed(inner):
+        want[c], step = step, step * dims[c]
+    if any(t.stride(shape.index(c)) != want[c] for c in inner if dims[c] > 1):
         raise ValueError(
             f"{what}: {name} lays out bytes as [{', '.join(order)}], but this tensor's "
             f"strides {t.stride()} over [{', '.join(shape)}] put them as "

@@ -46,10 +46,9 @@ def gather_layer(
             return raw.index_select(0, idx.to(raw.device))
         torch.index_select(raw, 0, idx, out=out.view(n, per))
         return out.view(n, per)
-    got = lv.index_select(0, idx.to(lv.device))  # one strided gather, contiguous result
-    if out is None:
-        return got.view(torch.uint8).view(n, -1)
-    out.view(lv.dtype).view(got.shape).copy_(got)
+    if out is None:  # one strided gather, contiguous result
+        return lv.index_select(0, idx.to(lv.device)).view(torch.uint8).view(n, -1)
+    torch.index_select(lv, 0, idx, out=out.view(lv.dtype).view(n, *lv.shape[1:]))
     return out.view(n, per)
 
 
@@ -82,9 +81,16 @@ def scatter_layer(lv: torch.Tensor, blocks: Sequence[int], payload: Buffer) -> N
 
 def write_bytes(out: torch.Tensor, payload: Buffer) -> None:
     """Copy raw bytes (``out``'s shape, row-major) into ``out``: one memcpy when it is a
-    contiguous CPU tensor, else one strided copy."""
+    contiguous CPU tensor, one per slice of its first axis when each is (K and V of a
+    FlashAttention block), else one strided copy."""
     if out.device.type == "cpu" and out.is_contiguous():
         copy_bytes_into(out, payload)
+        return
+    if out.device.type == "cpu" and out.dim() > 1 and out[0].is_contiguous():
+        src = memoryview(payload).cast("B")
+        per = src.nbytes // out.shape[0]
+        for i in range(out.shape[0]):
+            copy_bytes_into(out[i], src[i * per : (i + 1) * per])
         return
     src = tensor_from_bytes(payload, out.dtype, tuple(out.shape))
     out.copy_(src.to(out.device) if out.device.type != "cpu" else src)

@@ -32,7 +32,7 @@ class Kind:
 
     @property
     def kv_layout(self) -> str:
-        return "heads_major" if self.name.endswith("_hnd") else "tokens_major"
+        return "heads_major" if self.name.endswith("hnd") else "tokens_major"
 
     def geometry(self, block_size: int = BS, tp: int = 1, heads: int = H) -> KVGeometry:
         return KVGeometry(L, heads, D, block_size, "float32", tp=tp, layout=self.kv_layout)
@@ -87,6 +87,26 @@ KINDS = [
         True,  # [N, 2, H, L, T, D]
         lambda nl, n, t, h, d, dt: _empty((n, 2, h, nl, t, d), dt),
         lambda c, li, b: c[b, :, :, li].permute(0, 2, 1, 3),  # type: ignore[index]
+    ),
+    Kind(
+        "flash_attn_packed",
+        False,  # vLLM's shape [N, H, T, 2D], bytes [N, T, H, 2D]
+        lambda nl, n, t, h, d, dt: [
+            _empty((n, t, h, 2 * d), dt).transpose(1, 2) for _ in range(nl)
+        ],
+        lambda c, li, b: c[li][b].unflatten(-1, (2, D)).permute(2, 1, 0, 3),  # type: ignore[index]
+    ),
+    Kind(
+        "flash_attn_packed_hnd",
+        False,  # [N, H, T, 2D]
+        lambda nl, n, t, h, d, dt: [_empty((n, h, t, 2 * d), dt) for _ in range(nl)],
+        lambda c, li, b: c[li][b].unflatten(-1, (2, D)).permute(2, 1, 0, 3),  # type: ignore[index]
+    ),
+    Kind(
+        "flash_attn_packed_hnd",
+        True,  # [N, H, L, T, 2D]
+        lambda nl, n, t, h, d, dt: _empty((n, h, nl, t, 2 * d), dt),
+        lambda c, li, b: c[b, :, li].unflatten(-1, (2, D)).permute(2, 1, 0, 3),  # type: ignore[index]
     ),
 ]
 

@@ -59,6 +59,9 @@ def _per_layer(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> li
             "dtype torch.bfloat16",
         ),
         (torch.zeros(N, L + 1, 2, BS, H, D), "flash_attn", True, "4 layers, the geometry has 3"),
+        (_per_layer((N, H, BS, 2 * D + 1)), "flash_attn_packed", False, "packs K and V"),
+        # HND packed bytes ([N, H, T, 2D], contiguous) named NHD packed ([N, T, H, 2D])
+        (_per_layer((N, H, BS, 2 * D)), "flash_attn_packed", False, "lays out bytes as"),
     ],
     ids=[
         "unknown-layout",
@@ -76,6 +79,8 @@ def _per_layer(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> li
         "cross-not-contiguous",
         "cross-dtype",
         "cross-layers",
+        "packed-odd-last-axis",
+        "packed-hnd-as-nhd",
     ],
 )
 def test_bad_caches_are_refused_by_name(
