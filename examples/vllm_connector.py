@@ -3,7 +3,10 @@
 vLLM's v1 KV connector has a scheduler side and a worker side (one per TP rank). This
 example has both, on top of the public API only, without vllm installed: the engines
 around them are a few lines each, holding vLLM's packed per-layer caches
-``[num_blocks, H, block_size, 2*D]`` and per-request block tables.
+``[num_blocks, H, block_size, 2*D]`` and per-request block tables. Each worker registers
+its engine's caches once (``register_kv_caches``, vLLM's ``register_kv_caches``): kvown
+reads and writes the engine's blocks in place, the scheduler's block ids on both sides,
+no kvown pool on either (a block-size change stages one copy during the transfer).
 
 Scheduler side (decode instance):
   ``get_num_new_matched_tokens(req, num_computed)``  the prompt tokens the remote prefill
@@ -11,16 +14,17 @@ Scheduler side (decode instance):
   ``update_state_after_alloc(req, block_ids, n)``   the blocks vLLM allocated for them;
   ``build_connector_meta()``                       what the workers load this step.
 Worker side (prefill ranks: producer; decode rank: consumer):
-  ``save_kv_layer(layer, kv_layer, meta)``  the layer just computed: this rank's heads into
-      its own kvown pools (``vllm_layer_to_blocks``) and out (``Sender.send_layer``);
+  ``save_kv_layer(layer, kv_layer, meta)``  the layer just computed, in the engine's own
+      blocks: out, read in place (``Sender.send_layer``);
   ``get_finished()``                      once per step, every request of the worker at once
-      (``refimpl.api.serve.Progress``: kvown's deadlines; what finished or failed);
+      (``refimpl.api.serve.Progress``: kvown's deadlines; what finished or failed); a
+      finished send's blocks are handed back to the engine (``release``: vLLM frees them);
   ``wait_for_save()``                     until the decode side acknowledged (or failed);
-  ``start_load_kv(meta)``                 ``Receiver.expect`` (room for decoding), watched;
-  ``wait_for_layer_load(layer)``          until the layer landed (``layer_ready``), then
-      into vLLM's cache from the first token not held locally (``blocks_to_vllm_layer``,
-      ``start=``); the last layer also waits for the commit. A step's output counts only
-      once the attempt committed: a failed load gives back every kvown block and the
+  ``start_load_kv(meta)``                 ``Receiver.expect`` with the blocks vLLM allocated
+      and its local prefix hit (``prefix=``: never written), watched;
+  ``wait_for_layer_load(layer)``          until the layer landed in vLLM's own blocks
+      (``layer_ready``); the last layer also waits for the commit. A step's output counts
+      only once the attempt committed: a failed load gives back every block and the
       connector reports the request's blocks as failed (vLLM recomputes them).
 
 The workers run in one process here, so a wait also runs the other workers' loops
@@ -40,8 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from refimpl import KVGeometry, ModelIdentity, Receiver, Sender
-from refimpl.adapters.vllm import blocks_to_vllm_layer, vllm_layer_to_blocks
 from refimpl.api.serve import Progress
+from refimpl.memory import register_kv_caches
 from refimpl.transport import InProcessTransport, Transport
 from spec.manifest import RopeConfig
 
@@ -50,9 +54,9 @@ import torch  # after refimpl: its import filters torch's NumPy-less warning
 
 LAYERS, HEADS, DIM, PROMPT, PREFIX, DEADLINE_S = 3, 4, 8, 37, 16, 30.0
 MODEL = ModelIdentity("example-llama", RopeConfig(10000.0, DIM))
-PREFILL = KVGeometry(LAYERS, HEADS, DIM, 16, "float32", tp=2)  # kvown pools, prefill side
-DECODE = KVGeometry(LAYERS, HEADS, DIM, 16, "float32")  # kvown pools, decode side (same bs:
-# no staging, so each landed layer is already in its target blocks)
+PREFILL = KVGeometry(LAYERS, HEADS, DIM, 16, "float32", tp=2)  # the prefill side's caches
+DECODE = KVGeometry(LAYERS, HEADS, DIM, 8, "float32")  # the decode side's: block size 8
+LAYOUT = "flash_attn_packed_hnd"  # [num_blocks, H, block_size, 2*D], bytes in that order
 OTHERS: list[Callable[[], None]] = []  # the other workers' event loops (one process here)
 
 
@@ -93,39 +97,39 @@ class DecodeScheduler:
 
 # ---------------------------------------------------------------- the worker side
 class ProducerWorker:
-    """One prefill TP rank's worker connector: its heads, its pools, its Sender."""
+    """One prefill TP rank's worker connector: its heads' caches registered, its Sender."""
 
     def __init__(self, rank: int, t: Transport) -> None:
-        self.rank, self.pools = rank, PREFILL.make_rank_pools(rank, 16)
+        self.rank, self.caches = rank, packed_caches(8, HEADS // 2, 16)  # vLLM's, this rank
+        self.pools = register_kv_caches(PREFILL.rank_view(rank), self.caches, LAYOUT)
         self.tx = Sender(self.pools, PREFILL, t, MODEL, rank=rank)
         # kvown's deadline per request; forget=False: this example reads the ends after
         self.progress = Progress(self.tx, timeout_s=DEADLINE_S, forget=False)
-        self.blocks: dict[str, list[int]] = {}
         self.ended: dict[str, str] = {}  # request id -> how its send ended
+        self.freed: dict[str, tuple[int, ...]] = {}  # request id -> blocks handed back
 
-    def start_request(self, req: Request) -> None:  # the request's prefill step begins
+    def start_request(self, req: Request, prefix_blocks: int) -> None:  # its prefill begins
         rid = req.request_id
-        self.blocks[rid] = self.pools.alloc.allocate(rid, PREFILL.blocks_for(len(req.prompt)))
+        self.pools.adopt(rid, req.block_ids)  # the scheduler's blocks, the prefill writes
         self.progress.offer(  # every rank offers the scheduler's attempt number as its epoch
-            rid, req.prompt, blocks=self.blocks[rid], layers=LAYERS, free_source=True, epoch=1
-        )
+            rid, req.prompt, blocks=req.block_ids, layers=LAYERS, epoch=1,
+            prefix_blocks=prefix_blocks,  # held by the decode side already: not sent
+        )  # fmt: skip
 
     def save_kv_layer(self, layer: int, kv_layer: torch.Tensor, meta: list[Request]) -> None:
-        for req in meta:
-            rid = req.request_id
-            n = len(req.prompt)
-            vllm_layer_to_blocks(
-                kv_layer, req.block_ids, n, self.pools, rid, self.blocks[rid], layer
-            )
-            self.tx.send_layer(rid, layer)
+        for req in meta:  # the engine wrote ``kv_layer`` (its cache) in its blocks: send it
+            self.tx.send_layer(req.request_id, layer)
         self.get_finished()
 
     def get_finished(self) -> set[str]:
         """vLLM's ``get_finished()``, once per step: every request of this rank advanced by
-        one ``progress()``; returns those whose send finished (their blocks may be freed)."""
+        one ``progress()``; returns those whose send finished: their blocks go back to the
+        engine (``release``; vLLM's delayed free), as do a failed send's."""
         step = self.progress.progress()
         self.ended.update({rid: "done" for rid in step.finished_sending})
         self.ended.update({f.request_id: f.state.value for f in step.failed})
+        for rid in [*step.finished_sending, *(f.request_id for f in step.failed)]:
+            self.freed[rid] = self.pools.release(rid)
         return set(step.finished_sending)
 
     def wait_for_save(self, meta: list[Request], deadline: float) -> dict[str, str]:
@@ -136,10 +140,10 @@ class ProducerWorker:
 
 
 class ConsumerWorker:
-    """The decode rank's worker connector: its Receiver, vLLM's caches."""
+    """The decode rank's worker connector: vLLM's caches registered, its Receiver."""
 
     def __init__(self, t: Transport, caches: list[torch.Tensor]) -> None:
-        self.pools, self.caches = DECODE.make_pools(32), caches
+        self.pools, self.caches = register_kv_caches(DECODE, caches, LAYOUT), caches
         self.rx = Receiver(self.pools, DECODE, t, MODEL)
         self.progress = Progress(self.rx, timeout_s=DEADLINE_S, forget=False)
         self.meta: dict[str, tuple[Request, int]] = {}
@@ -148,8 +152,12 @@ class ConsumerWorker:
 
     def start_load_kv(self, meta: dict[str, tuple[Request, int]]) -> None:
         self.meta = meta
-        for rid in meta:
-            self.progress.expect(rid, decode_room=8)
+        for rid, (req, held) in meta.items():
+            hit = req.block_ids[: held // DECODE.block_size]  # vLLM's local prefix hit
+            self.pools.adopt(f"{rid}#prefix", hit)  # valid KV here: kvown never writes it
+            self.progress.expect(
+                rid, prefix=hit, prefix_tokens=req.prompt[:held], blocks=req.block_ids[len(hit) :]
+            )
 
     def get_finished(self) -> set[str]:
         """vLLM's ``get_finished()``: one ``progress()`` for every request being loaded;
@@ -162,7 +170,7 @@ class ConsumerWorker:
 
     def wait_for_layer_load(self, layer: int, deadline: float) -> None:
         last = layer == LAYERS - 1
-        for rid, (req, held) in self.meta.items():
+        for rid in self.meta:
             while time.monotonic() < deadline and rid not in {*self.committed, *self.failed}:
                 if self.rx.layer_ready(rid, layer) and not last:
                     break
@@ -170,17 +178,7 @@ class ConsumerWorker:
                 others()
             if not self.rx.layer_ready(rid, layer) or rid in self.failed:
                 self.failed.add(rid)  # vLLM: these blocks failed to load; recompute
-                continue
-            blocks = self.committed.get(rid) or self.rx.held()[rid]
-            blocks_to_vllm_layer(
-                self.pools,
-                blocks,
-                len(req.prompt),
-                self.caches[layer],
-                req.block_ids,
-                layer,
-                start=held,
-            )
+            # else: the layer is in vLLM's own blocks already (no copy out of kvown)
 
 
 # ---------------------------------------------------------------- the engines around them
@@ -212,12 +210,12 @@ def run(*, corrupt: bool = False) -> dict[str, object]:
     pre_tables = [[4, 1, 6], [0, 2, 5]]
     OTHERS[:] = [lambda: [p.get_finished() for p in producers]]
     OTHERS.append(consumer.get_finished)
-    for p in producers:
-        p.start_request(Request(req.request_id, req.prompt))
+    for r, p in enumerate(producers):
+        p.start_request(Request(req.request_id, req.prompt, pre_tables[r]), PREFIX // 16)
     deadline = time.monotonic() + 30
     for layer in range(LAYERS):  # the prefill forward, one layer at a time, on both ranks
         for r, p in enumerate(producers):
-            cache = packed_caches(8, h, 16)[layer]
+            cache = p.caches[layer]  # the engine writes the layer into its own blocks
             _write_tokens(cache, pre_tables[r], kv[layer, :, r * h : (r + 1) * h])
             p.save_kv_layer(layer, cache, [Request(req.request_id, req.prompt, pre_tables[r])])
         consumer.wait_for_layer_load(layer, deadline)  # the decode side's forward, overlapped
@@ -230,11 +228,14 @@ def run(*, corrupt: bool = False) -> dict[str, object]:
         "prefix_untouched": bool(torch.equal(got[:, :, :, :PREFIX], prefix_kv)),
         "failed": sorted(consumer.failed),
         "kvown_blocks": [_held(consumer.pools.alloc), *(_held(p.pools.alloc) for p in producers)],
+        "freeable": list(consumer.pools.freeable(req.request_id)),  # the request's, to vLLM
+        "released": [list(p.freed.get(req.request_id, ())) for p in producers],
     }
 
 
 def _held(alloc: object) -> dict[str, int]:
-    """kvown blocks in each non-free status (decode side first, then each prefill rank)."""
+    """The engine's blocks kvown records, per status but free (decode side first, then
+    each prefill rank)."""
     return {k: v for k, v in alloc.counts().items() if k != "free" and v}  # type: ignore[attr-defined]
 
 

@@ -65,6 +65,10 @@ class BlockAllocator:
             raise ValueError(f"unknown guards {sorted(unknown)}; known: {GUARDS}")
         self.capacity = capacity
         self._free: deque[int] = deque(range(capacity))  # allocation order: left first
+        # ids taken by id (an engine's scheduler chose them) still in ``_free``: skipped
+        # when popped, dropped by ``_compact`` (a block's stale entries precede its live one)
+        self._stale: Counter[int] = Counter()
+        self._nstale = 0
         self._status = [BlockStatus.FREE] * capacity
         self._refcount = [0] * capacity
         self._owner: list[str | None] = [None] * capacity  # the one writer, while held
@@ -78,10 +82,20 @@ class BlockAllocator:
     # ------------------------------------------------------------ queries
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) - self._nstale
 
     def can_allocate(self, n: int) -> bool:
-        return 0 <= n <= len(self._free)
+        return 0 <= n <= self.num_free
+
+    def free_list(self) -> list[int]:
+        """The free blocks in allocation order (O(capacity))."""
+        skip, out = Counter(self._stale), []
+        for b in self._free:
+            if skip[b]:
+                skip[b] -= 1
+            else:
+                out.append(b)
+        return out
 
     def blocks_of(self, holder: str) -> tuple[int, ...]:
         return tuple(self._tables.get(holder, ()))
@@ -137,14 +151,68 @@ class BlockAllocator:
         """Take ``n`` free blocks as RESERVED destinations of attempt ``epoch``."""
         return self._take(owner, n, epoch, BlockStatus.RESERVED)
 
+    def allocate_ids(self, owner: str, ids: Iterable[int], *, epoch: int = 0) -> list[int]:
+        """``allocate`` of the given free blocks (an engine's scheduler chose the ids)."""
+        return self._take_ids(owner, list(ids), epoch, BlockStatus.OWNED)
+
+    def reserve_ids(self, owner: str, ids: Iterable[int], *, epoch: int) -> list[int]:
+        """``reserve`` of the given free blocks (an engine's scheduler chose the ids)."""
+        return self._take_ids(owner, list(ids), epoch, BlockStatus.RESERVED)
+
+    def check_ids(self, ids: Iterable[object], what: str = "block ids") -> list[int]:
+        """``ids`` as a list, or ValueError naming each one that is not an id of this
+        table (not an int, out of range) and each duplicate."""
+        ids = list(ids)
+        bad = [b for b in ids if type(b) is not int or not 0 <= b < self.capacity]
+        if bad:
+            raise ValueError(f"{what}: {bad!r:.200} not block ids 0..{self.capacity - 1}")
+        dups = sorted(b for b, k in Counter(ids).items() if k > 1)  # type: ignore[type-var]
+        if dups:
+            raise ValueError(f"{what}: {dups!r:.200} given twice")
+        return ids  # type: ignore[return-value]
+
+    def _take_ids(self, owner: str, ids: list[int], epoch: int, status: BlockStatus) -> list[int]:
+        if epoch < 0:
+            raise ValueError(f"epoch={epoch} must be >= 0")
+        self.check_ids(ids, f"{owner!r}'s block ids")
+        if busy := [b for b in ids if self._status[b] is not BlockStatus.FREE]:
+            raise InUseError(
+                f"{owner!r} takes blocks {busy} that are not free here: "
+                + ", ".join(f"{b} {self._status[b].value} by {self._owner[b]!r}" for b in busy)
+            )
+        self._stale.update(ids)  # O(len(ids)): their free-list entries go stale
+        self._nstale += len(ids)
+        if self._nstale > max(64, len(self._free) // 2):
+            self._compact()
+        return self._hold(owner, ids, epoch, status)
+
+    def _compact(self) -> None:
+        self._free = deque(self.free_list())
+        self._stale.clear()
+        self._nstale = 0
+
+    def _pop_free(self) -> int:
+        while True:
+            b = self._free.popleft()
+            k = self._stale.get(b, 0)
+            if not k:
+                return b
+            self._nstale -= 1  # a stale entry: the block was taken by id since
+            if k == 1:
+                del self._stale[b]
+            else:
+                self._stale[b] = k - 1
+
     def _take(self, owner: str, n: int, epoch: int, status: BlockStatus) -> list[int]:
         if n < 0 or epoch < 0:
             raise ValueError(f"n={n} and epoch={epoch} must be >= 0")
         if not self.can_allocate(n):
             raise CapacityError(
-                f"{owner!r} asks for {n} blocks, {len(self._free)} free of {self.capacity}"
+                f"{owner!r} asks for {n} blocks, {self.num_free} free of {self.capacity}"
             )
-        got = [self._free.popleft() for _ in range(n)]
+        return self._hold(owner, [self._pop_free() for _ in range(n)], epoch, status)
+
+    def _hold(self, owner: str, got: list[int], epoch: int, status: BlockStatus) -> list[int]:
         for b in got:
             self._status[b], self._refcount[b] = status, 1
             self._owner[b], self._epoch[b] = owner, epoch
@@ -257,9 +325,10 @@ class BlockAllocator:
         problems: list[str] = []
         if sum(counts.values()) != self.capacity:
             problems.append("statuses do not partition the capacity")
-        if len(self._free) != len(set(self._free)):
-            problems.append(f"free list has duplicates: {sorted(self._free)}")
-        if set(self._free) != {b for b, s in enumerate(self._status) if s is BlockStatus.FREE}:
+        free = self.free_list()
+        if len(free) != len(set(free)) or len(free) != self.num_free:
+            problems.append(f"free list has duplicates: {sorted(free)}")
+        if set(free) != {b for b, s in enumerate(self._status) if s is BlockStatus.FREE}:
             problems.append("free list != blocks in status free")
         if set(self._quarantine) != {
             b for b, s in enumerate(self._status) if s is BlockStatus.QUARANTINED
@@ -278,7 +347,7 @@ class BlockAllocator:
             raise IntegrityError(
                 f"capacity={self.capacity} free={counts['free']} reserved={counts['reserved']} "
                 f"owned={counts['owned']} quarantined={counts['quarantined']} "
-                f"sum={sum(counts.values())} free_list={len(self._free)} "
+                f"sum={sum(counts.values())} free_list={len(free)} "
                 f"table_refs={sum(in_tables.values())} "
                 f"refcount_sum={sum(self._refcount)}: " + "; ".join(problems)
             )

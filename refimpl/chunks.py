@@ -19,9 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
-from refimpl.checksum import block_checksum, bytes_checksum
+from refimpl.checksum import bytes_checksum
 from refimpl.errors import ChunkError
 from refimpl.pool import KVPool
 from refimpl.transport import Transport
@@ -92,13 +90,13 @@ def release(pool: KVPool, snap: Snapshot) -> list[int]:
 
 
 class CanonicalSource(Protocol):
-    """Pools that can say whether one rank's block is the canonical block, and gather the
+    """Pools that can say whether one rank's block is the canonical block, and hash the
     canonical blocks otherwise (``refimpl.engine.data.RankPools``)."""
 
     @property
     def canonical(self) -> bool: ...
 
-    def gather(self, block_ids: Sequence[int]) -> torch.Tensor: ...
+    def checksums(self, block_ids: Sequence[int]) -> list[str]: ...
 
 
 def manifest_checksums(
@@ -110,7 +108,7 @@ def manifest_checksums(
     (``pools.canonical``) they are the manifest's, and nothing is hashed again."""
     if pools.canonical:
         return tuple(rank_sums)
-    return tuple(block_checksum(full) for full in pools.gather(list(blocks)))
+    return tuple(pools.checksums(list(blocks)))
 
 
 def build_manifest(

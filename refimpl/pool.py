@@ -23,6 +23,8 @@ import torch
 from refimpl.blocks import BlockAllocator
 from refimpl.checksum import Buffer, byte_view, copy_bytes_into, tensor_from_bytes
 from refimpl.errors import ChunkError
+from refimpl.memory.interface import BlockMemory
+from refimpl.memory.views import write_bytes
 from spec.manifest import LocalConfig, Manifest
 from spec.shardmap import LAYOUTS
 
@@ -97,8 +99,23 @@ class PoolGeometry:
         )
 
 
-class KVPool:
-    """Blocks of KV at one location; ``allocator`` says who holds each block."""
+def check_block_source(g: PoolGeometry, src_g: PoolGeometry, nbytes: int) -> None:
+    """Refuse a block's bytes of another shape than ``g`` (only the layout may differ)."""
+    if (
+        src_g.num_layers,
+        src_g.num_fields,
+        src_g.kv_heads,
+        src_g.block_size,
+        src_g.head_dim,
+        src_g.dtype,
+    ) != (g.num_layers, g.num_fields, g.kv_heads, g.block_size, g.head_dim, g.dtype):
+        raise ChunkError(f"chunk geometry {src_g} does not match pool {g}; reshard first")
+    if nbytes != g.block_bytes:
+        raise ChunkError(f"chunk of {nbytes} bytes for a {g.block_bytes}-byte block")
+
+
+class KVPool(BlockMemory):
+    """Blocks of KV at one location, in a tensor of kvown's (``BlockMemory``)."""
 
     def __init__(
         self,
@@ -112,7 +129,7 @@ class KVPool:
         self.geometry = geometry
         self.device = torch.device(device)
         # kv: [capacity, *geometry.block_shape]; zeros so unwritten pages are recognisable
-        self.kv = torch.zeros(
+        self._kv = torch.zeros(
             (capacity, *geometry.block_shape),
             dtype=geometry.dtype,
             device=self.device,
@@ -139,6 +156,16 @@ class KVPool:
     @property
     def capacity(self) -> int:
         return self.allocator.capacity
+
+    @property
+    def kv(self) -> torch.Tensor:
+        return self._kv
+
+    def layer(self, layer: int) -> torch.Tensor:
+        return self._kv.select(1, layer)
+
+    def clear(self) -> None:
+        self._kv.zero_()
 
     # ------------------------------------------------------------ reads (no checks)
     def block(self, b: int) -> torch.Tensor:
@@ -191,17 +218,7 @@ class KVPool:
         the fly (heads_major <-> tokens_major). Other differences are refused here.
         """
         g, src_g = self.geometry, src_geometry or self.geometry
-        if (
-            src_g.num_layers,
-            src_g.num_fields,
-            src_g.kv_heads,
-            src_g.block_size,
-            src_g.head_dim,
-            src_g.dtype,
-        ) != (g.num_layers, g.num_fields, g.kv_heads, g.block_size, g.head_dim, g.dtype):
-            raise ChunkError(f"chunk geometry {src_g} does not match pool {g}; reshard first")
-        if len(data) != g.block_bytes:
-            raise ChunkError(f"chunk of {len(data)} bytes for a {g.block_bytes}-byte block")
+        check_block_source(g, src_g, len(data))
         self.allocator.check_write(holder, [b])
         if self.device.type == "cpu" and src_g.layout == g.layout:
             # One single-threaded memcpy: a per-block torch copy_ forks and joins its
@@ -212,6 +229,9 @@ class KVPool:
         if src_g.layout != g.layout:
             src = src.transpose(2, 3)  # swap the heads and slots axes
         self.kv[b].copy_(src)
+
+    def write_raw(self, b: int, payload: Buffer) -> None:
+        write_bytes(self._kv[b], payload)
 
 
 def _runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -226,7 +246,11 @@ def _runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> list[tuple[int, int
 
 
 def copy_blocks(
-    src: KVPool, src_ids: Sequence[int], dst: KVPool, dst_ids: Sequence[int], holder: str
+    src: BlockMemory,
+    src_ids: Sequence[int],
+    dst: BlockMemory,
+    dst_ids: Sequence[int],
+    holder: str,
 ) -> None:
     """Copy blocks pool to pool (offload D2H, reload H2D): one ``copy_`` per run of ids.
 

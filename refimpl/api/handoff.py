@@ -43,6 +43,7 @@ def handoff(
     free_source: bool = True,
     max_idle_rounds: int = 1,
     layered: bool = False,
+    dst_blocks: Sequence[int] | None = None,
 ) -> HandoffResult:
     """Move ``request_id``'s KV (``token_ids``, held in ``blocks`` at the sender).
 
@@ -55,13 +56,20 @@ def handoff(
     request's blocks once the receiver acknowledged. ``layered``: the layer-by-layer
     conversation (``offer(..., layers=L)``, every layer already computed: one chunk per
     (rank, layer), each rank's blocks checked against its seal as they land).
+    ``dst_blocks``: the receiver's blocks, chosen by its engine (registered memory).
     Raises the refusal or failure after both ends gave back everything they held.
     """
     rx_bs, tx_bs = receiver.geometry.block_size, sender.geometry.block_size
     if len(prefix) * rx_bs % tx_bs:
         raise ValueError(f"a prefix of {len(prefix)} x {rx_bs} tokens is not whole {tx_bs}-blocks")
     receiver.forget(request_id)
-    receiver.expect(request_id, decode_room=decode_room, prefix=prefix, prefix_tokens=prefix_tokens)
+    receiver.expect(
+        request_id,
+        decode_room=decode_room,
+        prefix=prefix,
+        prefix_tokens=prefix_tokens,
+        blocks=dst_blocks,
+    )
     sender.offer(
         request_id,
         token_ids,

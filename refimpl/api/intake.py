@@ -48,6 +48,7 @@ class Expect:
     decode_room: int = 0  # tokens of room to reserve after the prompt
     prefix: tuple[int, ...] = ()  # blocks held here (own block size) that are not sent
     prefix_tokens: tuple[int, ...] = ()  # the token ids whose KV those blocks hold
+    blocks: tuple[int, ...] | None = None  # the engine's destination blocks (registered)
 
 
 @dataclass
@@ -209,7 +210,15 @@ def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Att
     alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
     staging = None
     try:
-        own = alloc.reserve(rid, max(0, need), epoch=m.epoch)
+        if ex.blocks is None:
+            own = alloc.reserve(rid, max(0, need), epoch=m.epoch)
+        elif len(ex.blocks) < need:
+            raise CapacityError(
+                f"{rid!r}: {len(ex.blocks)} destination blocks given for {m.num_tokens} "
+                f"tokens ({need} blocks of {g.block_size} after the prefix)"
+            )
+        else:  # the scheduler's blocks, every one reserved for this attempt
+            own = alloc.reserve_ids(rid, ex.blocks, epoch=m.epoch)
         in_use = rx.staged_bytes()  # every live attempt's staging, in total
         if stage and staged + in_use > rx.pool_bytes:  # checked before anything is allocated
             raise CapacityError(

@@ -28,9 +28,10 @@ import torch
 import xxhash
 
 from refimpl.api.wire import SEAL as SEAL
-from refimpl.checksum import Buffer, copy_bytes_into, tensor_from_bytes, writable_byte_view
+from refimpl.checksum import Buffer, tensor_from_bytes
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChecksumError, ChunkError
+from refimpl.memory.views import scatter_layer, write_bytes
 from refimpl.pool import PoolGeometry
 from spec import shardmap as sm
 
@@ -127,13 +128,13 @@ def land_layer(
     (``land_shard`` for one layer: heads resharded, axes permuted to this side's)."""
     whole = slice(0, dst.geometry.kv_heads)
     if len(pieces) == 1 and src_geometry == dst.geometry and pieces[0].src_slice == whole:
-        write_bytes(dst.pools[pieces[0].dst_rank].kv[b][layer], payload)
+        write_bytes(dst.pools[pieces[0].dst_rank].layer(layer)[b], payload)
         return
     shard = tensor_from_bytes(payload, src_geometry.dtype, src_geometry.block_shape[1:])
     perm = sm.layout_permutation(src_geometry.layout, sm.LAYOUTS[0])
     shard = shard.permute([p - 1 for p in perm[1:]])  # [fields, heads, slots, dim]
     for pc in pieces:
-        view = dst.hm_block(pc.dst_rank, b)[layer]
+        view = dst.hm_layer(pc.dst_rank, layer, b)
         view[:, pc.dst_slice].copy_(shard[:, pc.src_slice])
 
 
@@ -150,7 +151,7 @@ def land_layer_blocks(
     else block by block."""
     whole = slice(0, dst.geometry.kv_heads)
     if len(pieces) == 1 and src_geometry == dst.geometry and pieces[0].src_slice == whole:
-        write_layer_blocks(dst.pools[pieces[0].dst_rank].kv, layer, blocks, payload)
+        scatter_layer(dst.pools[pieces[0].dst_rank].layer(layer), blocks, payload)
         return
     view, per = memoryview(payload).cast("B"), src_geometry.block_bytes // src_geometry.num_layers
     for j, b in enumerate(blocks):
@@ -162,25 +163,4 @@ def write_layer_blocks(
 ) -> None:
     """Layer ``layer`` of ``blocks`` of a pool's ``kv`` from their bytes in block order
     (the pool's own layout): one memcpy per block on CPU, one indexed copy elsewhere."""
-    src = memoryview(payload).cast("B")
-    per = src.nbytes // max(1, len(blocks))
-    if kv.device.type == "cpu":
-        dst, stride = writable_byte_view(kv), kv[0].numel() * kv.element_size()
-        for j, b in enumerate(blocks):
-            at = b * stride + layer * per
-            dst[at : at + per] = src[j * per : (j + 1) * per]
-        return
-    raw = kv.view(kv.shape[0], kv.shape[1], -1).view(torch.uint8)
-    idx = torch.as_tensor(list(blocks), dtype=torch.long, device=kv.device)
-    data = tensor_from_bytes(payload, torch.uint8, (len(blocks), per)).to(kv.device)
-    raw.select(1, layer).index_copy_(0, idx, data)
-
-
-def write_bytes(out: torch.Tensor, payload: Buffer) -> None:
-    """Copy raw bytes into a contiguous tensor (one memcpy on CPU)."""
-    if out.device.type == "cpu":
-        copy_bytes_into(out, payload)
-    else:
-        out.view(-1).view(torch.uint8).copy_(
-            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        )
+    scatter_layer(kv.select(1, layer), blocks, payload)

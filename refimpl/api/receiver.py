@@ -51,7 +51,6 @@ from refimpl.api.switches import (
 )
 from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, Incarnated, State, channels
-from refimpl.checksum import block_checksum
 from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
@@ -199,18 +198,27 @@ class Receiver(ChunkIntake, Incarnated):
         decode_room: int = 0,
         prefix: Sequence[int] = (),
         prefix_tokens: Sequence[int] | None = None,
+        blocks: Sequence[int] | None = None,
     ) -> None:
         """Decode room to reserve, and the prefix blocks held here with the token ids whose
-        KV they hold (whole blocks); a manifest whose first tokens differ is refused."""
+        KV they hold (whole blocks); a manifest whose first tokens differ is refused.
+        ``blocks``: the destination blocks the engine's scheduler allocated (registered
+        memory, ``refimpl.memory``), reserved at the manifest in place of ``decode_room``:
+        enough for the tokens after the prefix, else the manifest is refused."""
         if type(decode_room) is not int or decode_room < 0:
             raise ValueError(f"decode_room={decode_room!r} must be an int >= 0")
+        if blocks is not None:  # checked now: the manifest's answer must not be a surprise
+            blocks = self.pools.alloc.check_ids(blocks, f"{request_id!r}: blocks")
+            if both := sorted(set(blocks) & set(prefix)):
+                raise ValueError(f"{request_id!r}: blocks {both} are prefix blocks too")
         tokens = () if prefix_tokens is None else tuple(prefix_tokens)
         if len(tokens) != len(prefix) * self.geometry.block_size:  # which KV the prefix holds
             raise ValueError(
                 f"{request_id!r}: prefix_tokens: {len(tokens)} token ids for {len(prefix)} "
                 f"blocks of {self.geometry.block_size} held here"
             )
-        self._expect[request_id] = Expect(decode_room, tuple(prefix), tokens)
+        given = None if blocks is None else tuple(blocks)
+        self._expect[request_id] = Expect(decode_room, tuple(prefix), tokens, given)
 
     def poll(self, request_id: str) -> int:
         """Handle every message that arrived; returns the number read."""
@@ -313,11 +321,13 @@ class Receiver(ChunkIntake, Incarnated):
             todo = [i for i in m.sent_blocks if i not in a.verified]
             if a.staging is not None:
                 ids = a.staging.alloc.blocks_of(rid)
-                full = a.staging.gather([ids[i - m.prefix_blocks] for i in todo])
+                sums = a.staging.checksums([ids[i - m.prefix_blocks] for i in todo])
             else:
-                full = self.pools.gather([a.target[a.prefix + i - m.prefix_blocks] for i in todo])
-            for i, blk in zip(todo, full, strict=True):
-                got, want = block_checksum(blk), m.block_checksums[i - m.prefix_blocks]
+                sums = self.pools.checksums(
+                    [a.target[a.prefix + i - m.prefix_blocks] for i in todo]
+                )
+            for i, got in zip(todo, sums, strict=True):
+                want = m.block_checksums[i - m.prefix_blocks]
                 if got != want:
                     raise ChecksumError(
                         f"block {i}: bytes hash to {got}, not the manifest's checksum {want}"

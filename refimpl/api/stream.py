@@ -34,6 +34,7 @@ from refimpl.checksum import byte_view, bytes_checksum
 from refimpl.chunks import Snapshot, build_manifest
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChunkError
+from refimpl.memory.views import gather_layer, piece_bytes
 from refimpl.transport import Transport
 from spec.manifest import LocalConfig, Manifest
 
@@ -95,15 +96,13 @@ class Stream:
             return  # nothing sent (a prefix covers every block): no chunk, only the seals
         idx = torch.as_tensor(self.blocks, dtype=torch.long)
         for r, pool in ranks:
-            kv = pools.pools[pool].kv  # [capacity, layers, ...]: a layer's bytes as uint8
-            raw = kv.view(kv.shape[0], kv.shape[1], -1).view(torch.uint8)  # (a fast gather)
-            layer_raw = raw.select(1, layer)  # this layer only
-            if kv.device.type == "cpu":
-                t = self.buffers.take(len(self.blocks) * layer_raw.shape[1])
-                torch.index_select(layer_raw, 0, idx, out=t.view(len(self.blocks), -1))
+            lv = pools.pools[pool].layer(layer)  # this layer of every block (a view)
+            if lv.device.type == "cpu":
+                t = self.buffers.take(len(self.blocks) * piece_bytes(lv))
+                gather_layer(lv, idx, out=t)
                 self.taken.append(t)
             else:
-                t = layer_raw.index_select(0, idx.to(kv.device)).cpu()
+                t = gather_layer(lv, idx).cpu()
             payload = byte_view(t)  # the copy, kept until the attempt ends
             n, per = len(self.blocks), payload.nbytes // len(self.blocks)
             for j in range(n):

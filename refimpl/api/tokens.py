@@ -30,10 +30,10 @@ def _runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _hm(pools: RankPools, rank: int, b0: int, n: int) -> torch.Tensor:
-    """Blocks [b0, b0+n) of one rank as heads_major [n, layers, fields, h, bs, D] (a view)."""
-    perm = (0, *(p + 1 for p in pools.to_hm))
-    return pools.pools[rank].kv[b0 : b0 + n].permute(perm)
+def _hm(pools: RankPools, rank: int, layer: int, b0: int, n: int) -> torch.Tensor:
+    """Layer ``layer`` of blocks [b0, b0+n) of one rank as heads_major [n, fields, h, bs,
+    D] (a view of the rank's memory, whichever ``BlockMemory`` it is)."""
+    return pools.pools[rank].layer(layer)[b0 : b0 + n].permute(pools.to_hm)
 
 
 def _check_tokens(pools: RankPools, blocks: Sequence[int], num_tokens: int) -> None:
@@ -96,19 +96,19 @@ def _write(
     for j0, b0, n in _runs(blocks[:full]):
         for r in range(pools.tp):
             h = pools.heads[r]
-            dst = _hm(pools, r, b0, n)  # [n, L, F, h, bs, D]
             for li, layer in items:
+                dst = _hm(pools, r, li, b0, n)  # [n, F, h, bs, D]
                 for fi, t in enumerate(layer):
                     src = t[h.start : h.stop, j0 * bs : (j0 + n) * bs]  # [h, n*bs, D]
-                    dst[:, li, fi].copy_(src.reshape(len(h), n, bs, -1).transpose(0, 1))
+                    dst[:, fi].copy_(src.reshape(len(h), n, bs, -1).transpose(0, 1))
     tail = n_tok - full * bs
     if tail:
         for r in range(pools.tp):
             h = pools.heads[r]
-            dst = _hm(pools, r, blocks[full], 1)[0]  # [L, F, h, bs, D]
             for li, layer in items:
+                dst = _hm(pools, r, li, blocks[full], 1)[0]  # [F, h, bs, D]
                 for fi, t in enumerate(layer):
-                    dst[li, fi, :, :tail].copy_(t[h.start : h.stop, full * bs :])
+                    dst[fi, :, :tail].copy_(t[h.start : h.stop, full * bs :])
 
 
 def read_kv(
@@ -120,7 +120,7 @@ def read_kv(
     _check_tokens(pools, blocks, num_tokens)
     if layer is not None and (type(layer) is not int or not 0 <= layer < g.num_layers):
         raise ValueError(f"layer {layer!r}; layers 0..{g.num_layers - 1}")
-    ls = slice(None) if layer is None else slice(layer, layer + 1)
+    ls = range(g.num_layers) if layer is None else [layer]
     out = torch.empty(
         (
             g.num_layers if layer is None else 1,
@@ -135,12 +135,13 @@ def read_kv(
     bs, full = g.block_size, num_tokens // g.block_size
     for r in pools.primaries:
         h = pools.heads[r]
-        for j0, b0, n in _runs(blocks[:full]):
-            src = _hm(pools, r, b0, n).permute(1, 2, 3, 0, 4, 5)[ls]  # [L, F, h, n, bs, D]
-            dst = out[:, :, h.start : h.stop, j0 * bs : (j0 + n) * bs]
-            dst.view(*dst.shape[:3], n, bs, g.head_dim).copy_(src)  # a view: splits T
-        tail = num_tokens - full * bs
-        if tail:
-            src = _hm(pools, r, blocks[full], 1)[0][ls]  # [L, F, h, bs, D]
-            out[:, :, h.start : h.stop, full * bs :].copy_(src[:, :, :, :tail])
+        for k, li in enumerate(ls):
+            for j0, b0, n in _runs(blocks[:full]):
+                src = _hm(pools, r, li, b0, n).permute(1, 2, 0, 3, 4)  # [F, h, n, bs, D]
+                dst = out[k, :, h.start : h.stop, j0 * bs : (j0 + n) * bs]
+                dst.view(*dst.shape[:2], n, bs, g.head_dim).copy_(src)  # a view: splits T
+            tail = num_tokens - full * bs
+            if tail:
+                src = _hm(pools, r, li, blocks[full], 1)[0]  # [F, h, bs, D]
+                out[k, :, h.start : h.stop, full * bs :].copy_(src[:, :, :tail])
     return out if layer is None else out[0]

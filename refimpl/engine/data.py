@@ -22,7 +22,8 @@ import torch
 import xxhash
 
 from refimpl.blocks import BlockAllocator
-from refimpl.checksum import Buffer, block_checksum, copy_bytes_into, tensor_from_bytes
+from refimpl.checksum import Buffer, block_checksum, byte_view, tensor_from_bytes
+from refimpl.memory.interface import BlockMemory
 from refimpl.pool import TORCH_DTYPES, KVPool, PoolGeometry
 from spec import shardmap as sm
 from spec.manifest import Manifest
@@ -53,7 +54,10 @@ def token_chain(tokens: Sequence[int], block_size: int) -> list[str]:
 
 
 class RankPools:
-    """One worker's (or tier's) pools, one per TP rank, sharing one block table."""
+    """One worker's (or tier's) pools, one per TP rank, sharing one block table.
+
+    ``memory``: the ranks' memories when not kvown's own pools (an engine's registered
+    caches, ``refimpl.memory.register_kv_caches``); ``table``: the block table's class."""
 
     def __init__(
         self,
@@ -65,13 +69,16 @@ class RankPools:
         host: bool = False,
         device: str | None = None,
         disabled_guards: Iterable[str] = (),
+        memory: Sequence[BlockMemory] | None = None,
+        table: type[BlockAllocator] = BlockAllocator,
     ) -> None:
         self.tp, self.kv_heads, self.geometry = tp, kv_heads, geometry
-        self.guards = frozenset(disabled_guards)
+        self.guards, self._table = frozenset(disabled_guards), table
         self.heads = [sm.tp_heads(kv_heads, tp, r) for r in range(tp)]
         self.primaries = [r for r in range(tp) if sm.tp_is_primary(kv_heads, tp, r)]
-        self.pools: list[KVPool] = []
-        for _ in range(tp):
+        self.pools: list[BlockMemory] = list(memory or ())
+        for _ in range(tp if memory is None else 0):
+            pool: BlockMemory
             if device is not None:
                 pool = KVPool(capacity, geometry, device=device, pin_memory=False)
             elif host:
@@ -84,11 +91,12 @@ class RankPools:
         self.to_hm = sm.layout_permutation(geometry.layout, HEADS_MAJOR)
 
     def reset(self) -> None:
-        """Forget every block (a crash): one fresh allocator, zeroed memory."""
-        self.alloc = BlockAllocator(self.pools[0].capacity, disabled_guards=self.guards)
+        """Forget every block (a crash): one fresh allocator, zeroed memory (kvown's own;
+        an engine's registered memory is left as it is)."""
+        self.alloc = self._table(self.pools[0].capacity, disabled_guards=self.guards)
         for pool in self.pools:
             pool.allocator = self.alloc  # one block table for all TP ranks
-            pool.kv.zero_()
+            pool.clear()
 
     @property
     def canonical(self) -> bool:
@@ -103,6 +111,10 @@ class RankPools:
         """View of block ``b`` on ``rank`` as heads_major [layers, 2, h, bs, head_dim]."""
         return self.pools[rank].kv[b].permute(self.to_hm)
 
+    def hm_layer(self, rank: int, layer: int, b: int) -> torch.Tensor:
+        """View of layer ``layer`` of block ``b`` on ``rank``: [2, h, bs, head_dim]."""
+        return self.pools[rank].layer(layer)[b].permute([p - 1 for p in self.to_hm[1:]])
+
     def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
         """A copy of the full replica: [n, layers, 2, H, bs, head_dim] on CPU."""
         g = self.geometry
@@ -112,19 +124,48 @@ class RankPools:
         )
         if not block_ids:
             return out
-        idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.device)
         perm = (0, *(p + 1 for p in self.to_hm))
         for r in self.primaries:
             h = self.heads[r]
-            out[:, :, :, h.start : h.stop] = self.pools[r].kv[idx].permute(perm).cpu()
+            if self.device.type != "cpu":  # one batched read, one D2H copy
+                out[:, :, :, h.start : h.stop] = (
+                    self.pools[r].read_blocks(block_ids).permute(perm).cpu()
+                )
+                continue
+            for k, b in enumerate(block_ids):  # straight from the views: one copy
+                for li in range(g.num_layers):
+                    out[k, li, :, h.start : h.stop].copy_(self.hm_layer(r, li, b))
         return out
 
     def block_checksum(self, b: int) -> str:
-        """xxh3 of block ``b`` as one full heads_major block (the manifest's checksum);
-        hashed in place when one rank already holds it in that layout."""
-        if self.canonical:
-            return block_checksum(self.pools[0].kv[b])
-        return block_checksum(self.gather([b])[0])
+        """xxh3 of block ``b`` as one full heads_major block (the manifest's checksum)."""
+        return self.checksums([b])[0]
+
+    def checksums(self, block_ids: Sequence[int]) -> list[str]:
+        """The manifest's checksum of each block: xxh3 of the full heads_major block,
+        hashed in place when one rank already holds it in that layout, else layer by
+        layer on CPU (xxh3 streams: the same digest) through one reused buffer of a
+        layer of the blocks, gathered in one copy per layer and rank (no fresh copy of
+        whole blocks: a fresh buffer's first touch costs more than the copy)."""
+        if self.canonical and self.device.type == "cpu":
+            return [block_checksum(self.pools[0].block(b)) for b in block_ids]
+        if self.device.type != "cpu" or not block_ids:
+            return [block_checksum(full) for full in self.gather(block_ids)]
+        g, n = self.geometry, len(block_ids)
+        buf = torch.empty((n, g.num_fields, self.kv_heads, g.block_size, g.head_dim), dtype=g.dtype)
+        raw, per = byte_view(buf), buf[0].numel() * buf.element_size()
+        idx = torch.as_tensor(list(block_ids), dtype=torch.long)
+        hashes = [xxhash.xxh3_64() for _ in block_ids]
+        for li in range(g.num_layers):
+            for r in self.primaries:
+                hs, lv = self.heads[r], self.pools[r].layer(li).permute(self.to_hm)
+                if len(self.primaries) == 1:
+                    torch.index_select(lv, 0, idx, out=buf)
+                else:
+                    buf[:, :, hs.start : hs.stop] = lv.index_select(0, idx)
+            for k, h in enumerate(hashes):
+                h.update(raw[k * per : (k + 1) * per])
+        return [h.hexdigest() for h in hashes]
 
     def write_full(self, holder: str, block_ids: Sequence[int], full: torch.Tensor) -> None:
         """Write a full replica ``[n, layers, 2, H, bs, D]`` into the ranks (checked first)."""
@@ -135,7 +176,8 @@ class RankPools:
         for r in range(self.tp):
             h = self.heads[r]
             for k, b in enumerate(block_ids):
-                self.hm_block(r, b).copy_(full[k, :, :, h.start : h.stop])
+                for li in range(self.geometry.num_layers):
+                    self.hm_layer(r, li, b).copy_(full[k, li, :, h.start : h.stop])
 
     def write_token(self, holder: str | None, b: int, slot: int, tok: torch.Tensor) -> None:
         """Write one slot's KV ``[layers, 2, H, D]`` into block ``b`` of every rank.
@@ -146,7 +188,8 @@ class RankPools:
             self.alloc.check_write(holder, [b])
         for r in range(self.tp):
             h = self.heads[r]
-            self.hm_block(r, b)[:, :, :, slot].copy_(tok[:, :, h.start : h.stop])
+            for li in range(self.geometry.num_layers):
+                self.hm_layer(r, li, b)[:, :, slot].copy_(tok[li, :, h.start : h.stop])
 
     def shard_bytes(self, rank: int, b: int) -> Buffer:
         """Bytes of block ``b`` on ``rank`` (zero-copy on CPU, staged on CUDA)."""
@@ -170,18 +213,15 @@ def land_shard(
         len(pieces) == 1
         and src_geometry == dst.geometry
         and pieces[0].src_slice == pieces[0].dst_slice == slice(0, dst.geometry.kv_heads)
-    ):  # the same block on both sides: one memcpy
-        out = dst.pools[pieces[0].dst_rank].kv[b].view(-1).view(torch.uint8)
-        if out.device.type == "cpu":
-            copy_bytes_into(out, payload)
-        else:
-            out.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    ):  # the same block on both sides: its bytes as they are (one memcpy where contiguous)
+        dst.pools[pieces[0].dst_rank].write_raw(b, payload)
         return
     shard = tensor_from_bytes(payload, src_geometry.dtype, src_geometry.block_shape)
     shard = shard.permute(sm.layout_permutation(src_geometry.layout, HEADS_MAJOR))
     for pc in pieces:
-        view = dst.hm_block(pc.dst_rank, b)
-        view[:, :, pc.dst_slice].copy_(shard[:, :, pc.src_slice])
+        for li in range(dst.geometry.num_layers):
+            view = dst.hm_layer(pc.dst_rank, li, b)
+            view[:, pc.dst_slice].copy_(shard[li, :, pc.src_slice])
 
 
 @lru_cache(maxsize=64)
