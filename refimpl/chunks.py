@@ -21,7 +21,7 @@ from typing import Protocol
 
 from refimpl.checksum import bytes_checksum
 from refimpl.errors import ChunkError
-from refimpl.pool import KVPool
+from refimpl.memory.interface import BlockMemory
 from refimpl.transport import Transport
 from spec.manifest import MANIFEST_VERSION, LocalConfig, Manifest
 
@@ -50,7 +50,7 @@ class Snapshot:
 
 
 def freeze(
-    pool: KVPool,
+    pool: BlockMemory,
     request_id: str,
     epoch: int,
     *,
@@ -84,7 +84,7 @@ def freeze(
     return Snapshot(request_id, epoch, blocks, first_block, sums, payloads)
 
 
-def release(pool: KVPool, snap: Snapshot) -> list[int]:
+def release(pool: BlockMemory, snap: Snapshot) -> list[int]:
     """Drop the snapshot's pin; returns the source blocks that became free."""
     return pool.allocator.decref(snap.pin, snap.block_ids)
 

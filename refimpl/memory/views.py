@@ -92,5 +92,5 @@ def write_bytes(out: torch.Tensor, payload: Buffer) -> None:
         for i in range(out.shape[0]):
             copy_bytes_into(out[i], src[i * per : (i + 1) * per])
         return
-    src = tensor_from_bytes(payload, out.dtype, tuple(out.shape))
-    out.copy_(src.to(out.device) if out.device.type != "cpu" else src)
+    t = tensor_from_bytes(payload, out.dtype, tuple(out.shape))
+    out.copy_(t.to(out.device) if out.device.type != "cpu" else t)
