@@ -93,6 +93,7 @@ class Encoding:
         mutants: frozenset[str] = frozenset(),
         bits: int | None = None,
         split: bool = True,
+        instances: bool = True,
     ) -> None:
         if not encodable(c):
             raise ValueError(
@@ -114,7 +115,8 @@ class Encoding:
         self._holds: dict[str, Z] = {}
         self._n = 0
         tmpl = self.tmpl = self.state("tmpl")
-        self.insts = [k for k in self._all_instances() if self.effects(k, tmpl)]
+        # instances=False: only the variables and the Ctx (a tracer's caller; no relation)
+        self.insts = [k for k in self._all_instances() if instances and self.effects(k, tmpl)]
         self.subs = [u for k in self.insts for u in self._split(k) if self.effects(u, tmpl)]
 
     # -- variables --------------------------------------------------------------------
