@@ -137,15 +137,15 @@ def untraced() -> tuple[str, ...]:
     return (*UNENCODED, *WORKER)
 
 
-def to_json(table: dict[str, Effect]) -> dict[str, Any]:
-    return {
-        "note": "derived from the spec's traced actions (model_checks/conformance/effects.py);"
-        " python -m model_checks.conformance.effects --write rewrites it",
-        "actions": {
-            n: {"writes": e.writes, "frees": list(e.frees), "allocs": list(e.allocs)}
-            for n, e in sorted(table.items())
-        },
-    }
+def dumps(table: dict[str, Effect]) -> str:
+    """The file's text: a note, then one action a line."""
+    rows = (
+        f"  {json.dumps(n)}: "
+        + json.dumps({"writes": e.writes, "frees": e.frees, "allocs": e.allocs}, sort_keys=True)
+        for n, e in sorted(table.items())
+    )
+    note = "derived from the spec's traced actions: python -m model_checks.conformance.effects"
+    return f'{{"note": "{note} --write",\n "actions": {{\n' + ",\n".join(rows) + "\n }\n}\n"
 
 
 def load(path: Path = PATH) -> dict[str, Effect]:
@@ -164,7 +164,7 @@ def main() -> int:
     args = ap.parse_args()
     now = derive()
     if args.write:
-        PATH.write_text(json.dumps(to_json(now), indent=1, sort_keys=True) + "\n")
+        PATH.write_text(dumps(now))
         print(f"wrote {PATH}")
         return 0
     stale = sorted(n for n in set(now) | set(TABLE) if now.get(n) != TABLE.get(n))
