@@ -55,7 +55,6 @@ from model_checks.symbolic.core import (
     same,
 )
 from model_checks.symbolic.finite import (
-    PIN_FIELDS,
     FCtx,
     FNet,
     FState,
@@ -65,6 +64,7 @@ from model_checks.symbolic.finite import (
     Sub,
     auto_bits,
     conj,
+    pin_fields,
     possible_codes,
 )
 from model_checks.symbolic.props import ZPROPS, finite_holds
@@ -173,10 +173,12 @@ class Encoding:
             return list(range(c.src_tp * (c.blocks + 1)))
         if f == "phit":
             return sorted({0, c.prefix})
-        return [False, True]  # pfx
+        if f == "pfx":
+            return [False, True]
+        raise ValueError(f"{f}: no pin values (a message code that depends on it)")
 
     def _split(self, k: Inst) -> list[Sub]:
-        fields = PIN_FIELDS.get(k.name, ()) if self.split else ()
+        fields = pin_fields(self, self.tmpl, k) if self.split else ()
         if not fields:
             return [Sub(k)]
         combos: list[Pins] = [()]

@@ -5,7 +5,7 @@ shared actions over them.
 plus the globals, all bit-vectors (``auto_bits`` wide; ``landed`` src_tp*blocks bits,
 ``rmask`` src_tp bits) or Booleans. ``FCtx`` sums pool usage over the requests.
 ``Inst`` is an action instance, the explorer's edge label; ``Sub`` a part of one whose
-message codes are concrete (``PIN_FIELDS``).
+message codes are concrete (``pin_fields``).
 """
 
 from __future__ import annotations
@@ -84,21 +84,6 @@ class Sub:
     inst: Inst
     pins: Pins = ()
     rest: tuple[Pins, ...] = ()
-
-
-# Fields that decide which message code an action sends, drops or checks.
-PIN_FIELDS: dict[str, tuple[str, ...]] = {
-    "PrefillFreeze": ("ep",),
-    "PrefillSendChunk": ("ep", "sent", "phit"),
-    "PrefillResume": ("ep",),
-    "PrefillTimeout": ("ep",),
-    "PrefillQuiesce": ("ep",),
-    "DecodeReserve": ("pfx",),
-    "DecodeCommit": ("dep",),
-    "DecodeAbort": ("dep",),
-    "DecodeAbortFenced": ("dep",),
-    "DecodeTimeout": ("dep",),
-}
 
 
 def pin_fields(enc: Encoding, s: FState, k: Inst) -> tuple[str, ...]:
