@@ -14,6 +14,9 @@ only says "not enabled" is judged here, from the state the engine acted in:
   healthy attempt, wrote blocks it does not hold) is applied to the request and the
   state is judged against every safety property.
 
+Which sides a step frees or allocates and what it writes is not listed here: it is the
+spec's own, derived from its actions' traced paths (``effects.TABLE``).
+
 Nothing in this module decides what the spec allows: it runs only after the spec has
 refused, to name the law the engine broke. When no property is broken the verdict is
 ``UNMODELLED``: the engine did something the spec has no word for.
@@ -21,8 +24,10 @@ refused, to name the law the engine broke. When no property is broken the verdic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Any
 
+from model_checks.conformance.effects import TABLE as EFFECTS
 from spec.behaviours.restarts import older_incarnation
 from spec.config import Config
 from spec.properties import violated_safety
@@ -34,13 +39,11 @@ from spec.state import (
     DF_FENCED,
     ENDED,
     FILLING,
-    FINISHED,
     IDLE,
     M_CHUNK_UNSTAGED,
     M_DONE,
     M_READY,
     NONE,
-    PREEMPTED,
     PREFILLING,
     QUARANTINED,
     RESERVED,
@@ -102,62 +105,30 @@ _PROGRESS = frozenset(
 )
 
 
-# The pool sides a step frees, and the side a step allocates (spec/SPEC.md's action table).
-_FREES: dict[str, tuple[str, ...]] = {
-    "PrefillRelease": ("p",),
-    "PrefillTimeout": ("p",),
-    "PrefillQuiesce": ("p", "h"),
-    "PrefillFinish": ("p",),
-    "PrefillPreempt": ("p",),
-    "PrefillOffloadCommit": ("p",),
-    "DecodeFinish": ("d",),
-    "DecodeAbort": ("d",),
-    "DecodeAbortFenced": ("d",),
-    "DecodeTimeout": ("d",),
-    "DecodeReclaim": ("d",),
-}
-_ALLOCS = {"PrefillAdmit": "p", "PrefillReloadBegin": "p", "PrefillOffloadBegin": "h"}
-_ALLOCS["DecodeReserve"] = "d"
-
-
 def ordered(props: Iterable[str]) -> list[str]:
     """Distinct property IDs, most specific first (unknown IDs last, in given order)."""
     seen: dict[str, None] = dict.fromkeys(props)
     return sorted(seen, key=lambda p: _RANK.get(p, len(_RANK)))
 
 
-def _write(r: Req, side: str) -> Req:
-    """A token step: the replica is written, so it must be the one writable copy."""
-    return r._replace(d=WRITABLE) if side == "d" else r._replace(p=WRITABLE)
+# A token step writes its replica (the KV it appends is not in the spec's state, so the
+# spec's step changes no field): the replica it writes must be the one writable copy.
+_TOKEN_WRITE = {"PrefillDecodeStep": "p", "DecodeStep": "d"}
 
 
 def _chunks(r: Req) -> bool:
     return any(msg_kind(x) in CHUNKS for x in r.net)
 
 
-# The unguarded effect of an event on its request: what the engine did, whatever the
-# guard said. Only the fields the action writes.
-_EFFECT: dict[str, Callable[[Req], Req]] = {
-    "PrefillRelease": lambda r: r._replace(p=NONE, ps=IDLE),
-    "PrefillQuiesce": lambda r: r._replace(p=NONE, h=NONE, hl=0, gl=0, ps=IDLE),
-    "PrefillTimeout": lambda r: r._replace(p=NONE, ps=IDLE),
-    "PrefillPreempt": lambda r: r._replace(st=PREEMPTED, p=NONE),
-    "PrefillFinish": lambda r: r._replace(st=FINISHED, p=NONE),
-    "PrefillResume": lambda r: r._replace(p=WRITABLE, ps=IDLE),
-    "PrefillDecodeStep": lambda r: _write(r, "p"),
-    "PrefillOffloadCommit": lambda r: r._replace(h=COMPLETE, p=NONE),
-    "PrefillReloadCommit": lambda r: r._replace(p=WRITABLE),
-    "DecodeValidate": lambda r: r._replace(d=COMPLETE),
-    "DecodeCommit": lambda r: r._replace(d=WRITABLE),
-    "DecodeStep": lambda r: _write(r, "d"),
-    "DecodeFinish": lambda r: r._replace(st=FINISHED, d=NONE, hit=0),
-    "DecodeAbort": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
-    "DecodeAbortFenced": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
-    "DecodeTimeout": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
-    "DecodeReclaim": lambda r: r._replace(d=NONE, hit=0, landed=0, rmask=0),
-    "PrefillStepDispatch": lambda r: r._replace(pstep=1),  # async steps: a step now writes
-    "DecodeStepDispatch": lambda r: r._replace(dstep=1),
-}
+def _unguarded(r: Req, name: str) -> Req | None:
+    """The event's unguarded effect on its request: what the engine did, whatever the
+    guard said (``effects``: the spec's own writes of the action; None: no write)."""
+    side = _TOKEN_WRITE.get(name)
+    fx = EFFECTS.get(name)
+    writes: dict[str, Any] = {side: WRITABLE} if side is not None else {}
+    if fx is not None and not writes and not any(getattr(r, s) != NONE for s in fx.allocs):
+        writes = dict(fx.writes)  # (an allocation over held blocks leaks: _pool_props)
+    return r._replace(**writes) if writes else None
 
 
 def _order_props(r: Req, name: str, arg: int, msg: bool) -> list[str]:
@@ -190,31 +161,31 @@ def _order_props(r: Req, name: str, arg: int, msg: bool) -> list[str]:
 def _pool_props(r: Req, name: str) -> list[str]:
     """A free of blocks the request does not hold, or an allocation on top of blocks it
     holds: the pool's accounting is wrong from this step on."""
-    sides = _FREES.get(name)
-    if sides is not None and all(getattr(r, s) == NONE for s in sides):
+    fx = EFFECTS.get(name)
+    if fx is None:
+        return []
+    if fx.frees and all(getattr(r, s) == NONE for s in fx.frees):
         return ["CapacityRefcount"]  # a double free
-    side = _ALLOCS.get(name)
-    if side is not None and getattr(r, side) != NONE:
+    if any(getattr(r, s) != NONE for s in fx.allocs):
         return ["CapacityRefcount"]  # allocates again: the blocks it holds leak
     return []
 
 
 def _effect_props(w: World, c: Config, name: str, i: int) -> list[str]:
-    fx = _EFFECT.get(name)
-    if fx is None:
-        return []
     r = w.reqs[i]
-    r2 = fx(r)
+    r2 = _unguarded(r, name)
+    if r2 is None:
+        return []
     out: list[str] = []
-    if name in ("DecodeStep", "PrefillDecodeStep"):
-        side = "d" if name == "DecodeStep" else "p"
+    side = _TOKEN_WRITE.get(name)
+    if side is not None:
         if getattr(r, side) == NONE:
             return ["NoReuseUnderIO"]  # writes blocks that are free (or reused)
-        if name == "PrefillDecodeStep" and r.p == COMPLETE:
+        if side == "p" and r.p == COMPLETE:
             out.append("FrozenSnapshot")
-    if name in ("PrefillRelease", "PrefillQuiesce", "PrefillTimeout", "PrefillPreempt"):
-        if _chunks(r) and r.p != NONE:
-            out.append("NoReuseUnderIO")  # frees a source that writes still read
+    fx = EFFECTS.get(name)
+    if fx is not None and "p" in fx.frees and _chunks(r) and r.p != NONE:
+        out.append("NoReuseUnderIO")  # frees a source that writes still read
     w2 = w._replace(reqs=(*w.reqs[:i], r2, *w.reqs[i + 1 :]))
     return out + violated_safety(w2, c)
 

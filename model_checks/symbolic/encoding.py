@@ -55,7 +55,6 @@ from model_checks.symbolic.core import (
     same,
 )
 from model_checks.symbolic.finite import (
-    PIN_FIELDS,
     FCtx,
     FNet,
     FState,
@@ -65,6 +64,7 @@ from model_checks.symbolic.finite import (
     Sub,
     auto_bits,
     conj,
+    pin_fields,
     possible_codes,
 )
 from model_checks.symbolic.props import ZPROPS, finite_holds
@@ -93,6 +93,7 @@ class Encoding:
         mutants: frozenset[str] = frozenset(),
         bits: int | None = None,
         split: bool = True,
+        instances: bool = True,
     ) -> None:
         if not encodable(c):
             raise ValueError(
@@ -114,7 +115,8 @@ class Encoding:
         self._holds: dict[str, Z] = {}
         self._n = 0
         tmpl = self.tmpl = self.state("tmpl")
-        self.insts = [k for k in self._all_instances() if self.effects(k, tmpl)]
+        # instances=False: only the variables and the Ctx (a tracer's caller; no relation)
+        self.insts = [k for k in self._all_instances() if instances and self.effects(k, tmpl)]
         self.subs = [u for k in self.insts for u in self._split(k) if self.effects(u, tmpl)]
 
     # -- variables --------------------------------------------------------------------
@@ -171,10 +173,12 @@ class Encoding:
             return list(range(c.src_tp * (c.blocks + 1)))
         if f == "phit":
             return sorted({0, c.prefix})
-        return [False, True]  # pfx
+        if f == "pfx":
+            return [False, True]
+        raise ValueError(f"{f}: no pin values (a message code that depends on it)")
 
     def _split(self, k: Inst) -> list[Sub]:
-        fields = PIN_FIELDS.get(k.name, ()) if self.split else ()
+        fields = pin_fields(self, self.tmpl, k) if self.split else ()
         if not fields:
             return [Sub(k)]
         combos: list[Pins] = [()]

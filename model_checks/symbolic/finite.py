@@ -5,7 +5,7 @@ shared actions over them.
 plus the globals, all bit-vectors (``auto_bits`` wide; ``landed`` src_tp*blocks bits,
 ``rmask`` src_tp bits) or Booleans. ``FCtx`` sums pool usage over the requests.
 ``Inst`` is an action instance, the explorer's edge label; ``Sub`` a part of one whose
-message codes are concrete (``PIN_FIELDS``).
+message codes are concrete (``pin_fields``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import z3
 
-from model_checks.symbolic.core import EQ, GLOBALS, IN, ITE, A, Ctx, N, NetView, O, Params, Z
+from model_checks.symbolic.core import EQ, GLOBALS, IN, ITE, A, Ctx, Msg, N, NetView, O, Params, Z
 from spec.behaviours.host_cache import HK_HIT, HK_LOAD
 from spec.config import Config
 from spec.state import (
@@ -86,19 +86,31 @@ class Sub:
     rest: tuple[Pins, ...] = ()
 
 
-# Fields that decide which message code an action sends, drops or checks.
-PIN_FIELDS: dict[str, tuple[str, ...]] = {
-    "PrefillFreeze": ("ep",),
-    "PrefillSendChunk": ("ep", "sent", "phit"),
-    "PrefillResume": ("ep",),
-    "PrefillTimeout": ("ep",),
-    "PrefillQuiesce": ("ep",),
-    "DecodeReserve": ("pfx",),
-    "DecodeCommit": ("dep",),
-    "DecodeAbort": ("dep",),
-    "DecodeAbortFenced": ("dep",),
-    "DecodeTimeout": ("dep",),
-}
+def pin_fields(enc: Encoding, s: FState, k: Inst) -> tuple[str, ...]:
+    """The fields whose values decide which message codes instance ``k`` sends, takes or
+    drops: the variables of ``s`` (``k``'s request, and ``pfx``) in the epochs and indices
+    of the message operations of its action's traced paths, traced once unpinned."""
+    from model_checks.symbolic.actions import PER_REQ
+    from spec.actions import ACTIONS
+
+    fn = PER_REQ.get(k.name)
+    if fn is None:
+        return ()
+    m = (
+        Msg(msg_kind(k.arg), msg_epoch(k.arg), msg_idx(k.arg))
+        if ACTIONS[k.name].arg == "msg"
+        else None
+    )
+    ops = [op for b in fn(FCtx(enc, s), enc.view(s, k.i), m).branches if b.go for op in b.go.net]
+    used: set[int] = set()
+    todo = [t for op in ops for t in (op.e, op.i, op.when) if isinstance(t, z3.ExprRef)]
+    while todo:
+        t = todo.pop()
+        if t.num_args() == 0:
+            used.add(t.get_id())
+        todo.extend(t.children())
+    keys = [("r", k.i, f) for f in enc.fields] + [("g", "pfx")]
+    return tuple(key[-1] for key in keys if s[key].get_id() in used)
 
 
 def possible_codes(c: Config) -> tuple[int, ...]:
