@@ -63,7 +63,7 @@ _CHUNK_KINDS = (M_CHUNK, M_CHUNK_BAD, M_CHUNK_UNSTAGED)
 _FROM_DECODE = (M_READY, M_ACK, M_NACK)
 
 
-# -- helpers (the z3 module's, on numbers) --------------------------------------------------
+# -- helpers -------------------------------------------------------------------------------
 def _pr(c: Config, r: Req) -> int:
     """Blocks per source rank the attempt sends."""
     return c.blocks - r.phit
