@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import z3
 
-from model_checks.symbolic.invariants import KINDS, STRENGTHENING, Z3_ONLY
+from model_checks.symbolic.invariants import KINDS, STRENGTHENING, Z3_ONLY, derived
+from model_checks.symbolic.tracer import predicate as P
+from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.predicate import conj_glob, conj_req, conj_slot
 from model_checks.symbolic.tracer.symstate import TraceError
 from model_checks.symbolic.unbounded import REQ, UModel
@@ -63,6 +65,29 @@ def test_each_conjunct_is_its_spec_predicate_traced(tp: int) -> None:
             if name in Z3_ONLY:
                 b = z3.And(b, Z3_ONLY[name](x, v, e, i))
         assert _differ(a, b, facts) is None, name
+
+
+def _flat(got: list[tuple[list[Any], Any]]) -> Any:
+    """The value of a predicate's paths as their plain disjunction (each path's
+    condition and outcome)."""
+    return z3.Or(*(z3.And(*lits, S.raw(v)) for lits, v in got if v is not None), False)
+
+
+def test_the_decision_tree_is_the_disjunction_of_the_paths(monkeypatch: Any) -> None:
+    """``conj_*`` build a predicate's value as the decision tree of its paths (compact:
+    what follows a fork is shared); it says what the disjunction of the paths says."""
+    x, v, e, i, facts = _setup(2)
+    tree = {n: _at(z, x, v, e, i) for n, z in STRENGTHENING.items()}
+    monkeypatch.setattr(P, "_term", _flat)
+    for name, j in INVARIANTS.items():
+        flat = _at(derived(j), x, v, e, i)
+        assert _differ(tree[name], flat, facts) is None, name
+
+
+def _at(z: Any, x: Any, v: Any, e: Any, i: Any) -> Any:
+    if z.glob is not None:
+        return z.glob(x)
+    return z.req(x, v) if z.req is not None else z.slot(x, v, e, i)
 
 
 def test_the_hand_kept_clause_is_what_the_predicate_cannot_say() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.core import RV, A, Ctx, O, Z
+from model_checks.symbolic.core import RV, A, Ctx, N, O, Z
 from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
 from model_checks.symbolic.tracer.trace import SymConfig, _symbolic, sym_req, sym_world
@@ -218,10 +218,36 @@ def _conj(pred: WorldPred, x: Ctx, r: RV, net: Any, landed: Any) -> list[tuple[l
 
 
 def _term(got: list[tuple[list[Z], Any]]) -> Z:
+    """The predicate's value as the decision tree of its paths (they share prefixes: a
+    fork is an ``If`` of the two sides, so what follows a fork is built once whatever
+    side led there, and z3 shares the identical terms). A path that left TypeOK
+    counts as False, as in ``traced_pred``."""
     for _, v in got:
         if v is not None and not isinstance(v, (bool, S.SymBool)):
             raise S.TraceError(f"a conjunct returned {v!r}")
-    return O(*(A(*lits, S.raw(v)) for lits, v in got if v is not None))
+    return _tree([(lits, False if v is None else S.raw(v)) for lits, v in got], 0)
+
+
+def _tree(ps: list[tuple[list[Z], Z]], d: int) -> Z:
+    if len(ps) == 1 and len(ps[0][0]) == d:
+        return ps[0][1]
+    lit = ps[0][0][d]
+    yes = [p for p in ps if z3.eq(p[0][d], lit)]
+    no = [p for p in ps if not z3.eq(p[0][d], lit)]
+    if not yes or not no:
+        raise S.TraceError("a fork with one side (the paths are not a tree)")
+    a, b = _tree(yes, d + 1), _tree(no, d + 1)
+    if a is b or (_terms(a, b) and z3.eq(a, b)):
+        return a
+    if a is True:
+        return O(lit, b)
+    if a is False:
+        return A(N(lit), b)
+    if b is True:
+        return O(N(lit), a)
+    if b is False:
+        return A(lit, a)
+    return z3.If(lit, a, b)
 
 
 def conj_glob(pred: WorldPred) -> Callable[[Ctx], Z]:
