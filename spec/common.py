@@ -95,6 +95,16 @@ def drop_chunks(net: tuple[int, ...], epoch: int) -> tuple[int, ...]:
     return tuple(c for c in net if not (msg_kind(c) in CHUNKS and msg_epoch(c) == epoch))
 
 
+def landed_at(r: Req, idx: int) -> bool:
+    """Chunk ``idx`` has landed in ``r``'s decode replica (``Req.landed``, a bitmap)."""
+    return bool(r.landed >> idx & 1)
+
+
+def landed_chunks(r: Req) -> list[int]:
+    """The indices of the chunks landed in ``r``'s decode replica, in order."""
+    return [i for i in range(r.landed.bit_length()) if r.landed >> i & 1]
+
+
 def sent_blocks(c: Config, hit: int) -> int:
     """Blocks per source rank that a handoff sends when decode holds ``hit`` prefix blocks."""
     return c.blocks - hit

@@ -334,6 +334,11 @@ class Ctx:
         """``s == full_chunks(c, hit)``: every chunk index below src_tp*(blocks-hit)."""
         raise NotImplementedError
 
+    def lhas(self, s: Z, idx: Z) -> Z:
+        """``idx`` is in ``s`` (``spec.common.landed_at``): an array's select (the unbounded
+        model's; the finite encodings' bitmaps are read by no traced predicate)."""
+        return s[idx]
+
     # ``rmask``: a bit-vector of src_tp bits in both domains
     def rzero(self) -> Z:
         return z3.BitVecVal(0, self.c.src_tp)

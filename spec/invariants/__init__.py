@@ -1,10 +1,10 @@
 """The inductive invariant's strengthening conjuncts (spec/INVARIANTS.md), by name.
 
-The z3 proof (``model_checks/symbolic/invariants.py``) proves each safety property with
-the property and a few of these conjuncts; here each conjunct is a predicate over the
-explicit ``World``, so ``kvown check`` evaluates it on every explored state (kind
-``invariant``) and reports a broken one by its name with its counterexample. The names
-are the proof's (``tests/explorer/test_invariants_spec.py`` pins the two lists equal).
+The z3 proof proves each safety property with the property and a few of these
+conjuncts, each traced from its predicate here (``model_checks/symbolic/invariants.py``);
+each is a predicate over the explicit ``World``, so ``kvown check`` also evaluates it on
+every explored state (kind ``invariant``) and reports a broken one by its name with its
+counterexample. ``scope`` is how the proof splits it (``tracer.predicate.conj_*``).
 
 A conjunct is claimed where the proof covers the world: the unbounded model has no
 restarts (``Config.restarts``), and proves ``PrefixOwn``, ``StagedOnly`` and

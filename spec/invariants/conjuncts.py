@@ -1,12 +1,13 @@
 """The strengthening conjuncts of spec/INVARIANTS.md, one predicate each over a ``World``.
 
-Each predicate is the conjunct of the same name in ``model_checks/symbolic/invariants.py``
-(the z3 proof's), read on a concrete state: a ``request`` conjunct must hold for every
+These are the only definition: the z3 proof (``model_checks/symbolic/invariants.py``)
+traces each of them on symbolic state. A ``request`` conjunct must hold for every
 request, a ``slot`` conjunct for every message slot ``(epoch, idx)`` of every request (a
 slot with no message in flight and no landed chunk satisfies each of them, so only the
-messages in flight and the landed chunks are visited), a ``global`` one once.
-``tests/explorer/test_invariants_spec.py`` evaluates the z3 formulas on reachable
-states and compares them with these, conjunct by conjunct.
+messages in flight and the landed chunks are visited), a ``global`` one once. So that
+the tracer can split them by scope, a predicate is a conjunction over the requests, and
+a slot conjunct over the request's messages (``_slots``: decoded with spec.state's
+``msg_*``, counted with ``msg``) and its landed chunks (spec.common's ``landed_*``).
 
 The predicates read the control fields (status, replicas, sender phase, epochs) first,
 so ``model_checks/explicit/verdicts`` can settle most of them from its key alone.
@@ -14,6 +15,7 @@ so ``model_checks/explicit/verdicts`` can settle most of them from its key alone
 
 from __future__ import annotations
 
+from spec.common import landed_at, landed_chunks
 from spec.config import Config
 from spec.state import (
     AWAIT_ACK,
@@ -48,6 +50,9 @@ from spec.state import (
     Req,
     World,
     msg,
+    msg_epoch,
+    msg_idx,
+    msg_kind,
 )
 
 LIVE_D = (RESERVED, FILLING, COMPLETE, WRITABLE)  # decode has not given the attempt up
@@ -58,7 +63,7 @@ _CHUNK_KINDS = (M_CHUNK, M_CHUNK_BAD, M_CHUNK_UNSTAGED)
 _FROM_DECODE = (M_READY, M_ACK, M_NACK)
 
 
-# -- helpers (the z3 module's, on numbers) --------------------------------------------------
+# -- helpers -------------------------------------------------------------------------------
 def _pr(c: Config, r: Req) -> int:
     """Blocks per source rank the attempt sends."""
     return c.blocks - r.phit
@@ -80,8 +85,8 @@ def _retracted(c: Config, r: Req) -> bool:
 
 
 def _slots(r: Req) -> list[tuple[int, int, int]]:
-    """(kind, epoch, idx) of each distinct message in flight."""
-    return [((code >> 4) & 0xF, (code >> 8) & 0xFFFF, code & 0xF) for code in sorted(set(r.net))]
+    """(kind, epoch, idx) of each message in flight."""
+    return [(msg_kind(code), msg_epoch(code), msg_idx(code)) for code in r.net]
 
 
 def _count(r: Req, kind: int, e: int, i: int) -> int:
@@ -289,7 +294,7 @@ def chunk_once(w: World, c: Config) -> bool:
                 return False
             if not 0 <= i < c.src_tp * _pr(c, r):
                 return False
-            if e == r.dep and r.d in HELD_D and r.landed >> i & 1:
+            if e == r.dep and r.d in HELD_D and landed_at(r, i):
                 return False
             if not (r.ps == AWAIT_ACK or (r.ps == SENDING and _seq_below(c, r, i, r.sent))):
                 return False
@@ -298,11 +303,9 @@ def chunk_once(w: World, c: Config) -> bool:
 
 def landed_sent(w: World, c: Config) -> bool:
     for r in w.reqs:
-        if r.ps == IDLE or r.dep != r.ep or r.d not in HELD_D or not r.landed:
+        if r.ps == IDLE or r.dep != r.ep or r.d not in HELD_D:
             continue
-        for i in range(r.landed.bit_length()):
-            if not r.landed >> i & 1:
-                continue
+        for i in landed_chunks(r):
             if r.ps == AWAIT_READY or (r.ps == SENDING and not _seq_below(c, r, i, r.sent)):
                 return False
     return True

@@ -2,11 +2,12 @@
 with the z3 proof, a broken conjunct reported by its name with a counterexample, and the
 mutant that only a conjunct catches (``release_keeps_wait``, ``Frozen``).
 
-One meaning too: the z3 formulas of ``model_checks/symbolic/invariants.py``, read on
-concrete states (Python ints stand for terms; the connectives fold them), agree with the
-predicates of ``spec/invariants`` on states reached by the correct spec and by mutants,
-and on seeded one-field perturbations of them (most break some conjunct, so both
-verdicts are exercised)."""
+One meaning too: the z3 conjuncts of ``model_checks/symbolic/invariants.py`` (the
+predicates of ``spec/invariants`` traced and split by scope), read on concrete states
+(Python ints stand for terms; the connectives fold them), agree with the predicates on
+states reached by the correct spec and by mutants, and on seeded one-field
+perturbations of them (most break some conjunct, so both verdicts are exercised): the
+split by scope loses nothing."""
 
 from __future__ import annotations
 

@@ -12,15 +12,17 @@ fields are constants there): otherwise it fails loudly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from model_checks.symbolic.core import RV, A, Ctx, O, Z
+import z3
+
+from model_checks.symbolic.core import RV, A, Ctx, N, O, Z
 from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
 from model_checks.symbolic.tracer.trace import SymConfig, _symbolic, sym_req, sym_world
 
-__all__ = ["over_reqs", "per_req", "req_of", "traced_pred"]
+__all__ = ["conj_glob", "conj_req", "conj_slot", "over_reqs", "per_req", "req_of", "traced_pred"]
 
 WorldPred = Callable[[Any, Any], Any]  # spec: (World, Config) -> bool
 ReqPred = Callable[[Any, Any], Any]  # spec: (World, Req) -> bool
@@ -172,3 +174,119 @@ def prop_msg(pred: WorldPred, x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
     checks the split on the explored states of every default world)."""
     msg = S.SymMsg(kind, S.lift(e), S.lift(i))
     return _holds(pred, x, (_alone(r, _Messages((msg,))),))
+
+
+# -- an INVARIANTS.md conjunct's scope (invariants.STRENGTHENING), traced from spec/invariants
+def _no(*_: Any) -> Any:
+    raise S.TraceError("a conjunct read its request's messages other than one by one")
+
+
+class _NoMessages:
+    """A request conjunct's messages: unreadable (one that reads them is a slot conjunct)."""
+
+    __iter__ = __bool__ = __len__ = __contains__ = count = _no
+
+
+class _SlotMessages:
+    """The request's messages as a slot conjunct sees them: the one given (or none), of
+    concrete kind at the slot; ``count`` reads the request's real count of a message."""
+
+    __slots__ = ("msgs", "view", "read")
+    __bool__ = __len__ = __contains__ = _no
+
+    def __init__(self, view: Any, msgs: tuple[S.SymMsg, ...] = ()) -> None:
+        self.view, self.msgs, self.read = view, msgs, False
+
+    def __iter__(self) -> Any:
+        self.read = True
+        return iter(self.msgs)
+
+    def count(self, code: Any) -> Any:
+        if not isinstance(code, S.SymMsg):
+            raise S.TraceError(f"a count of {code!r} (not spec.state.msg's)")
+        return S.lift(self.view.count(code.kind, S.raw(code.e), S.raw(code.i)))
+
+
+def _conj(pred: WorldPred, x: Ctx, r: RV, net: Any, landed: Any) -> list[tuple[list[Z], Any]]:
+    """The paths of ``pred`` on the world of request ``r`` alone, its messages ``net``
+    and its ``landed`` stand-in."""
+    req = sym_req(r)._replace(net=net, landed=landed)
+    w, c = sym_world(x, (req,)), SymConfig(x)
+    _EQ_MEMO.clear()
+    with _symbolic(x):
+        return list(paths(lambda: pred(w, c)))
+
+
+def _term(got: list[tuple[list[Z], Any]]) -> Z:
+    """The predicate's value as the decision tree of its paths (they share prefixes: a
+    fork is an ``If`` of the two sides, so what follows a fork is built once whatever
+    side led there, and z3 shares the identical terms). A path that left TypeOK
+    counts as False, as in ``traced_pred``."""
+    for _, v in got:
+        if v is not None and not isinstance(v, (bool, S.SymBool)):
+            raise S.TraceError(f"a conjunct returned {v!r}")
+    return _tree([(lits, False if v is None else S.raw(v)) for lits, v in got], 0)
+
+
+def _tree(ps: list[tuple[list[Z], Z]], d: int) -> Z:
+    if len(ps) == 1 and len(ps[0][0]) == d:
+        return ps[0][1]
+    lit = ps[0][0][d]
+    yes = [p for p in ps if z3.eq(p[0][d], lit)]
+    no = [p for p in ps if not z3.eq(p[0][d], lit)]
+    if not yes or not no:
+        raise S.TraceError("a fork with one side (the paths are not a tree)")
+    a, b = _tree(yes, d + 1), _tree(no, d + 1)
+    if a is b or (_terms(a, b) and z3.eq(a, b)):
+        return a
+    if a is True:
+        return O(lit, b)
+    if a is False:
+        return A(N(lit), b)
+    if b is True:
+        return O(N(lit), a)
+    if b is False:
+        return A(lit, a)
+    return z3.If(lit, a, b)
+
+
+def conj_glob(pred: WorldPred) -> Callable[[Ctx], Z]:
+    """A global conjunct: ``pred`` on the world of no request."""
+    return lambda x: _holds(pred, x, ())
+
+
+def conj_req(pred: WorldPred) -> Callable[[Ctx, RV], Z]:
+    """A request conjunct (``all(... for r in w.reqs)``): ``pred`` on the world of the one
+    request (so with the global part); it reads no message and no landed chunk."""
+    return lambda x, r: _term(_conj(pred, x, r, _NoMessages(), S.Landed(r.landed)))
+
+
+def conj_slot(pred: WorldPred, kinds: Iterable[int]) -> Callable[[Ctx, RV, Z, Z], Z]:
+    """A slot conjunct at ``(e, i)``. ``pred`` is a conjunction over each request's
+    messages and landed chunks: it reads no other request, and nothing outside a
+    message's or a landed chunk's clause decides it (with neither, every path holds).
+    So it holds at the slot where ``pred`` holds with chunk ``i`` landed (if it did) and
+    no message, and, for each kind with a message in flight at the slot, with that one
+    message too (``count`` reads the real counts)."""
+    ks = tuple(sorted(kinds))
+
+    def f(x: Ctx, r: RV, e: Z, i: Z) -> Z:
+        empty = _conj(pred, x, r, _SlotMessages(r.net), S.SlotLanded(r.landed, None))
+        if any(v is not True for _, v in empty):
+            raise S.TraceError(f"{pred.__name__}: a slot conjunct with a request part")
+        net = _SlotMessages(r.net)
+        alone = _term(_conj(pred, x, r, net, S.SlotLanded(r.landed, i)))
+        out = [alone]
+        for k in ks if net.read else ():  # (a conjunct that never looks at the messages)
+            m = S.SymMsg(k, S.lift(e), S.lift(i))
+            t = _term(_conj(pred, x, r, _SlotMessages(r.net, (m,)), S.SlotLanded(r.landed, i)))
+            if t is True or t is alone or (_terms(t, alone) and z3.eq(t, alone)):
+                continue  # the message changes nothing
+            out.append(O(r.net.count(k, e, i) <= 0, t))
+        return A(*out)
+
+    return f
+
+
+def _terms(a: Any, b: Any) -> bool:
+    return isinstance(a, z3.ExprRef) and isinstance(b, z3.ExprRef)

@@ -13,7 +13,7 @@ config and the encoding's pinned fields fold away as the action runs.
   replaced by ``trace.py`` while an action runs); ``SymNet``: a request's messages, the
   view it started from and the ``NetOp`` list done to it since (take, send, drop).
 - ``Landed``/``RMask``: the ``landed`` and ``rmask`` fields, whose set operations go to
-  the ``Ctx`` (``ladd``, ``lfull``, ``rbit``); ``Bit``/``Full``: ``1 << idx`` and
+  the ``Ctx`` (``ladd``, ``lfull``, ``lhas``, ``rbit``); ``Bit``/``Full``: ``1 << idx`` and
   ``full_chunks``/``full_ranks``, which only those two take.
 
 Anything the tracer cannot follow (a symbolic value as a dict key, iterating a
@@ -245,6 +245,28 @@ class Landed:
 
     def __bool__(self) -> bool:
         raise TraceError("landed used as a truth value")
+
+    def at(self, idx: Any) -> Any:
+        """``spec.common.landed_at``: chunk ``idx`` landed."""
+        return lift(_ctx().lhas(self.t, raw(idx)))
+
+    def chunks(self) -> list[Any]:
+        """``spec.common.landed_chunks``: only a conjunct's slot scope (``SlotLanded``)."""
+        raise TraceError("the landed chunks iterated (only in a conjunct's slot scope)")
+
+
+class SlotLanded(Landed):
+    """``landed`` as a slot conjunct sees it: its landed chunks are the slot's index
+    (where it landed) or none (``idx`` None: the request's scope)."""
+
+    __slots__ = ("idx",)
+
+    def __init__(self, t: Any, idx: Any) -> None:
+        super().__init__(t)
+        self.idx = idx
+
+    def chunks(self) -> list[Any]:
+        return [] if self.idx is None or not self.at(self.idx) else [lift(self.idx)]
 
 
 class RMask:

@@ -10,10 +10,10 @@ construction), the successor's changed fields its effect.
 
 While an action runs, the spec's primitives on messages and pools (``spec.common``:
 ``send``, ``take``, ``drop_chunks``, ``chunks_in_flight``, ``used_*``,
-``admit_possible``, ``full_chunks``, ``full_ranks``; ``spec.state``'s ``msg*``;
-``spec.behaviours.slots.slot_free``) are rebound, in every module of ``spec`` that
-imports them, to their symbolic meaning over the ``Ctx``. Nothing else of the spec is
-written again here.
+``admit_possible``, ``full_chunks``, ``full_ranks``, ``landed_at``, ``landed_chunks``;
+``spec.state``'s ``msg*``; ``spec.behaviours.slots.slot_free``) are rebound, in every
+module of ``spec`` that imports them, to their symbolic meaning over the ``Ctx``.
+Nothing else of the spec is written again here.
 
 A path decides each condition once: a condition already decided on the path, and
 ``x == k`` for an ``x`` whose value (or an excluded value) the path fixed, fold.
@@ -113,6 +113,19 @@ def _pool(name: str) -> Callable[..., Any]:
     return f
 
 
+_LANDED = (common.landed_at, common.landed_chunks)  # concrete: a successor's landed = 0
+
+
+def _landed_at(r: Req, idx: Any) -> Any:
+    v: Any = r.landed
+    return v.at(idx) if isinstance(v, S.Landed) else _LANDED[0](r, idx)
+
+
+def _landed_chunks(r: Req) -> Any:
+    v: Any = r.landed
+    return v.chunks() if isinstance(v, S.Landed) else _LANDED[1](r)
+
+
 def _slot_free(w: World, c: Any) -> Any:
     return True if not c.slots else S.lift(_ctx().slot_free())
 
@@ -136,16 +149,20 @@ _SYMBOLIC: dict[Any, Any] = {
     host_cache.host_pins: lambda w: S.lift(_ctx().host_pins()),
     common.full_chunks: lambda c, hit: S.Full(hit),
     common.full_ranks: lambda c: S.Full(None),
+    common.landed_at: _landed_at,
+    common.landed_chunks: _landed_chunks,
     slots.slot_free: _slot_free,
     decode_ranks.all_dst_ranks: lambda c: S.lift(c.dst_full),
     steps.changed: lambda pre, post: list(zip(pre.reqs, post.reqs, strict=True)),
 }
 _SITES: list[tuple[Any, str, Any]] | None = None  # (module, name, concrete fn)
+_SITES_AT = 0  # len(sys.modules) when _SITES was found: a spec module imported since counts
 
 
 def _sites() -> list[tuple[Any, str, Any]]:
-    global _SITES
-    if _SITES is None:
+    global _SITES, _SITES_AT
+    if _SITES is None or _SITES_AT != len(sys.modules):
+        _SITES_AT = len(sys.modules)
         by_id = {id(k): k for k in _SYMBOLIC}
         _SITES = [
             (mod, name, by_id[id(v)])
