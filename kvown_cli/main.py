@@ -40,6 +40,7 @@ from types import FrameType
 from typing import NoReturn
 
 from kvown_cli import usage as outcome
+from kvown_cli.interrupt import watch
 from kvown_cli.usage import UsageError, one_line, refuse
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -183,16 +184,25 @@ def _arm_forced_exit() -> None:
 
 
 def _disarm_forced_exit() -> None:
+    watch.reset()
     while _FORCE:
         _FORCE.pop().cancel()
+
+
+def _on_landed(n: int) -> None:
+    """A signal as it landed (``interrupt.watch``): the first arms the forced exit, a
+    second ends the process now, even while the main thread is inside a C call."""
+    if n >= 2:
+        _force_exit()
+    if not _FORCE:
+        _arm_forced_exit()
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     from model_checks import children
 
-    if _FORCE:  # the second signal: no more waiting on the first one's way out
-        _force_exit()
-    _arm_forced_exit()
+    if not watch.watching():  # else the watcher armed it (or ended us) as it landed
+        _on_landed(2 if _FORCE else 1)
     if children.defer_interrupt():  # a child is starting: popen raises once it is known
         return
     # End the workers first: a process pool's shutdown would otherwise wait for them.
@@ -211,6 +221,7 @@ def _install_signal_handlers() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigint)
+    watch.start(_on_landed)
 
 
 def _silence_stdout() -> None:

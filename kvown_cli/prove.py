@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         return _err(f"--jobs must be in [1, {MAX_JOBS}], got {args.jobs}")
     if args.junit and (args.mutant is not None or args.property is not None):
         return _err("--junit goes with the claims run (no --mutant, no --property)")
+    import z3
+
+    # Ctrl-C is kvown's: z3's own SIGINT handler, installed during each check, would
+    # take the signal, cancel that one check as "unknown" and let the run go on.
+    z3.set_param("ctrl_c", False)
     if args.mutant is not None:
         return _mutant(args, _err)
     if args.property is not None:

@@ -86,3 +86,50 @@ def test_a_swallowed_interrupt_still_ends_the_command() -> None:
 
 def test_a_second_interrupt_ends_it_at_once() -> None:
     assert _interrupt(2) == ["kvown stuck: interrupted"]
+
+
+# One z3 check() that runs for minutes (the pigeonhole principle, 14 pigeons in 13 holes:
+# z3 takes about 2 s at 10, 6 s at 11, and grows several-fold per pigeon): one C call
+# (ctypes releases the GIL) in which Python runs no signal handler.
+PIGEONS = """
+import z3
+n = 14
+s = z3.Solver()
+p = [[z3.Bool(f"p{i}_{j}") for j in range(n - 1)] for i in range(n)]
+for i in range(n):
+    s.add(z3.Or(p[i]))
+for j in range(n - 1):
+    for i in range(n):
+        for k in range(i + 1, n):
+            s.add(z3.Not(z3.And(p[i][j], p[k][j])))
+"""
+IN_C = STUCK.replace("time.sleep(60)", "s.check()  # the main thread in one C call").replace(
+    "sys.modules[", PIGEONS + "sys.modules[", 1
+)
+
+
+def test_an_interrupt_during_a_c_call_still_ends_the_command() -> None:
+    """Python runs no handler while the main thread is inside one C call (z3's check() in
+    ``kvown prove --jobs 1``): the signal is still seen as it lands (``interrupt.watch``),
+    so the forced exit ends the command; without the watcher it ran the check out (minutes)."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", IN_C],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert p.stderr is not None
+        assert p.stderr.readline().strip() == "stuck: running"
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=60)  # a bound on a hang, not a timing
+        assert p.returncode == 130
+        assert p.stderr.read().splitlines() == ["kvown stuck: interrupted"]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
