@@ -12,7 +12,10 @@ better, the goal is "at most":
       dist      ``Sender``/``Receiver`` whole-block     vs one ``dist.send``/``recv``   (1.3)
       dist_l    ``offer(layers=L)`` + ``send_layer``    vs one send per layer           (1.3)
 
-Every timed handoff is checked bit-exact against the source (outside the timer); a first
+A whole-block offer is given the writer's checksums (``offer(checksums=...)``: prefill
+takes them as it writes the blocks, outside the timer as the write is); a streamed one
+hashes each chunk as ``send_layer`` copies it. Every timed handoff is checked bit-exact
+against the source (outside the timer); a first
 round of every path is run untimed (``WARMUP``: pools, buffers and connections warm). The
 two-process figures time the sender from a barrier to the receiver's ack; the raw ones
 from the same barrier to a one-element reply after the last ``recv``.
@@ -37,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refimpl import KVGeometry, ModelIdentity, Receiver, Sender, State, handoff  # noqa: E402
+from refimpl.checksum import block_checksum  # noqa: E402
 from refimpl.transport import InProcessTransport  # noqa: E402
 from spec.manifest import RopeConfig  # noqa: E402
 
@@ -52,12 +56,14 @@ WARMUP = 1  # untimed first rounds: every path (the raw ones too) starts warm
 GOALS = {"whole": 1.25, "layers": 1.5, "dist": 1.3, "dist_l": 1.3}
 
 
-def _fill(pools: Any, rid: str) -> list[int]:
+def _fill(pools: Any, rid: str) -> tuple[list[int], list[str]]:
+    """Prefill's write of the request's blocks, and the checksums it takes as it writes
+    them (``offer(checksums=...)``; outside the timers, as the write itself)."""
     blocks = pools.alloc.allocate(rid, NBLOCKS)
     kv = pools.pools[0].kv
     idx = torch.as_tensor(blocks)
     kv[idx] = torch.randn(kv[idx].shape, generator=torch.Generator().manual_seed(7)).to(kv.dtype)
-    return blocks
+    return blocks, [block_checksum(kv[b]) for b in blocks]
 
 
 def _same(src: Any, sb: list[int], dst: Any, db: tuple[int, ...]) -> None:
@@ -79,10 +85,10 @@ def in_process(rounds: int) -> dict[str, list[float]]:
         times["copy"].append(time.perf_counter() - t0)
         for name, layered in (("whole", False), ("layers", True)):
             rid = f"{name}-{i}"
-            blocks = _fill(src, rid)
+            blocks, sums = _fill(src, rid)
             t0 = time.perf_counter()
             got = handoff(tx, rx, rid, range(TOKENS), blocks=blocks, layered=layered,
-                          free_source=False)  # fmt: skip
+                          free_source=False, checksums=None if layered else sums)  # fmt: skip
             times[name].append(time.perf_counter() - t0)
             _same(src, blocks, dst, got.received.blocks)
             src.alloc.free(rid)
@@ -122,11 +128,12 @@ def _dist_worker(rank: int, port: int, rounds: int, out: str) -> None:
     def api(rid: str, layered: bool) -> None:
         if rank == 0:
             tx = Sender(pools, G, t, MODEL, rank=0 if layered else None)
-            blocks = _fill(pools, rid)
+            blocks, sums = _fill(pools, rid)
             dist.barrier()
             t0 = time.perf_counter()
             tx.offer(rid, range(TOKENS), blocks=blocks, epoch=1,
-                     layers=G.num_layers if layered else None)  # fmt: skip
+                     layers=G.num_layers if layered else None,
+                     checksums=None if layered else sums)  # fmt: skip
             for layer in range(G.num_layers if layered else 0):
                 tx.send_layer(rid, layer)
                 tx.poll(rid)

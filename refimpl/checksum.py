@@ -13,12 +13,14 @@ Python binding holds the GIL, so hashing does not overlap with other Python thre
 from __future__ import annotations
 
 import ctypes
+import re
 import warnings
 
 import torch
 import xxhash
 
 Buffer = bytes | bytearray | memoryview
+_HEX = re.compile(r"[0-9a-f]{16}")
 
 
 def _raw_view(t: torch.Tensor, what: str) -> memoryview:
@@ -61,6 +63,18 @@ def copy_bytes_into(t: torch.Tensor, data: Buffer) -> None:
 def bytes_checksum(data: Buffer) -> str:
     """xxh3-64 of a buffer, as 16 lowercase hex digits."""
     return xxhash.xxh3_64_hexdigest(data)
+
+
+def is_checksum(c: object) -> bool:
+    """A checksum of this convention: 16 lowercase hex digits."""
+    return isinstance(c, str) and _HEX.fullmatch(c) is not None
+
+
+def hasher() -> xxhash.xxh3_64:
+    """A running checksum: ``update`` it with consecutive pieces of a buffer, and its
+    ``hexdigest()`` is that buffer's ``bytes_checksum`` (the same convention, taken while
+    each piece is in cache, e.g. right after copying it)."""
+    return xxhash.xxh3_64()
 
 
 def block_checksum(t: torch.Tensor) -> str:

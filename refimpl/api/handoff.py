@@ -43,6 +43,7 @@ def handoff(
     free_source: bool = True,
     max_idle_rounds: int = 1,
     layered: bool = False,
+    checksums: Sequence[str] | None = None,
 ) -> HandoffResult:
     """Move ``request_id``'s KV (``token_ids``, held in ``blocks`` at the sender).
 
@@ -55,6 +56,7 @@ def handoff(
     request's blocks once the receiver acknowledged. ``layered``: the layer-by-layer
     conversation (``offer(..., layers=L)``, every layer already computed: one chunk per
     (rank, layer), each rank's blocks checked against its seal as they land).
+    ``checksums``: the writer's, one per block (``Sender.offer``; whole-block only).
     Raises the refusal or failure after both ends gave back everything they held.
     """
     rx_bs, tx_bs = receiver.geometry.block_size, sender.geometry.block_size
@@ -72,6 +74,7 @@ def handoff(
         prefix_blocks=len(prefix) * rx_bs // tx_bs,
         free_source=free_source,
         layers=sender.geometry.num_layers if layered else None,
+        checksums=checksums,
     )
     for layer in range(sender.geometry.num_layers if layered else 0):
         sender.send_layer(request_id, layer)  # computed already: sent on the ready
