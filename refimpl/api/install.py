@@ -102,8 +102,7 @@ def install_layer(
             f"layer {layer} (rank {rank}): {count!r:.20} blocks from block {idx}, "
             f"{len(m.sent_blocks) - j0} sent from there"
         )
-    run = range(j0, j0 + count)
-    seen = sum((rank, j, layer) in s.landed for j in run)
+    seen = s.landed.seen(rank, layer, j0, count)
     if seen == count:
         a.duplicates += 1
         return None

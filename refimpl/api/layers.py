@@ -23,7 +23,7 @@ committed. A failure at any point gives back every block, landed layers included
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,13 +44,50 @@ from spec import shardmap as sm
 Chunk = tuple[int, int, int, str]  # (layer, block_index, blocks, checksum), as a seal lists it
 
 
+class Landed:
+    """The (rank, block j, layer) installed, read as a set of those triples (``in``,
+    ``len``, iteration), kept as one byte per block per (rank, layer): a chunk of a whole
+    layer is marked and looked up in one slice, not one tuple per block."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks, self._n = num_blocks, 0
+        self._flags: dict[tuple[int, int], bytearray] = {}  # (rank, layer) -> per block
+
+    def seen(self, rank: int, layer: int, j: int, count: int) -> int:
+        """How many of blocks j..j+count have ``layer`` of ``rank`` installed."""
+        f = self._flags.get((rank, layer))
+        return 0 if f is None else f[j : j + count].count(1)
+
+    def mark(self, rank: int, layer: int, j: int, count: int) -> int:
+        """Blocks j..j+count have ``layer`` of ``rank`` installed; returns how many are new."""
+        f = self._flags.setdefault((rank, layer), bytearray(self.num_blocks))
+        new = count - f[j : j + count].count(1)
+        f[j : j + count] = b"\x01" * count
+        self._n += new
+        return new
+
+    def __contains__(self, key: object) -> bool:
+        if not (isinstance(key, tuple) and len(key) == 3):
+            return False
+        r, j, layer = key
+        f = self._flags.get((r, layer))
+        return f is not None and type(j) is int and 0 <= j < len(f) and f[j] == 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        for (r, layer), f in self._flags.items():
+            yield from ((r, j, layer) for j, x in enumerate(f) if x)
+
+
 class LayerStream:
     """Which (rank, block, layer) landed (a chunk lands a run of blocks of one layer),
     each rank's installed chunks with their checksums, and the seals."""
 
     def __init__(self, num_layers: int, ranks: Sequence[int], num_blocks: int) -> None:
         self.num_layers, self.ranks, self.num_blocks = num_layers, list(ranks), num_blocks
-        self.landed: set[tuple[int, int, int]] = set()  # (rank, block j, layer) installed
+        self.landed = Landed(num_blocks)  # (rank, block j, layer) installed
         self.per_layer: Counter[int] = Counter()  # layer -> (rank, j) installed
         self.chunks: dict[int, dict[tuple[int, int], tuple[int, str]]] = {r: {} for r in ranks}
         # rank -> (layer, j) -> (blocks, checksum) of each chunk installed
@@ -77,8 +114,7 @@ class LayerStream:
     def landed_chunk(self, rank: int, j: int, count: int, layer: int, checksum: str) -> None:
         """Count an installed chunk (layer ``layer`` of sent blocks j..j+count, whose
         payload hashed to ``checksum``), for its rank's seal."""
-        self.landed.update((rank, k, layer) for k in range(j, j + count))
-        self.per_layer[layer] += count
+        self.per_layer[layer] += self.landed.mark(rank, layer, j, count)
         self.chunks[rank][(layer, j)] = (count, checksum)
 
     def seal(self, header: Mapping[str, Any]) -> None:
