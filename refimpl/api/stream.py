@@ -85,10 +85,12 @@ class Stream:
     run: int | None = None  # sent blocks per chunk (None: every sent block in one chunk)
     buffers: Buffers = field(default_factory=Buffers)
     taken: list[torch.Tensor] = field(default_factory=list)  # from ``buffers``, this attempt
+    room: dict[int, torch.Tensor] = field(default_factory=dict)  # rank -> all its layers' copies
 
     def end(self, acked: bool) -> None:
         """The attempt ended: drop the copies not sent; their buffers go back if acked."""
         self.copies.clear()
+        self.room.clear()
         if acked:
             self.buffers.give(self.taken)
         self.taken.clear()
@@ -108,8 +110,7 @@ class Stream:
             layer_raw = raw.select(1, layer)  # this layer only
             per = layer_raw.shape[1]
             if kv.device.type == "cpu":
-                t = self.buffers.take(n * per)
-                self.taken.append(t)
+                t = self._room(r, n * per)[layer * n * per : (layer + 1) * n * per]
                 out, payload = t.view(n, per), byte_view(t)  # the copy, kept until the end
                 step = max(1, GROUP_BYTES // per)
                 for j in range(0, n, run):
@@ -126,6 +127,15 @@ class Stream:
                     piece = payload[j * per : min(n, j + run) * per]
                     self._chunk(layer, r, j, piece, bytes_checksum(piece), min(run, n - j))
         self.copied += 1
+
+    def _room(self, r: int, layer_bytes: int) -> torch.Tensor:
+        """Rank ``r``'s buffer for every layer of this attempt, layer after layer (taken
+        at its first layer): its chunks lie side by side, so a transport that gathers
+        them sends them uncopied (``refimpl.transport_dist``)."""
+        if r not in self.room:
+            self.room[r] = self.buffers.take(self.layers * layer_bytes)
+            self.taken.append(self.room[r])
+        return self.room[r]
 
     def _chunk(
         self, layer: int, r: int, j: int, piece: memoryview, checksum: str, blocks: int
