@@ -16,7 +16,9 @@ A whole-block offer is given the writer's checksums (``offer(checksums=...)``: p
 takes them as it writes the blocks, outside the timer as the write is); a streamed one
 hashes each chunk as ``send_layer`` copies it. Every timed handoff is checked bit-exact
 against the source (outside the timer); a first
-round of every path is run untimed (``WARMUP``: pools, buffers and connections warm). The
+round of every path is run untimed (``WARMUP``: pools, buffers and connections warm), and
+a full garbage collection runs before every timed operation, outside the timer (as
+``timeit`` keeps the collector out: one landed in the first timed round, 250 ms). The
 two-process figures time the sender from a barrier to the receiver's ack; the raw ones
 from the same barrier to a one-element reply after the last ``recv``.
 
@@ -26,6 +28,7 @@ from the same barrier to a one-element reply after the last ``recv``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -80,12 +83,14 @@ def in_process(rounds: int) -> dict[str, list[float]]:
     b.copy_(a)  # both touched once: the copy_ is warm, as the pools are
     times: dict[str, list[float]] = {"copy": [], "whole": [], "layers": []}
     for i in range(rounds + WARMUP):
+        gc.collect()
         t0 = time.perf_counter()
         b.copy_(a)
         times["copy"].append(time.perf_counter() - t0)
         for name, layered in (("whole", False), ("layers", True)):
             rid = f"{name}-{i}"
             blocks, sums = _fill(src, rid)
+            gc.collect()  # a full collection (250 ms here) is not the data path's: as timeit
             t0 = time.perf_counter()
             got = handoff(tx, rx, rid, range(TOKENS), blocks=blocks, layered=layered,
                           free_source=False, checksums=None if layered else sums)  # fmt: skip
@@ -135,6 +140,7 @@ def _dist_worker(rank: int, port: int, rounds: int, out: str) -> None:
         if rank == 0:
             tx = txs[layered]
             blocks, sums = _fill(pools, rid)
+            gc.collect()
             dist.barrier()
             t0 = time.perf_counter()
             tx.offer(rid, range(TOKENS), blocks=blocks, epoch=1,
@@ -155,6 +161,7 @@ def _dist_worker(rank: int, port: int, rounds: int, out: str) -> None:
             tx.forget(rid)
         else:
             rx.expect(rid)
+            gc.collect()
             dist.barrier()
             while not rx.state(rid).final:
                 rx.poll(rid)
@@ -169,6 +176,7 @@ def _dist_worker(rank: int, port: int, rounds: int, out: str) -> None:
 
     for i in range(rounds + WARMUP):
         for name, per_layer in (("raw", False), ("raw_l", True)):
+            gc.collect()
             dist.barrier()
             t0 = time.perf_counter()
             raw_send(per_layer)

@@ -240,7 +240,7 @@ class LayerOffers:
             )
         if not_held := sorted(set(sent) - set(self.pools.alloc.blocks_of(rid))):
             raise ChunkError(f"blocks {not_held} to send are not held by {rid!r}")
-        zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
+        zeros = ("0" * 16,) * len(sent)  # the seals list the chunks: the KV is not there yet
         snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
         m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
         st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)
