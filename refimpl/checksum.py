@@ -13,19 +13,22 @@ Python binding holds the GIL, so hashing does not overlap with other Python thre
 from __future__ import annotations
 
 import ctypes
+import re
 import warnings
 
 import torch
 import xxhash
 
 Buffer = bytes | bytearray | memoryview
+_HEX = re.compile(r"[0-9a-f]{16}")
 
 
-def _raw_view(t: torch.Tensor, what: str) -> memoryview:
+def _raw_view(t: torch.Tensor, what: str, owner: object = None) -> memoryview:
     """A writable memoryview of a contiguous CPU tensor's bytes (no copy).
 
-    The ctypes array keeps a reference to the tensor, and the memoryview keeps the array,
-    so the memory stays valid for as long as the view is alive.
+    The ctypes array keeps a reference to the tensor (or to ``owner``, which must keep
+    the tensor), and the memoryview keeps the array, so the memory stays valid for as
+    long as the view (or any slice of it) is alive.
     """
     if t.device.type != "cpu":
         raise ValueError(f"{what} needs CPU memory, got {t.device}; stage it to host first")
@@ -35,13 +38,15 @@ def _raw_view(t: torch.Tensor, what: str) -> memoryview:
     if n == 0:
         return memoryview(bytearray())
     arr = (ctypes.c_ubyte * n).from_address(t.data_ptr())
-    arr._kvown_owner = t  # type: ignore[attr-defined]  # keep the memory alive
+    arr._kvown_owner = t if owner is None else owner  # type: ignore[attr-defined]  # alive
     return memoryview(arr).cast("B")
 
 
-def byte_view(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, read-only, without copying them."""
-    return _raw_view(t, "byte_view").toreadonly()
+def byte_view(t: torch.Tensor, owner: object = None) -> memoryview:
+    """The bytes of a contiguous CPU tensor, read-only, without copying them. ``owner``:
+    what the view keeps alive instead of ``t`` (it must keep ``t``; a buffer pool's lease,
+    whose end says that no view of the buffer is left)."""
+    return _raw_view(t, "byte_view", owner).toreadonly()
 
 
 def writable_byte_view(t: torch.Tensor) -> memoryview:
@@ -61,6 +66,18 @@ def copy_bytes_into(t: torch.Tensor, data: Buffer) -> None:
 def bytes_checksum(data: Buffer) -> str:
     """xxh3-64 of a buffer, as 16 lowercase hex digits."""
     return xxhash.xxh3_64_hexdigest(data)
+
+
+def is_checksum(c: object) -> bool:
+    """A checksum of this convention: 16 lowercase hex digits."""
+    return isinstance(c, str) and _HEX.fullmatch(c) is not None
+
+
+def hasher() -> xxhash.xxh3_64:
+    """A running checksum: ``update`` it with consecutive pieces of a buffer, and its
+    ``hexdigest()`` is that buffer's ``bytes_checksum`` (the same convention, taken while
+    each piece is in cache, e.g. right after copying it)."""
+    return xxhash.xxh3_64()
 
 
 def block_checksum(t: torch.Tensor) -> str:

@@ -11,10 +11,14 @@ one tag:
 
 where the header is ``{"ch": channel, "h": header}`` for one message, or
 ``{"batch": [{"ch", "h", "n": payload bytes}, ...]}`` for several, their payloads
-concatenated in order (at most ``MAX_BATCH_BYTES``, else the next batch; a payload of
-``ALONE`` bytes or more goes alone, uncopied): a layer's small chunks queued together
-cost three frames, not three per chunk (each blocking frame is a
-hand-off of the GIL between threads; per chunk they were most of the time).
+concatenated in order (at most ``MAX_BATCH_BYTES``, else the next batch; one message
+larger than that goes alone): a whole-block request's 128 blocks of 2 MiB cost four
+batches of three frames, not three frames per block (each blocking frame is a wake-up
+of a thread and a hand-off of the GIL; on a loaded machine a few ms each). Payloads that
+lie side by side in memory (the blocks of a request allocated in a row) leave as one
+frame uncopied; others are copied once into the send thread's reused buffer. A payload
+frame is received into a reused buffer (``Slabs``: a fresh one costs a page fault per
+page on first touch) that goes back only once no message cut from it is referenced.
 
 ``send`` queues them and returns (it never waits for the peer): one thread per peer sends
 its batches in order with blocking ``dist.send``, and one thread per peer receives with
@@ -44,10 +48,12 @@ unmatched when the process group is destroyed.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import queue
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,7 +72,8 @@ MAX_HEADER = 1 << 22  # bytes of one JSON header frame, at most (a manifest of 1
 MAX_PAYLOAD = 1 << 34  # bytes of one payload frame, at most
 MAX_BATCH_BYTES = 1 << 26  # payload bytes one batch gathers, at most (one message may be more)
 MAX_BATCH = 4096  # messages in one batch, at most
-ALONE = 1 << 20  # a payload this large goes alone (its own frames, no copy into a batch)
+REUSE = 1 << 20  # a payload frame this large is received into a reused buffer (``Slabs``)
+KEEP_BYTES = 1 << 28  # idle receive buffers kept for reuse, at most (bytes, per transport)
 # A batch {"batch": [...]}, its entry {"ch", "h", "n"}, the header, the header's manifest
 # (MAX_JSON_DEPTH: rope, arrays).
 MAX_HEADER_DEPTH = MAX_JSON_DEPTH + 4
@@ -101,6 +108,8 @@ class DistTransport:
         self._outq: dict[int, queue.SimpleQueue[Any]] = {  # (json, payload, n) | frames
             p: queue.SimpleQueue() for p in self.peers
         }
+        self._slabs = Slabs(KEEP_BYTES)  # payload frames received (CPU)
+        self._sendbuf: dict[int, torch.Tensor] = {}  # per peer: a batch's payloads joined
         self._threads = [
             threading.Thread(target=fn, args=(p,), daemon=True, name=f"kvown-{fn.__name__}{p}")
             for p in self.peers
@@ -153,12 +162,20 @@ class DistTransport:
                     frames, item = item, None
                 else:
                     batch, item = _gather(q, item)
-                    frames = _frames(batch)
+                    frames = _frames(batch, lambda n: self._staging(peer, n))
                     self.stats["batches"] += 1  # messages sent / batches: how well they batch
                 for t in frames:
                     dist.send(t.to(self.device), peer, self.group, tag=TAG)
         except Exception as e:  # the link is gone: the protocol's timeouts take over
             self.errors.append(f"send to {peer}: {type(e).__name__}: {e}")
+
+    def _staging(self, peer: int, n: int) -> torch.Tensor:
+        """``n`` bytes of ``peer``'s send buffer (only its send thread uses it, and only
+        until its ``dist.send`` returned)."""
+        buf = self._sendbuf.get(peer)
+        if buf is None or buf.numel() < n:
+            buf = self._sendbuf[peer] = torch.empty(n, dtype=torch.uint8)
+        return buf[:n]
 
     def _recv_loop(self, peer: int) -> None:
         """File ``peer``'s messages under their channels until its close frame."""
@@ -175,7 +192,7 @@ class DistTransport:
                     self.dropped.append(f"from {peer}: size frame ({hlen}, {plen}) out of bounds")
                     continue
                 head = self._recv(peer, hlen, torch.uint8)
-                payload = byte_view(self._recv(peer, plen, torch.uint8)) if plen else b""
+                payload = self._payload(peer, plen) if plen else b""
                 self._arrive(peer, bytes(byte_view(head)), payload)
         except Exception as e:
             self.errors.append(f"recv from {peer}: {type(e).__name__}: {e}")
@@ -247,6 +264,14 @@ class DistTransport:
         with self._lock:
             self._inbox.put(ch, (h, payload), epoch_of(h), n)
 
+    def _payload(self, peer: int, n: int) -> memoryview:
+        """A payload frame of ``n`` bytes (a large one into a reused buffer, on CPU)."""
+        if self.device.type != "cpu" or n < REUSE:
+            return byte_view(self._recv(peer, n, torch.uint8))
+        buf, view = self._slabs.take(n)
+        dist.recv(buf, peer, self.group, tag=TAG)
+        return view
+
     def _recv(self, peer: int, n: int, dtype: torch.dtype) -> torch.Tensor:
         buf = torch.empty(n, dtype=dtype, device=self.device)
         dist.recv(buf, peer, self.group, tag=TAG)
@@ -264,29 +289,65 @@ class DistTransport:
             raise TimeoutError(f"DistTransport.close: still waiting after {timeout_s}s: {alive}")
 
 
+class _Lease:
+    """Held by every view of one receive buffer: when the last view is gone, so is it."""
+
+    __slots__ = ("buf", "__weakref__")
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+
+
+class Slabs:
+    """Receive buffers by size, reused: one goes back once no view of it is left (its
+    lease's end), and at most ``keep`` bytes of idle ones are kept."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep, self.kept = keep, 0
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> tuple[torch.Tensor, memoryview]:
+        """A buffer of ``n`` bytes and its read-only view (the one way to its bytes)."""
+        with self._lock:
+            free = self._free.get(n)
+            buf = free.pop() if free else None
+            if buf is not None:
+                self.kept -= n
+        if buf is None:
+            buf = torch.empty(n, dtype=torch.uint8)
+        lease = _Lease(buf)
+        weakref.finalize(lease, self._give, buf)
+        return buf, byte_view(buf, owner=lease)
+
+    def _give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            if self.kept + buf.numel() <= self.keep:
+                self._free.setdefault(buf.numel(), []).append(buf)
+                self.kept += buf.numel()
+
+
 def _gather(q: queue.SimpleQueue[Any], first: Any) -> tuple[list[Any], Any]:
     """``first`` and the messages queued behind it, up to the batch's bounds; returns
     them and the next item (not taken in: a frame list, the end, or past the bounds)."""
     batch, size = [first], first[2]
-    while len(batch) < MAX_BATCH and size < ALONE:
+    while len(batch) < MAX_BATCH:
         try:
             item = q.get_nowait()
         except queue.Empty:
             return batch, None
-        if (
-            item is None
-            or isinstance(item, list)
-            or size + item[2] > MAX_BATCH_BYTES
-            or item[2] >= ALONE
-        ):
+        if item is None or isinstance(item, list) or size + item[2] > MAX_BATCH_BYTES:
             return batch, item
         batch.append(item)
         size += item[2]
     return batch, None
 
 
-def _frames(batch: list[Any]) -> list[torch.Tensor]:
-    """The frames of a batch: sizes, the JSON header, the payloads (concatenated)."""
+def _frames(
+    batch: list[Any], staging: Callable[[int], torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """The frames of a batch: sizes, the JSON header, the payloads (one frame: side by
+    side in memory as they are, else joined into ``staging(n)``, or a new tensor)."""
     if len(batch) == 1:
         text, payload, n = batch[0]
         head = text.encode()  # one message: {"ch", "h", "n"} (the "n" is ignored)
@@ -294,11 +355,27 @@ def _frames(batch: list[Any]) -> list[torch.Tensor]:
         head = ('{"batch":[' + ",".join(text for text, _, _ in batch) + "]}").encode()
         n = sum(m[2] for m in batch)
         parts = [_u8(p) for _, p, k in batch if k]
-        payload = parts[0] if len(parts) == 1 else torch.cat(parts) if parts else b""
+        payload = _joined(parts, n, staging) if parts else b""
     frames = [torch.tensor([len(head), n], dtype=torch.int64), _u8(head)]
     if n:
         frames.append(payload if isinstance(payload, torch.Tensor) else _u8(payload))
     return frames
+
+
+def _joined(
+    parts: list[torch.Tensor], n: int, staging: Callable[[int], torch.Tensor] | None
+) -> torch.Tensor:
+    """The parts' bytes as one tensor: a view of their span where each one starts where
+    the one before it ends (no copy), else copied into ``staging(n)``."""
+    if len(parts) == 1:
+        return parts[0]
+    ends = [p.data_ptr() + p.numel() for p in parts[:-1]]
+    if all(p.device.type == "cpu" for p in parts) and ends == [p.data_ptr() for p in parts[1:]]:
+        arr = (ctypes.c_ubyte * n).from_address(parts[0].data_ptr())
+        arr._kvown_owner = parts  # type: ignore[attr-defined]  # the parts' memory stays
+        return tensor_from_bytes(memoryview(arr), torch.uint8, (n,))
+    out = staging(n) if staging is not None else torch.empty(n, dtype=torch.uint8)
+    return torch.cat(parts, out=out)
 
 
 def _u8(data: Payload) -> torch.Tensor:

@@ -44,6 +44,7 @@ def handoff(
     max_idle_rounds: int = 1,
     layered: bool = False,
     dst_blocks: Sequence[int] | None = None,
+    checksums: Sequence[str] | None = None,
 ) -> HandoffResult:
     """Move ``request_id``'s KV (``token_ids``, held in ``blocks`` at the sender).
 
@@ -57,6 +58,7 @@ def handoff(
     conversation (``offer(..., layers=L)``, every layer already computed: one chunk per
     (rank, layer), each rank's blocks checked against its seal as they land).
     ``dst_blocks``: the receiver's blocks, chosen by its engine (registered memory).
+    ``checksums``: the writer's, one per block (``Sender.offer``; whole-block only).
     Raises the refusal or failure after both ends gave back everything they held.
     """
     rx_bs, tx_bs = receiver.geometry.block_size, sender.geometry.block_size
@@ -80,6 +82,7 @@ def handoff(
         prefix_blocks=len(prefix) * rx_bs // tx_bs,
         free_source=free_source,
         layers=sender.geometry.num_layers if layered else None,
+        checksums=checksums,
     )
     for layer in range(sender.geometry.num_layers if layered else 0):
         sender.send_layer(request_id, layer)  # computed already: sent on the ready

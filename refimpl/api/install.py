@@ -102,15 +102,15 @@ def install_layer(
             f"layer {layer} (rank {rank}): {count!r:.20} blocks from block {idx}, "
             f"{len(m.sent_blocks) - j0} sent from there"
         )
-    run = range(j0, j0 + count)
-    seen = sum((rank, j, layer) in s.landed for j in run)
+    seen = s.landed.seen(rank, layer, j0, count)
     if seen == count:
         a.duplicates += 1
         return None
     if seen:
         raise ChunkError(f"layer {layer} (rank {rank}): blocks {idx}+{count} overlap a landed run")
     per = a.src.rank_pool_geometry().block_bytes // m.num_layers
-    _check(header, payload, per * count, f"layer {layer} (rank {rank}) of blocks {idx}+{count}")
+    what = f"layer {layer} (rank {rank}) of blocks {idx}+{count}"
+    checksum = _check(header, payload, per * count, what)
     rid, view = m.request_id, memoryview(payload).cast("B")
     if a.staging is not None:
         staged = a.staging.alloc.blocks_of(rid)[j0 : j0 + count]
@@ -120,8 +120,7 @@ def install_layer(
         targets = a.target[a.prefix + j0 : a.prefix + j0 + count]
         pools.alloc.check_write(rid, targets)
         land_layer_blocks(pools, a.pieces[rank], a.src.rank_pool_geometry(), view, targets, layer)
-    for k, j in enumerate(run):  # counted (and hashed into each block's digest) once installed
-        s.landed_one(rank, j, layer, view[k * per : (k + 1) * per])
+    s.landed_chunk(rank, j0, count, layer, checksum)  # counted once installed
     a.checks += 1
     return layer
 

@@ -9,7 +9,7 @@ allocates it. It raises on any refusal and keeps nothing; ``Receiver`` answers t
 A streamed offer (``"layers": L`` in the message, ``Sender.offer(..., layers=L)``) is
 sent before its KV exists: its chunks are one (rank, layer) each, holding that layer of
 a run of sent blocks (all of them unless the sender splits it), and every source rank's
-``seal`` carries its blocks' digests (``refimpl.api.layers``). ``"ranked": true``
+``seal`` lists the chunks it sent with their checksums (``refimpl.api.layers``). ``"ranked": true``
 says that each source rank is its own ``Sender`` (one process per rank), so the replies
 go to every source rank's channel.
 """

@@ -1,55 +1,96 @@
 """Layer by layer: the receiver's record of a streamed attempt, and one layer's install.
 
 A streamed offer (``Sender.offer(..., layers=L)``) sends one chunk per (source rank,
-layer), that layer of every sent block in block order, as prefill computes each layer
-(``Sender.send_layer``, the shape of a KV connector's ``save_kv_layer``), then one
-``seal`` per source rank with the xxh3-64 of each of its blocks (the same convention as
-a whole-block chunk's checksum: the rank's block bytes, layer 0 first; a tp=1
-heads_major block is the manifest's canonical block).
+layer), that layer of every sent block in block order (or of a run of them), as prefill
+computes each layer (``Sender.send_layer``, the shape of a KV connector's
+``save_kv_layer``), then one ``seal`` per source rank listing every chunk it sent:
+``{"chunks": [[layer, block_index, blocks, checksum], ...]}``, each checksum the
+xxh3-64 of that chunk's payload (``refimpl.checksum``, the one convention).
 
-The receiver checks each layer chunk against its header's checksum, installs it, and
-hashes it into its block's digest in layer order (a layer that arrives early waits, as
-a copy, for the one before it): one pass over the bytes. The seal covers the bytes that
-arrived; their landing (heads resharded, axes permuted) is not hashed again, unlike the
-whole-block path's end-to-end check of every non-canonical block. ``layer_ready(layer)`` says that
-every sent block of every source rank has that layer installed: the decode side may wait
-on it (``wait_for_layer_load``), but the blocks are still RESERVED: the request owns
-them only once every digest matched its seal and the attempt committed. A failure at any
-point gives back every block, landed layers included.
+The receiver checks each chunk's payload against its header's checksum before any byte
+of it is written, installs it, and records (layer, run, checksum). Before the commit,
+every source rank's installed chunks must be exactly the ones its seal lists, checksums
+included (``verify``, else ``ChecksumError``), and every (rank, block, layer) must have
+landed: each byte is hashed once per side, and the seal commits the attempt to the list
+of chunk checksums. Their landing (heads resharded, axes permuted) is not hashed again,
+unlike the whole-block path's end-to-end check of every non-canonical block.
+``layer_ready(layer)`` says that every sent block of every source rank has that layer
+installed: the decode side may wait on it (``wait_for_layer_load``), but the blocks are
+still RESERVED: the request owns them only once the seals matched and the attempt
+committed. A failure at any point gives back every block, landed layers included.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
-import xxhash
 
 from refimpl.api.wire import SEAL as SEAL
-from refimpl.checksum import Buffer, tensor_from_bytes
+from refimpl.checksum import (
+    Buffer,
+    is_checksum,
+    tensor_from_bytes,
+)
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChecksumError, ChunkError
 from refimpl.memory.views import scatter_layer, write_bytes
 from refimpl.pool import PoolGeometry
 from spec import shardmap as sm
 
-_HEX = re.compile(r"[0-9a-f]{16}")
+Chunk = tuple[int, int, int, str]  # (layer, block_index, blocks, checksum), as a seal lists it
+
+
+class Landed:
+    """The (rank, block j, layer) installed, read as a set of those triples (``in``,
+    ``len``, iteration), kept as one byte per block per (rank, layer): a chunk of a whole
+    layer is marked and looked up in one slice, not one tuple per block."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks, self._n = num_blocks, 0
+        self._flags: dict[tuple[int, int], bytearray] = {}  # (rank, layer) -> per block
+
+    def seen(self, rank: int, layer: int, j: int, count: int) -> int:
+        """How many of blocks j..j+count have ``layer`` of ``rank`` installed."""
+        f = self._flags.get((rank, layer))
+        return 0 if f is None else f[j : j + count].count(1)
+
+    def mark(self, rank: int, layer: int, j: int, count: int) -> int:
+        """Blocks j..j+count have ``layer`` of ``rank`` installed; returns how many are new."""
+        f = self._flags.setdefault((rank, layer), bytearray(self.num_blocks))
+        new = count - f[j : j + count].count(1)
+        f[j : j + count] = b"\x01" * count
+        self._n += new
+        return new
+
+    def __contains__(self, key: object) -> bool:
+        if not (isinstance(key, tuple) and len(key) == 3):
+            return False
+        r, j, layer = key
+        f = self._flags.get((r, layer))
+        return f is not None and type(j) is int and 0 <= j < len(f) and f[j] == 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        for (r, layer), f in self._flags.items():
+            yield from ((r, j, layer) for j, x in enumerate(f) if x)
 
 
 class LayerStream:
     """Which (rank, block, layer) landed (a chunk lands a run of blocks of one layer),
-    each block's running digest, and the seals."""
+    each rank's installed chunks with their checksums, and the seals."""
 
     def __init__(self, num_layers: int, ranks: Sequence[int], num_blocks: int) -> None:
         self.num_layers, self.ranks, self.num_blocks = num_layers, list(ranks), num_blocks
-        self.landed: set[tuple[int, int, int]] = set()  # (rank, block j, layer) installed
+        self.landed = Landed(num_blocks)  # (rank, block j, layer) installed
         self.per_layer: Counter[int] = Counter()  # layer -> (rank, j) installed
-        self._hash = {(r, j): xxhash.xxh3_64() for r in ranks for j in range(num_blocks)}
-        self._next = dict.fromkeys(self._hash, 0)  # the next layer to hash, per (rank, j)
-        self._early: dict[tuple[int, int, int], bytes] = {}  # landed before its predecessor
-        self.seals: dict[int, tuple[str, ...]] = {}
+        self.chunks: dict[int, dict[tuple[int, int], tuple[int, str]]] = {r: {} for r in ranks}
+        # rank -> (layer, j) -> (blocks, checksum) of each chunk installed
+        self.seals: dict[int, frozenset[Chunk]] = {}
 
     def layer_ready(self, layer: int) -> bool:
         return self.per_layer[layer] == len(self.ranks) * self.num_blocks
@@ -69,51 +110,59 @@ class LayerStream:
             )
         return layer
 
-    def landed_one(self, rank: int, j: int, layer: int, payload: Buffer) -> None:
-        """Count an installed layer and hash it into its block's digest, in layer order."""
-        self.landed.add((rank, j, layer))
-        self.per_layer[layer] += 1
-        key = (rank, j)
-        if layer != self._next[key]:
-            self._early[(rank, j, layer)] = bytes(payload)
-            return
-        self._hash[key].update(payload)
-        nxt = layer + 1
-        while (rank, j, nxt) in self._early:
-            self._hash[key].update(self._early.pop((rank, j, nxt)))
-            nxt += 1
-        self._next[key] = nxt
+    def landed_chunk(self, rank: int, j: int, count: int, layer: int, checksum: str) -> None:
+        """Count an installed chunk (layer ``layer`` of sent blocks j..j+count, whose
+        payload hashed to ``checksum``), for its rank's seal."""
+        self.per_layer[layer] += self.landed.mark(rank, layer, j, count)
+        self.chunks[rank][(layer, j)] = (count, checksum)
 
-    def seal(self, rank: object, digests: object) -> None:
-        """Take one source rank's per-block digests (ChunkError if malformed or changed)."""
+    def seal(self, header: Mapping[str, Any]) -> None:
+        """Take one source rank's seal: the chunks it sent (ChunkError if malformed or
+        changed; compared with the installed ones at ``verify``)."""
+        rank, chunks = header.get("rank"), header.get("chunks")
         if type(rank) is not int or rank not in self.ranks:
             raise ChunkError(f"seal of rank {rank!r}; senders {self.ranks}", prop="RankAgreement")
-        if (
-            not isinstance(digests, list)
-            or len(digests) != self.num_blocks
-            or not all(isinstance(d, str) and _HEX.fullmatch(d) for d in digests)
-        ):
+        most = self.num_layers * self.num_blocks  # a chunk is one block at least
+        if not isinstance(chunks, list) or len(chunks) > most or not all(map(_entry, chunks)):
             raise ChunkError(
-                f"seal of rank {rank}: digests {digests!r:.80} are not {self.num_blocks} xxh3-64"
+                f"seal of rank {rank}: chunks {chunks!r:.80} are not at most {most} "
+                "[layer, block_index, blocks, xxh3-64]"
             )
-        if self.seals.get(rank, tuple(digests)) != tuple(digests):
-            raise ChunkError(f"rank {rank} sealed twice with other digests")
-        self.seals[rank] = tuple(digests)
+        got = frozenset(tuple(c) for c in chunks)
+        if len(got) != len(chunks):
+            raise ChunkError(f"seal of rank {rank}: a chunk listed twice")
+        if self.seals.get(rank, got) != got:
+            raise ChunkError(f"rank {rank} sealed twice with other chunks")
+        self.seals[rank] = got
 
     def complete(self) -> bool:
-        full = len(self.landed) == len(self._hash) * self.num_layers
+        full = len(self.landed) == len(self.ranks) * self.num_blocks * self.num_layers
         return full and len(self.seals) == len(self.ranks)
 
     def verify(self, first_block: int) -> int:
-        """Every block's digest against its rank's seal; returns the comparisons made."""
-        for (r, j), h in self._hash.items():
-            got, want = h.hexdigest(), self.seals[r][j]
-            if got != want:
+        """Every rank's installed chunks against its seal; returns the chunks compared."""
+        n = 0
+        for r in self.ranks:
+            have = {(ly, first_block + j, k, c) for (ly, j), (k, c) in self.chunks[r].items()}
+            sealed = self.seals[r]
+            for ly, i, k, c in sorted(have ^ sealed):
+                what = "installed, not in its seal" if (ly, i, k, c) in have else "sealed"
                 raise ChecksumError(
-                    f"block {first_block + j} (rank {r}): its layers hash to {got}, "
-                    f"not the sealed {want}"
+                    f"layer {ly} (rank {r}) of blocks {i}+{k}: the chunk hashing to {c} was "
+                    f"{what}; the seal and the installed chunks differ"
                 )
-        return len(self._hash)
+            n += len(have)
+        return n
+
+
+def _entry(c: object) -> bool:
+    """A seal's entry: [layer, block_index, blocks, xxh3-64 hex]."""
+    return (
+        isinstance(c, list)
+        and len(c) == 4
+        and all(type(x) is int and x >= 0 for x in c[:3])
+        and is_checksum(c[3])
+    )
 
 
 def land_layer(

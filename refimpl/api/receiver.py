@@ -239,7 +239,7 @@ class Receiver(ChunkIntake, Incarnated):
                 self._on_chunk(a, header, payload)
             elif kind == SEAL and a.stream is not None and self._ours(a, header):
                 try:
-                    a.stream.seal(header.get("rank"), header.get("digests"))
+                    a.stream.seal(header)
                 except OwnershipError as e:
                     self._fail(a, e)
             elif kind == ABORT and wire.epoch_of(header) == a.m.epoch:

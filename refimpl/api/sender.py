@@ -52,6 +52,7 @@ from refimpl.api.wire import (
     revoke,
     stamp,
 )
+from refimpl.checksum import is_checksum
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.chunks import manifest_checksums as canonical_sums
 from refimpl.engine.data import RankPools
@@ -149,6 +150,7 @@ class Sender(LayerOffers, Incarnated):
         prefix_blocks: int = 0,
         free_source: bool = False,
         layers: int | None = None,
+        checksums: Sequence[str] | None = None,
     ) -> Manifest:
         """Freeze the blocks to send, build the manifest and send it. Nothing is held on error.
 
@@ -157,6 +159,11 @@ class Sender(LayerOffers, Incarnated):
         ``epoch``: this attempt's, above every earlier one of the request here; default:
         the next one (1 for a request this sender has not offered). ``layers``: a streamed
         offer of all ``layers`` layers, sent by ``send_layer`` as each is computed.
+        ``checksums``: the writer's xxh3-64 of each of ``blocks`` (``refimpl.checksum``,
+        taken when prefill wrote them), so the offer does not read the KV to hash it; a
+        whole-block offer of canonical blocks only (one rank, heads_major). Not trusted
+        further: the receiver hashes every chunk before installing it, so a stale one
+        fails the handoff (``ChecksumError``, nothing kept), never installs other bytes.
         """
         if self.rank is not None and epoch is None:
             raise ValueError(
@@ -185,6 +192,7 @@ class Sender(LayerOffers, Incarnated):
                 f"at block_size={g.block_size}; needs {need}"
             )
         sent = list(blocks)[prefix_blocks:]
+        given = None if checksums is None else self._given(request_id, checksums, need, layers)
         if layers is not None or self.rank is not None:
             return self._offer_stream(
                 rinc,
@@ -208,6 +216,7 @@ class Sender(LayerOffers, Incarnated):
                         epoch,
                         first_block=prefix_blocks,
                         blocks=sent,
+                        checksums=None if given is None else given[prefix_blocks:],
                     )
                 )
             sums = canonical_sums(self.pools, sent, snaps[0].checksums)  # the one convention
@@ -226,6 +235,33 @@ class Sender(LayerOffers, Incarnated):
             self._end(self._offers.pop(request_id), State.ABORTED, [])
             raise
         return m
+
+    def _given(
+        self, rid: str, checksums: Sequence[str], need: int, layers: int | None
+    ) -> list[str]:
+        """The writer's checksums of an offer's blocks, checked (ValueError naming what
+        is wrong): one per block, each 16 lowercase hex digits, of canonical blocks."""
+        if layers is not None or self.rank is not None:
+            raise ValueError(
+                f"{rid!r}: checksums= is for a whole-block offer; a streamed one hashes "
+                "each chunk as send_layer copies it"
+            )
+        if not self.pools.canonical:
+            raise ValueError(
+                f"{rid!r}: checksums= needs canonical blocks (one rank, heads_major): the "
+                f"manifest's are of the whole block, these pools are tp={self.geometry.tp}, "
+                f"{self.geometry.layout}"
+            )
+        sums = list(checksums) if not isinstance(checksums, str | bytes) else None
+        if sums is None or len(sums) != need:
+            n = "a string" if sums is None else len(sums)
+            raise ValueError(f"{rid!r}: checksums: {n} for {need} blocks; one per block")
+        if bad := [i for i, c in enumerate(sums) if not is_checksum(c)]:
+            raise ValueError(
+                f"{rid!r}: checksums[{bad[0]}] = {sums[bad[0]]!r:.40} is not an xxh3-64 "
+                "(16 lowercase hex digits, refimpl.checksum)"
+            )
+        return sums
 
     def poll(self, request_id: str) -> int:
         """Handle the receiver's replies; returns the number of messages read."""

@@ -1,17 +1,20 @@
 """A streamed offer's sender side: each layer copied at ``send_layer``, sent on ready
 (``LayerOffers``: the ``Sender``'s streamed ``offer`` and ``send_layer``; ``Stream``: one
-attempt's layers, copies and digests).
+attempt's layers, copies and chunk checksums).
 
 ``Sender.send_layer(rid, layer)`` copies that layer of every sent block of every source
 rank held here into one buffer per rank (the blocks' layer pieces in block order: one
 message per (rank, layer), not per block; ``Sender(..., blocks_per_chunk=k)`` splits it
 into runs of k blocks, as the spec's tour does with k=1: one spec chunk per block), and
-hashes each block's piece into that block's seal digest (layer order) at once: what
-leaves is the bytes at ``send_layer``, so the request may free or reuse its blocks as
-soon as it returned (FrozenSnapshot / NoReuseUnderIO for a streamed offer, whose blocks
-are not pinned). Copies of layers computed before the receiver's ready wait here (one
-layer's bytes per rank and block, at most all of them) and are dropped when the attempt
-ends. After the last layer, one ``seal`` per rank carries its blocks' digests.
+hashes each chunk (xxh3-64, ``refimpl.checksum``) piece by piece as it is copied, while
+the piece is in cache: each byte is read once for the copy and once, from cache, for
+the hash. What leaves is the bytes at ``send_layer``, so the request may free or reuse
+its blocks as soon as it returned (FrozenSnapshot / NoReuseUnderIO for a streamed offer,
+whose blocks are not pinned). Copies of layers computed before the receiver's ready wait
+here (one layer's bytes per rank and block, at most all of them) and are dropped when
+the attempt ends. After the last layer, one ``seal`` per rank lists every chunk it sent
+(``[layer, block_index, blocks, checksum]``): the receiver commits only if the chunks
+it installed are exactly those (``refimpl.api.layers``).
 
 The ``stream_reads_at_ready`` switch (``refimpl.api.switches``) is the bug this fixes: a
 layer's bytes are read when they are sent, not when ``send_layer`` was called.
@@ -25,18 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import xxhash
 
 from refimpl.api.geometry import KVGeometry
 from refimpl.api.switches import STREAM_READS_AT_READY
 from refimpl.api.wire import CHUNK, MANIFEST, SEAL, Incarnations, State, channels, stamp
-from refimpl.checksum import byte_view, bytes_checksum
+from refimpl.checksum import byte_view, bytes_checksum, hasher
 from refimpl.chunks import Snapshot, build_manifest
 from refimpl.engine.data import RankPools
 from refimpl.errors import ChunkError
 from refimpl.memory.views import gather_layer, piece_bytes
 from refimpl.transport import Transport
 from spec.manifest import LocalConfig, Manifest
+
+GROUP_BYTES = 1 << 20  # bytes gathered at a time, then hashed from cache (L2: 1-2 MiB)
 
 
 class Buffers:
@@ -67,52 +71,76 @@ class Buffers:
 
 @dataclass
 class Stream:
-    """Layers computed, layers sent, each (rank, block)'s digest, the copies to send."""
+    """Layers computed, layers sent, each rank's chunks (for its seal), the copies to send."""
 
     layers: int
     blocks: tuple[int, ...]  # the sent blocks' ids here
     computed: int = 0  # layers [0, computed) are written and may be sent
     sent: int = 0  # layers [0, sent) are on the wire
     copied: int = 0  # layers whose bytes were copied here (at send_layer, or by the bug later)
-    digests: dict[tuple[int, int], Any] = field(default_factory=dict)  # (rank, j) -> xxh3
+    sums: dict[int, list[tuple[int, int, int, str]]] = field(default_factory=dict)  # rank ->
+    # its chunks as the seal lists them: (layer, j, blocks, xxh3), j among the sent blocks
     sealed: bool = False
     copies: deque[tuple[int, int, int, memoryview, str]] = field(default_factory=deque)  # to
     # send: (layer, rank, j, the layer of sent blocks j.. at send_layer, its xxh3), oldest first
     run: int | None = None  # sent blocks per chunk (None: every sent block in one chunk)
     buffers: Buffers = field(default_factory=Buffers)
     taken: list[torch.Tensor] = field(default_factory=list)  # from ``buffers``, this attempt
+    room: dict[int, torch.Tensor] = field(default_factory=dict)  # rank -> all its layers' copies
 
     def end(self, acked: bool) -> None:
         """The attempt ended: drop the copies not sent; their buffers go back if acked."""
         self.copies.clear()
+        self.room.clear()
         if acked:
             self.buffers.give(self.taken)
         self.taken.clear()
 
     def copy_layer(self, pools: RankPools, ranks: Sequence[tuple[int, int]], layer: int) -> None:
         """Copy layer ``layer`` of every sent block of each (source rank, pool index) into
-        one buffer per rank (one gather), hashing each block's piece into its digest."""
+        one buffer per rank, and checksum each chunk of it as it is copied (a group of
+        blocks gathered, then hashed while it is in cache: ``GROUP_BYTES``)."""
         if not self.blocks:
             return  # nothing sent (a prefix covers every block): no chunk, only the seals
+        n = len(self.blocks)
         idx = torch.as_tensor(self.blocks, dtype=torch.long)
+        run = self.run or n
         for r, pool in ranks:
             lv = pools.pools[pool].layer(layer)  # this layer of every block (a view)
+            per = piece_bytes(lv)
             if lv.device.type == "cpu":
-                t = self.buffers.take(len(self.blocks) * piece_bytes(lv))
-                gather_layer(lv, idx, out=t)
-                self.taken.append(t)
+                t = self._room(r, n * per)[layer * n * per : (layer + 1) * n * per]
+                out, payload = t.view(n, per), byte_view(t)  # the copy, kept until the end
+                step = max(1, GROUP_BYTES // max(1, per))
+                for j in range(0, n, run):
+                    h, end = hasher(), min(n, j + run)
+                    for k in range(j, end, step):
+                        e = min(end, k + step)
+                        gather_layer(lv, idx[k:e], out=out[k:e])
+                        h.update(payload[k * per : e * per])
+                    self._chunk(layer, r, j, payload[j * per : end * per], h.hexdigest(), end - j)
             else:
-                t = gather_layer(lv, idx).cpu()
-            payload = byte_view(t)  # the copy, kept until the attempt ends
-            n, per = len(self.blocks), payload.nbytes // len(self.blocks)
-            for j in range(n):
-                h = self.digests.setdefault((r, j), xxhash.xxh3_64())
-                h.update(payload[j * per : (j + 1) * per])
-            run = self.run or n
-            for j in range(0, n, run):
-                piece = payload[j * per : min(n, j + run) * per]  # hashed while in cache
-                self.copies.append((layer, r, j, piece, bytes_checksum(piece)))
+                payload = byte_view(gather_layer(lv, idx).cpu())
+                for j in range(0, n, run):
+                    piece = payload[j * per : min(n, j + run) * per]
+                    self._chunk(layer, r, j, piece, bytes_checksum(piece), min(run, n - j))
         self.copied += 1
+
+    def _room(self, r: int, layer_bytes: int) -> torch.Tensor:
+        """Rank ``r``'s buffer for every layer of this attempt, layer after layer (taken
+        at its first layer): its chunks lie side by side, so a transport that gathers
+        them sends them uncopied (``refimpl.transport_dist``)."""
+        if r not in self.room:
+            self.room[r] = self.buffers.take(self.layers * layer_bytes)
+            self.taken.append(self.room[r])
+        return self.room[r]
+
+    def _chunk(
+        self, layer: int, r: int, j: int, piece: memoryview, checksum: str, blocks: int
+    ) -> None:
+        """One chunk copied: queued to send, and listed for its rank's seal."""
+        self.copies.append((layer, r, j, piece, checksum))
+        self.sums.setdefault(r, []).append((layer, j, blocks, checksum))
 
     def flush(
         self,
@@ -151,9 +179,9 @@ class Stream:
         if self.sent == self.layers and not self.sealed:
             self.sealed = True
             for r in ranks:
-                digests = [self.digests[(r, j)].hexdigest() for j in range(len(self.blocks))]
+                sums = [[layer, first_block + j, k, c] for layer, j, k, c in self.sums.get(r, [])]
                 seal = {**(head if seal_head is None else seal_head), "type": SEAL, "rank": r}
-                transport.send(channel, {**seal, "digests": digests})
+                transport.send(channel, {**seal, "chunks": sums})
         return n, nbytes
 
 
@@ -210,7 +238,7 @@ class LayerOffers:
             )
         if not_held := sorted(set(sent) - set(self.pools.alloc.blocks_of(rid))):
             raise ChunkError(f"blocks {not_held} to send are not held by {rid!r}")
-        zeros = ("0" * 16,) * len(sent)  # the seals carry the digests: the KV is not there yet
+        zeros = ("0" * 16,) * len(sent)  # the seals list the chunks: the KV is not there yet
         snap = Snapshot(rid, epoch, tuple(sent), prefix_blocks, zeros, ())
         m = build_manifest(snap, self.local, token_ids=token_ids, dst_tp=dst_tp, dst_cp=dst_cp)
         st = Stream(layers, tuple(sent), run=self.blocks_per_chunk, buffers=self._buffers)

@@ -56,7 +56,7 @@ from refimpl.chunks import CHUNK as CHUNK
 from refimpl.transport import epoch_of as epoch_of
 
 MANIFEST, READY, NACK, ACK, ABORT = "manifest", "ready", "nack", "ack", "abort"
-SEAL = "seal"  # a source rank's per-block digests, after its last layer (streamed offers)
+SEAL = "seal"  # a source rank's chunks and their checksums, after its last layer (streamed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,8 @@ def test_a_failure_after_layers_landed_gives_back_every_block(fault: str) -> Non
         assert isinstance(p.rx.error("r"), CancelledError)
     elif fault == "forged_seal":
         seal = {"type": "seal", "request_id": "r", "epoch": 1, "rank": 0}
-        p.t.send(to_rx, {**seal, "digests": ["0" * 16] * 3})
+        forged = [[layer, 0, 3, "0" * 16] for layer in range(3)]  # well formed, wrong sums
+        p.t.send(to_rx, {**seal, "chunks": forged})
         _rounds(p)
         assert isinstance(p.rx.error("r"), ChecksumError)
     else:  # every layer landed, the seal never came: the receiver times out

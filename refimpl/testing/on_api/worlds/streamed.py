@@ -12,8 +12,9 @@ of ``ApiSubject``.
 The refinement map's layer fields: ``lay`` the scheduler's ``send_layer`` calls, ``cpy``
 the layers the Senders copied (``Stream.copied``), ``fs`` the scheduler's free, ``inl``
 the layers in the blocks ``held()`` names (all once committed), ``rdy`` the layers the
-engine was told are ready. A freed source's replica is the Senders' copies: their seal
-digests, equal to the digests of the attempt's content, stand for it.
+engine was told are ready. A freed source's replica is the Senders' copies: their
+chunks' checksums (what the seals list), equal to those of the attempt's content, stand
+for it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import xxhash
 
 from refimpl.api import Receiver, Sender
-from refimpl.checksum import byte_view
+from refimpl.checksum import byte_view, hasher
 from refimpl.engine.data import RankPools
 from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.views import view
@@ -113,18 +113,20 @@ class StreamedActions:
         return int(view(self.rx, "installed_layers", self.rid(i), self.c.layers))
 
     def copies_replica(self, i: int) -> torch.Tensor | None:
-        """A freed source's replica: the content whose digests the Senders' copies have."""
+        """A freed source's replica: the content whose checksums the Senders' copies have."""
         want = self.model.content(i, self.frozen[i].get(self.ep[i], 0))
         h = want.shape[3] // len(self.tx)
         for r, s in enumerate(self.tx):
             st = self._stream(s, i)
             if st is None or st.copied < st.layers:
                 return None
-            for j in range(want.shape[0]):
-                d = xxhash.xxh3_64()
-                for layer in range(want.shape[1]):
-                    t = want[j, layer, :, r * h : (r + 1) * h].contiguous()
-                    d.update(bytes(byte_view(t)))
-                if (r, j) not in st.digests or st.digests[(r, j)].hexdigest() != d.hexdigest():
+            sums = st.sums.get(r, [])
+            if sum(k for _, _, k, _ in sums) != want.shape[0] * want.shape[1]:
+                return None  # not every (block, layer) of this rank was copied
+            for layer, j, k, checksum in sums:  # each chunk: its blocks' layer, in order
+                d = hasher()
+                for b in range(j, j + k):
+                    d.update(byte_view(want[b, layer, :, r * h : (r + 1) * h].contiguous()))
+                if d.hexdigest() != checksum:
                     return None
         return want
