@@ -36,9 +36,13 @@ from refimpl.api.install import ChunkIntake
 from refimpl.api.intake import (
     Attempt,
     Expect,
+    Late,
     aborting_ranks,
     early_abort,
     on_manifest,
+    on_quarantined,
+    quarantine,
+    release,
     send_quietly,
     tos,
 )
@@ -120,6 +124,7 @@ class Receiver(ChunkIntake, Incarnated):
         self._aborted: dict[str, tuple[int, list[str]]] = {}  # aborts before the manifest
         self._fenced: dict[str, int] = {}  # the newest epoch refused at intake
         self._ends: dict[str, str] = {}  # requests the scheduler ended (``end``), why
+        self._late: dict[str, Late] = {}  # quarantined attempts (``intake.quarantine``)
         self.max_records = max_records
 
     # ------------------------------------------------------------ queries
@@ -171,8 +176,15 @@ class Receiver(ChunkIntake, Incarnated):
         return a.stream.layer_ready(layer)
 
     def held(self) -> dict[str, tuple[int, ...]]:
-        """Blocks reserved by attempts that have not ended."""
-        return {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
+        """Blocks reserved by attempts that have not ended, and those quarantined."""
+        out = {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
+        return {**out, **self.quarantined()}
+
+    def quarantined(self) -> dict[str, tuple[int, ...]]:
+        """Blocks of ended attempts a write may still land in (an unrevocable transport:
+        ``refimpl.api.intake``), held until the writer's Quiesced or a second ``abort``."""
+        held = [r for r, q in self._late.items() if q.held]
+        return {r: self.pools.alloc.quarantined(r) for r in held}
 
     def records(self) -> dict[str, int]:
         """Per-request entries kept (a memory test reads these; ``forget`` empties them)."""
@@ -221,6 +233,8 @@ class Receiver(ChunkIntake, Incarnated):
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
+            if not live and on_quarantined(self, request_id, header, payload):
+                continue  # a late write, or the writer's Quiesced: the blocks go
             if kind == MANIFEST and not live:
                 on_manifest(self, request_id, header, a)
             elif kind == ABORT and not live:
@@ -229,6 +243,8 @@ class Receiver(ChunkIntake, Incarnated):
                 continue  # nothing to do with it: before a manifest, or after the end
             elif kind == CHUNK:
                 self._on_chunk(a, header, payload)
+                if a.state.final:  # the chunk ended it (a bad checksum): it has landed
+                    on_quarantined(self, request_id, header, payload)
             elif kind == SEAL and a.stream is not None and self._ours(a, header):
                 try:
                     a.stream.seal(header.get("rank"), header.get("digests"))
@@ -238,6 +254,7 @@ class Receiver(ChunkIntake, Incarnated):
                 reasons = wire.reasons_of(header)  # every other rank hears it, with why
                 told = aborting_ranks(msgs, a) if a.ranked else None  # not those that said it
                 self._fail(a, CancelledError(f"sender aborted: {reasons}"), skip=told)
+                release(self, request_id)  # its writes are over (the spec's Quiesced)
             elif kind == ABORT:
                 self._ours(a, header)  # another attempt's: fenced (or the ranks disagree)
             else:
@@ -255,7 +272,9 @@ class Receiver(ChunkIntake, Incarnated):
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt here (cancel, timeout, peer gone): give back every block."""
+        """End the attempt here (cancel, timeout, peer gone): give back every block (on
+        an unrevocable transport, a quarantined attempt's: its longer timer is over)."""
+        release(self, request_id)
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             self._fail(a, CancelledError(f"{request_id!r} aborted by the receiver: {reason}"))
@@ -280,7 +299,9 @@ class Receiver(ChunkIntake, Incarnated):
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             raise InUseError(f"{request_id!r} is still {a.state.value}; abort it first")
-        for d in (self._att, self._errors, self._expect, self._ended, self._aborted):
+        if request_id in self.quarantined():
+            raise InUseError(f"{request_id!r} is quarantined until its writer's Quiesced")
+        for d in (self._att, self._errors, self._expect, self._ended, self._aborted, self._late):
             d.pop(request_id, None)
         self._fenced.pop(request_id, None)
         self._ends.pop(request_id, None)
@@ -289,6 +310,7 @@ class Receiver(ChunkIntake, Incarnated):
         """Lose everything (a process crash): attempts forgotten, pools reset."""
         for d in (self._att, self._errors, self._ended, self._aborted, self._fenced, self._ends):
             d.clear()
+        self._late.clear()
         self.pools.reset()
 
     # ------------------------------------------------------------ records
@@ -302,6 +324,8 @@ class Receiver(ChunkIntake, Incarnated):
             if (a := self._att.get(old)) is None or a.state.final:
                 for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
+                if old not in self.quarantined():
+                    self._late.pop(old, None)
 
     # ------------------------------------------------------------ the end
     def _finish(self, a: Attempt) -> None:
@@ -352,8 +376,9 @@ class Receiver(ChunkIntake, Incarnated):
         """Give back every block of the attempt, drop what is in flight, tell the sender
         (every rank but those in ``skip``; ``None``: nobody)."""
         rid, alloc = a.m.request_id, self.pools.alloc
-        alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
-        alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
+        if not quarantine(self, a, err):  # unrevocable: held till the writer's Quiesced
+            alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
+            alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
         a.state, a.error, a.staging = State.ABORTED, err, None
         self._ended_now(rid)
         self.transport.abort(channels(rid).to_receiver)

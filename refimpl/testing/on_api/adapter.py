@@ -34,8 +34,6 @@ UNEXPRESSED: dict[str, str] = {
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
     "turns": "multi-turn append is the engine's",
-    "unrevocable": "revocable=False: SpecTransport revokes writes (no Quiesced handshake "
-    "in the API on a Nack)",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
 }
 
@@ -57,7 +55,6 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "slots": c.slots,
         "host_cache": c.host_cache > 0,
         "turns": c.turns,
-        "unrevocable": not c.revocable,
         "layers": c.layers not in (0, LAYERS),
     }
     if remote and c.decode_ranks:
