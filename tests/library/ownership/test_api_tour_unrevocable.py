@@ -20,7 +20,7 @@ from refimpl.testing.on_api.tour import ApiHarness, api_report, plan_api, run_ap
 from refimpl.testing.worlds import get_world
 
 # per world: (closed edges, edges covered), (pairs, pairs covered): measured
-EDGES = {"handoff_unrevocable": (23675, 23675)}
+EDGES = {"handoff_unrevocable": (23675, 23675), "unrevocable_one": (581, 581)}
 PAIRS = {"handoff_unrevocable": (40, 40), "unrevocable_one": (38, 38)}
 
 
@@ -38,9 +38,16 @@ def test_every_pair_of_an_unrevocable_world_on_the_api(name: str) -> None:
     assert res.probes > 0
 
 
+def test_every_edge_of_the_small_unrevocable_world_on_the_api() -> None:
+    """unrevocable_one (one attempt): 581/581 closed edges, 201 walks (2 CPU s)."""
+    test_every_edge_of_an_unrevocable_world_on_the_api("unrevocable_one")
+
+
 @pytest.mark.nightly
-@pytest.mark.parametrize("name", sorted(EDGES))
+@pytest.mark.parametrize("name", ["handoff_unrevocable"])
 def test_every_edge_of_an_unrevocable_world_on_the_api(name: str) -> None:
+    """handoff_unrevocable: 23675/23675 closed edges (5281 closed states), 8696 walks,
+    0 divergences (93 CPU s of tour, about 7 min wall with its plan on a shared core)."""
     plan = plan_api(get_world(name))
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
@@ -119,3 +126,4 @@ def test_the_bug_switch_frees_under_the_writes() -> None:
 def test_the_unrevocable_worlds_run_on_the_api() -> None:
     assert unexpressed(get_world("handoff_unrevocable")) == []
     assert unexpressed(get_world("unrevocable_one")) == []
+    assert unexpressed(get_world("handoff_unrevocable"), remote=True) == ["unrevocable"]
