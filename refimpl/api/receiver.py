@@ -233,8 +233,8 @@ class Receiver(ChunkIntake, Incarnated):
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
-            if not live and on_quarantined(self, request_id, header, payload):
-                continue  # a late write, or the writer's Quiesced: the blocks go
+            if on_quarantined(self, request_id, header, payload):
+                continue  # a quarantined attempt's late write, or its writer's Quiesced
             if kind == MANIFEST and not live:
                 on_manifest(self, request_id, header, a)
             elif kind == ABORT and not live:

@@ -127,3 +127,25 @@ def test_the_unrevocable_worlds_run_on_the_api() -> None:
     assert unexpressed(get_world("handoff_unrevocable")) == []
     assert unexpressed(get_world("unrevocable_one")) == []
     assert unexpressed(get_world("handoff_unrevocable"), remote=True) == ["unrevocable"]
+
+
+def test_the_hypothesis_machine_walks_an_unrevocable_world() -> None:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
+
+    tally = ApiTally()
+    machine = make_api_machine(ApiAdapter(), get_world("handoff_unrevocable"), tally=tally)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=10,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
+    assert not tally.gaps
