@@ -330,6 +330,7 @@ def release(rx: Receiver, rid: str) -> None:
     if late is not None and late.held:
         rx.pools.alloc.unquarantine_and_free(rid, late.epoch)
         late.held = False
+        wire.fence(rx.transport, channels(rid).to_receiver, late.epoch)  # late duplicates
 
 
 def quiesced(transport: Any, rid: str, epoch: int, inc: int, reasons: list[str]) -> None:

@@ -376,13 +376,15 @@ class Receiver(ChunkIntake, Incarnated):
         """Give back every block of the attempt, drop what is in flight, tell the sender
         (every rank but those in ``skip``; ``None``: nobody)."""
         rid, alloc = a.m.request_id, self.pools.alloc
-        if not quarantine(self, a, err):  # unrevocable: held till the writer's Quiesced
+        held = quarantine(self, a, err)  # unrevocable: held till the writer's Quiesced
+        if not held:
             alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
             alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
         a.state, a.error, a.staging = State.ABORTED, err, None
         self._ended_now(rid)
-        self.transport.abort(channels(rid).to_receiver)
-        wire.fence(self.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks too
+        if not held:  # (a quarantine waits for its late writes and the Quiesced: unfenced)
+            self.transport.abort(channels(rid).to_receiver)
+            wire.fence(self.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks
         if skip is not None:
             nack = {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]}
             self._send(rid, nack, skip)

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 from refimpl.api.intake import revocable
+from refimpl.api.wire import State
 from refimpl.testing.harness import Divergence
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import ApiHarness, api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
+from tests.library.lib_helpers import geo, pair, prefill
 
 # per world: (closed edges, edges covered), (pairs, pairs covered): measured
 EDGES = {"handoff_unrevocable": (23675, 23675), "unrevocable_one": (581, 581)}
@@ -149,3 +151,34 @@ def test_the_hypothesis_machine_walks_an_unrevocable_world() -> None:
     )
     assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
     assert not tally.gaps
+
+
+@pytest.mark.parametrize("revocable_", [True, False])
+def test_through_the_public_api_an_abort_under_writes_quarantines_until_quiesced(
+    revocable_: bool,
+) -> None:
+    """A Sender and a Receiver over ``InProcessTransport(revocable=False)``: the receiver
+    gives up while the chunks are still in flight; the blocks stay quarantined while they
+    land, and go once the nacked Sender says Quiesced. A revocable transport frees at the
+    abort (and no Quiesced is sent)."""
+    from refimpl.transport import InProcessTransport
+
+    p = pair(geo(), geo())
+    p.t.revocable = revocable_  # the transport the pair's ends were built over
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")  # reserved, ready
+    p.tx.poll("r")  # every chunk posted
+    p.rx.abort("r", "cancelled")  # before any landed
+    if revocable_:
+        assert p.rx.held() == {} and p.rx.quarantined() == {}
+        return
+    q = p.rx.quarantined()
+    assert list(q) == ["r"] and p.rx.held() == q and len(q["r"]) == 3
+    p.rx.poll("r")  # the writes land in the quarantined blocks: recorded, not installed
+    assert p.rx.quarantined() == q and p.rx.state("r") is State.ABORTED
+    p.tx.poll("r")  # the Nack: the Sender says Quiesced
+    assert p.rx.quarantined() == q
+    p.rx.poll("r")
+    assert p.rx.quarantined() == {} and p.rx.held() == {} and p.dst.alloc.num_free == 16
+    assert isinstance(p.t, InProcessTransport)
