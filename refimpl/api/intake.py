@@ -14,14 +14,16 @@ says that each source rank is its own ``Sender`` (one process per rank), so the 
 go to every source rank's channel.
 
 Writes that cannot be taken back (spec ``Config.revocable=False``; the section at the
-end: ``revocable``, ``quarantine``, ``on_quarantined``, ``release``, ``quiesced``). A
+end: ``revocable``, ``give_back``, ``quarantine``, ``on_quarantined``, ``release``,
+``quiesced``). A
 transport says so with ``revocable = False`` (one-sided RDMA writes, a NIXL or
 Mooncake batch: ``refimpl.transport``; ``spec/behaviours/irrevocable.py``). Then:
 
 - the ``Receiver`` that gives up an attempt while some of its chunks have not landed
   (an abort, its timeout, a bad chunk or manifest, the engine's ``fail``) cannot fence
   the writer's writes: it keeps the attempt's blocks *quarantined* (never reused, never
-  read; ``Receiver.held()`` still names them, ``quarantined()`` lists them) until the
+  read; ``Receiver.held()`` still names them, ``quarantined()`` lists them, ``forget``
+  keeps them) until the
   writer says ``Quiesced`` (the sender's abort of that epoch: every write it issued has
   landed or failed), and only then frees them (the spec's ``DecodeAbort`` quarantine and
   ``DecodeReclaim``; never ``DecodeAbortFenced``). A second ``Receiver.abort`` of the
@@ -305,6 +307,20 @@ def quarantine(rx: Receiver, a: Attempt, err: OwnershipError) -> bool:
     return True
 
 
+def give_back(rx: Receiver, a: Attempt, err: OwnershipError) -> None:
+    """The blocks of ``a``, which ``err`` ended, go back to the pool and its channel is
+    voided (its chunks in flight dropped, its epoch fenced); or, on an unrevocable
+    transport while a write may still land, they stay quarantined and the channel open
+    (its late writes and the writer's Quiesced must arrive: ``release`` fences it)."""
+    if quarantine(rx, a, err):
+        return
+    rid, alloc = a.m.request_id, rx.pools.alloc
+    alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
+    alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
+    rx.transport.abort(channels(rid).to_receiver)
+    wire.fence(rx.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks too
+
+
 def on_quarantined(rx: Receiver, rid: str, header: dict[str, Any], payload: Any) -> bool:
     """A message for a quarantined attempt: a late write (recorded) or the writer's
     Quiesced (the blocks are free); True if it was one (handled)."""
@@ -322,6 +338,13 @@ def on_quarantined(rx: Receiver, rid: str, header: dict[str, Any], payload: Any)
         release(rx, rid)
         return True
     return False
+
+
+def drop_late(rx: Receiver, rid: str) -> None:
+    """Forget ``rid``'s quarantine record, unless its blocks are still quarantined."""
+    late = rx._late.get(rid)  # noqa: SLF001
+    if late is not None and not late.held:
+        del rx._late[rid]  # noqa: SLF001
 
 
 def release(rx: Receiver, rid: str) -> None:

@@ -20,8 +20,8 @@ layer by layer (streamed: as each layer completes) or at the end. A sender's pro
 the transport reports gone (``DistTransport.failed``) ends the attempt with its reason.
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
 checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any
-failure after the reservation aborts: the reserved blocks go back to the pool, chunks in
-flight are dropped (and fenced), and the sender gets a ``nack`` naming the error.
+failure after the reservation aborts: the reserved blocks go back to the pool (or stay
+quarantined: ``intake.give_back``), chunks in flight are dropped, the sender is nacked.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ from refimpl.api.intake import (
     Expect,
     Late,
     aborting_ranks,
+    drop_late,
     early_abort,
+    give_back,
     on_manifest,
     on_quarantined,
-    quarantine,
     release,
     send_quietly,
     tos,
@@ -181,10 +182,8 @@ class Receiver(ChunkIntake, Incarnated):
         return {**out, **self.quarantined()}
 
     def quarantined(self) -> dict[str, tuple[int, ...]]:
-        """Blocks of ended attempts a write may still land in (an unrevocable transport:
-        ``refimpl.api.intake``), held until the writer's Quiesced or a second ``abort``."""
-        held = [r for r, q in self._late.items() if q.held]
-        return {r: self.pools.alloc.quarantined(r) for r in held}
+        """Blocks of ended attempts a write may still land in (``intake.quarantine``)."""
+        return {r: self.pools.alloc.quarantined(r) for r, q in self._late.items() if q.held}
 
     def records(self) -> dict[str, int]:
         """Per-request entries kept (a memory test reads these; ``forget`` empties them)."""
@@ -272,8 +271,7 @@ class Receiver(ChunkIntake, Incarnated):
         return len(msgs)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt here (cancel, timeout, peer gone): give back every block (on
-        an unrevocable transport, a quarantined attempt's: its longer timer is over)."""
+        """End the attempt here (cancel, timeout, peer gone): give back every block."""
         release(self, request_id)
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
@@ -299,9 +297,8 @@ class Receiver(ChunkIntake, Incarnated):
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             raise InUseError(f"{request_id!r} is still {a.state.value}; abort it first")
-        if request_id in self.quarantined():
-            raise InUseError(f"{request_id!r} is quarantined until its writer's Quiesced")
-        for d in (self._att, self._errors, self._expect, self._ended, self._aborted, self._late):
+        drop_late(self, request_id)  # (a quarantine stays until its Quiesced or abort)
+        for d in (self._att, self._errors, self._expect, self._ended, self._aborted):
             d.pop(request_id, None)
         self._fenced.pop(request_id, None)
         self._ends.pop(request_id, None)
@@ -324,8 +321,7 @@ class Receiver(ChunkIntake, Incarnated):
             if (a := self._att.get(old)) is None or a.state.final:
                 for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
-                if old not in self.quarantined():
-                    self._late.pop(old, None)
+                drop_late(self, old)
 
     # ------------------------------------------------------------ the end
     def _finish(self, a: Attempt) -> None:
@@ -375,16 +371,10 @@ class Receiver(ChunkIntake, Incarnated):
     ) -> None:
         """Give back every block of the attempt, drop what is in flight, tell the sender
         (every rank but those in ``skip``; ``None``: nobody)."""
-        rid, alloc = a.m.request_id, self.pools.alloc
-        held = quarantine(self, a, err)  # unrevocable: held till the writer's Quiesced
-        if not held:
-            alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
-            alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
+        rid = a.m.request_id
+        give_back(self, a, err)  # or, unrevocable, quarantined till the writer's Quiesced
         a.state, a.error, a.staging = State.ABORTED, err, None
         self._ended_now(rid)
-        if not held:  # (a quarantine waits for its late writes and the Quiesced: unfenced)
-            self.transport.abort(channels(rid).to_receiver)
-            wire.fence(self.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks
         if skip is not None:
             nack = {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]}
             self._send(rid, nack, skip)
