@@ -49,7 +49,7 @@ def test_every_edge_of_the_small_unrevocable_world_on_the_api() -> None:
 @pytest.mark.parametrize("name", ["handoff_unrevocable"])
 def test_every_edge_of_an_unrevocable_world_on_the_api(name: str) -> None:
     """handoff_unrevocable: 23675/23675 closed edges (5281 closed states), 8696 walks,
-    0 divergences (93 CPU s of tour, about 7 min wall with its plan on a shared core)."""
+    0 divergences (93 CPU s of tour; 3 to 7 min wall with its plan, on a shared core)."""
     plan = plan_api(get_world(name))
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
