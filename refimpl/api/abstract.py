@@ -24,7 +24,10 @@ end.
             receiver's own timeout DF_FENCED, its ``abort`` DF_FENCED while chunks were
             still to land (a manifest refused at intake leaves no attempt: the spec's
             DecodeReject, dfl 0, dep its epoch); the engine's ``fail`` DF_FAILED (|
-            DF_FENCED while chunks were still to land)
+            DF_FENCED while chunks were still to land). On an unrevocable transport
+            (``intake.quarantine``) an attempt given up while chunks were still to land is
+            QUARANTINED (landed: with the writes that landed since), never DF_FENCED,
+            until the writer's Quiesced; a late bad write adds DF_CORRUPT
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from refimpl.api.intake import chunks_left
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.wire import State
@@ -47,6 +51,7 @@ from spec.state import (
     FILLING,
     IDLE,
     NONE,
+    QUARANTINED,
     RESERVED,
     SENDING,
     WRITABLE,
@@ -100,39 +105,24 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
     if a is None or a.m.epoch < refused:  # nothing taken yet, or refused at intake
         return out
     out["dep"] = a.m.epoch
-    if a.state is State.RECEIVING:
-        landed = 0
-        s = a.stream
-        if s is not None:
-            for r in s.ranks:
-                for j in range(s.num_blocks):
-                    if all((r, j, k) in s.landed for k in range(s.num_layers)):
-                        landed |= 1 << (r * per_rank + j)
-            out["rmask"] = sum(1 << r for r in s.seals)
-            partial = bool(s.landed)
-        else:
-            for r, idx in a.landed:
-                landed |= 1 << (r * per_rank + idx - a.m.prefix_blocks)
-            partial = bool(a.landed)
+    late = rx._late.get(rid)  # noqa: SLF001 - a quarantine (an unrevocable transport)
+    late = late if late is not None and late.epoch == a.m.epoch else None
+    if a.state is State.RECEIVING or (late is not None and late.held):
+        landed, out["rmask"] = _landed(a, per_rank)
+        for r, idx in late.chunks if late is not None else ():
+            landed |= 1 << (r * per_rank + idx - a.m.prefix_blocks)
         out["landed"] = landed
+        partial = bool(a.landed) if a.stream is None else bool(a.stream.landed)
         out["d"] = FILLING if partial else RESERVED
+        if a.state is not State.RECEIVING:
+            out["d"] = QUARANTINED
     elif a.state is State.DONE and rx.pools.alloc.blocks_of(rid):
         out["d"] = WRITABLE
         out["landed"] = (1 << (len(a.ranks) * per_rank)) - 1
         out["rmask"] = (1 << len(a.ranks)) - 1
-    elif a.state is State.ABORTED:
+    if a.state is State.ABORTED:
         e = a.error
-        s = a.stream
-        whole = (
-            len(a.landed)
-            if s is None
-            else sum(
-                all((r, j, k) in s.landed for k in range(s.num_layers))
-                for r in s.ranks
-                for j in range(s.num_blocks)
-            )
-        )
-        left = len(a.ranks) * len(a.m.sent_blocks) - whole  # chunks not (wholly) landed
+        left = chunks_left(a)  # chunks not (wholly) landed
         if isinstance(e, DecodeFailedError):  # Receiver.fail: DecodeFail, then its abort
             out["dfl"] = DF_FAILED | (DF_FENCED if left else 0)
         elif isinstance(e, ChecksumError):  # fenced unless the bad chunk was the last one
@@ -143,4 +133,21 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
             out["dfl"] = DF_FENCED
         elif e is not None and "aborted by the receiver: " in str(e) and left:
             out["dfl"] = DF_FENCED  # the scheduler's abort while writes may land: fenced
+        if late is not None:  # quarantined, not fenced; a late write may have been bad
+            out["dfl"] = out["dfl"] & ~DF_FENCED | (DF_CORRUPT if late.corrupt else 0)
     return out
+
+
+def _landed(a: Any, per_rank: int) -> tuple[int, int]:
+    """(landed, rmask) of an attempt: chunks (rank, block) whose every layer is installed,
+    ranks whose seal is held."""
+    landed, s = 0, a.stream
+    if s is None:
+        for r, idx in a.landed:
+            landed |= 1 << (r * per_rank + idx - a.m.prefix_blocks)
+        return landed, 0
+    for r in s.ranks:
+        for j in range(s.num_blocks):
+            if all((r, j, k) in s.landed for k in range(s.num_layers)):
+                landed |= 1 << (r * per_rank + j)
+    return landed, sum(1 << r for r in s.seals)

@@ -20,8 +20,8 @@ layer by layer (streamed: as each layer completes) or at the end. A sender's pro
 the transport reports gone (``DistTransport.failed``) ends the attempt with its reason.
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
 checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any
-failure after the reservation aborts: the reserved blocks go back to the pool, chunks in
-flight are dropped (and fenced), and the sender gets a ``nack`` naming the error.
+failure after the reservation aborts: the reserved blocks go back to the pool (or stay
+quarantined: ``intake.give_back``), chunks in flight are dropped, the sender is nacked.
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ from refimpl.api.install import ChunkIntake
 from refimpl.api.intake import (
     Attempt,
     Expect,
+    Late,
     aborting_ranks,
+    drop_late,
     early_abort,
+    give_back,
     on_manifest,
+    on_quarantined,
+    release,
     send_quietly,
     tos,
 )
@@ -119,6 +124,7 @@ class Receiver(ChunkIntake, Incarnated):
         self._aborted: dict[str, tuple[int, list[str]]] = {}  # aborts before the manifest
         self._fenced: dict[str, int] = {}  # the newest epoch refused at intake
         self._ends: dict[str, str] = {}  # requests the scheduler ended (``end``), why
+        self._late: dict[str, Late] = {}  # quarantined attempts (``intake.quarantine``)
         self.max_records = max_records
 
     # ------------------------------------------------------------ queries
@@ -170,8 +176,13 @@ class Receiver(ChunkIntake, Incarnated):
         return a.stream.layer_ready(layer)
 
     def held(self) -> dict[str, tuple[int, ...]]:
-        """Blocks reserved by attempts that have not ended."""
-        return {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
+        """Blocks reserved by attempts that have not ended, and those quarantined."""
+        out = {r: tuple(a.target) for r, a in self._att.items() if not a.state.final}
+        return {**out, **self.quarantined()}
+
+    def quarantined(self) -> dict[str, tuple[int, ...]]:
+        """Blocks of ended attempts a write may still land in (``intake.quarantine``)."""
+        return {r: self.pools.alloc.quarantined(r) for r, q in self._late.items() if q.held}
 
     def records(self) -> dict[str, int]:
         """Per-request entries kept (a memory test reads these; ``forget`` empties them)."""
@@ -229,6 +240,8 @@ class Receiver(ChunkIntake, Incarnated):
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
+            if on_quarantined(self, request_id, header, payload):
+                continue  # a quarantined attempt's late write, or its writer's Quiesced
             if kind == MANIFEST and not live:
                 on_manifest(self, request_id, header, a)
             elif kind == ABORT and not live:
@@ -237,6 +250,8 @@ class Receiver(ChunkIntake, Incarnated):
                 continue  # nothing to do with it: before a manifest, or after the end
             elif kind == CHUNK:
                 self._on_chunk(a, header, payload)
+                if a.state.final:  # the chunk ended it (a bad checksum): it has landed
+                    on_quarantined(self, request_id, header, payload)
             elif kind == SEAL and a.stream is not None and self._ours(a, header):
                 try:
                     a.stream.seal(header)
@@ -246,6 +261,7 @@ class Receiver(ChunkIntake, Incarnated):
                 reasons = wire.reasons_of(header)  # every other rank hears it, with why
                 told = aborting_ranks(msgs, a) if a.ranked else None  # not those that said it
                 self._fail(a, CancelledError(f"sender aborted: {reasons}"), skip=told)
+                release(self, request_id)  # its writes are over (the spec's Quiesced)
             elif kind == ABORT:
                 self._ours(a, header)  # another attempt's: fenced (or the ranks disagree)
             else:
@@ -264,6 +280,7 @@ class Receiver(ChunkIntake, Incarnated):
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
         """End the attempt here (cancel, timeout, peer gone): give back every block."""
+        release(self, request_id)
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             self._fail(a, CancelledError(f"{request_id!r} aborted by the receiver: {reason}"))
@@ -288,6 +305,7 @@ class Receiver(ChunkIntake, Incarnated):
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             raise InUseError(f"{request_id!r} is still {a.state.value}; abort it first")
+        drop_late(self, request_id)  # (a quarantine stays until its Quiesced or abort)
         for d in (self._att, self._errors, self._expect, self._ended, self._aborted):
             d.pop(request_id, None)
         self._fenced.pop(request_id, None)
@@ -297,6 +315,7 @@ class Receiver(ChunkIntake, Incarnated):
         """Lose everything (a process crash): attempts forgotten, pools reset."""
         for d in (self._att, self._errors, self._ended, self._aborted, self._fenced, self._ends):
             d.clear()
+        self._late.clear()
         self.pools.reset()
 
     # ------------------------------------------------------------ records
@@ -310,6 +329,7 @@ class Receiver(ChunkIntake, Incarnated):
             if (a := self._att.get(old)) is None or a.state.final:
                 for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
+                drop_late(self, old)
 
     # ------------------------------------------------------------ the end
     def _finish(self, a: Attempt) -> None:
@@ -361,13 +381,10 @@ class Receiver(ChunkIntake, Incarnated):
     ) -> None:
         """Give back every block of the attempt, drop what is in flight, tell the sender
         (every rank but those in ``skip``; ``None``: nobody)."""
-        rid, alloc = a.m.request_id, self.pools.alloc
-        alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
-        alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
+        rid = a.m.request_id
+        give_back(self, a, err)  # or, unrevocable, quarantined till the writer's Quiesced
         a.state, a.error, a.staging = State.ABORTED, err, None
         self._ended_now(rid)
-        self.transport.abort(channels(rid).to_receiver)
-        wire.fence(self.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks too
         if skip is not None:
             nack = {"type": NACK, "epoch": a.m.epoch, "reasons": [str(err)]}
             self._send(rid, nack, skip)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.intake import send_quietly
+from refimpl.api.intake import quiesced, send_quietly
 from refimpl.api.stream import Buffers, LayerOffers, _Offer
 from refimpl.api.switches import SENDER_SWITCHES, STALE_INCARNATION_ACCEPTED, check_switches
 from refimpl.api.wire import (
@@ -295,6 +295,8 @@ class Sender(LayerOffers, Incarnated):
             elif kind in (NACK, ABORT):
                 final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
                 self._end(o, final, reasons_of(header))
+                if kind == NACK:  # unrevocable: the receiver holds the blocks till told
+                    quiesced(self.transport, request_id, o.epoch, self.inc.own, o.reasons)
         rx = channels(request_id).to_receiver
         if o is not None and not o.state.final and (why := peer_failed(self.transport, [rx])):
             self._end(o, State.ABORTED, [f"the receiver's process is gone: {why}"])

@@ -3,6 +3,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
 
     Sender(..., mutants={"stream_reads_at_ready"})
     Receiver(..., mutants={"layer_ready_on_staging"})
+    Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
     RankSender(..., mutants={"heads_of_another_rank"})
 
@@ -27,6 +28,11 @@ own heads committed, without waiting for every other decode rank's install.
 ``heads_of_another_rank`` (a reshard off by one rank): a ``RankSender`` sends each
 decode rank the slice of its neighbour's heads (decode rank d gets rank d + 1's, the
 last rank the first's); both ends check and seal the same wrong bytes.
+
+``free_quarantine_early`` (NoReuseUnderIO, an unrevocable transport; the spec's
+``free_on_cancel_in_flight``): a ``Receiver`` that gives up an attempt whose writes may
+still land frees its blocks at once instead of quarantining them until the writer's
+Quiesced (``refimpl.api.intake``).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ STREAM_READS_AT_READY = "stream_reads_at_ready"
 LAYER_READY_ON_STAGING = "layer_ready_on_staging"
 STALE_INCARNATION_ACCEPTED = "stale_incarnation_accepted"
 SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED})
-RECEIVER_SWITCHES = frozenset({LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED})
+FREE_QUARANTINE_EARLY = "free_quarantine_early"
+RECEIVER_SWITCHES = frozenset(
+    {LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED, FREE_QUARANTINE_EARLY}
+)
 READY_ON_OWN_INSTALL = "ready_on_own_install"
 HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"
 RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL})

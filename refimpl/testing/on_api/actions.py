@@ -17,6 +17,7 @@ from refimpl.api.wire import CHUNK, State
 from refimpl.engine.data import RankPools
 from refimpl.errors import OwnershipError
 from refimpl.testing.ghost import Ghost
+from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
 from spec.actions_env import _lost_with_decode, _lost_with_prefill
 from spec.config import Config
@@ -252,7 +253,8 @@ class ApiActions:
 
     def _DecodeTimeout(self, i: int, arg: int) -> None:
         rid = self.rid(i)
-        self._need(self.d_up and not self.rx.state(rid).final, "no attempt")
+        held = self.d_up and view(self.rx, "quarantined", rid)  # the longer, second timer
+        self._need(self.d_up and (held or not self.rx.state(rid).final), "no attempt")
         self._need(self.rx.state(rid) is not State.WAITING, "no attempt")
         self.rx.abort(rid, TIMEOUT_REASON)
 

@@ -14,7 +14,10 @@ What runs where:
                     refinement map says whether it was the spec's
     PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go)
     DecodeAbortFenced / DecodeTimeout   ``Receiver.abort`` (a committed copy: the blocks go;
-                    ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``)
+                    ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``;
+                    unrevocable worlds: ``DecodeAbort``, the Receiver quarantines, and a
+                    second ``abort`` is the quarantine's longer timer: ``api.intake``)
+    DecodeReclaim   the Sender's abort (Quiesced) delivered: the quarantine is over
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
                     told (``peer_restarted``): ``on_api/worlds/restarts.py``
@@ -97,7 +100,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
 
     def transport(self) -> SpecTransport:
         """The transport the spec schedules, naming each channel's request and side."""
-        return SpecTransport(_rid_of)
+        return SpecTransport(_rid_of, revocable=self.c.revocable)
 
     def decode_side(
         self, stage: bool, dst_block: int, rx_kw: dict[str, Any]

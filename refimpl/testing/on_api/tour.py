@@ -87,8 +87,11 @@ def declined(w: World, c: Config, name: str, i: int, arg: int) -> bool:
     refinement may choose): it refuses an incompatible manifest at intake (``DecodeReject``,
     not ``DecodeReserve`` and a refusal at validation), and gives up an ended request's
     attempt on its revocable transport by fencing it (``DecodeAbortFenced``, not
-    ``DecodeAbort``'s quarantine). The alternative is enabled wherever the step declined
-    is, so declining one never leaves the API stuck where the spec can go on."""
+    ``DecodeAbort``'s quarantine). On an unrevocable one (``Config.revocable=False``)
+    ``DecodeAbortFenced`` is never enabled, so nothing is declined: the Receiver takes
+    ``DecodeAbort``'s quarantine until the writer's Quiesced (``refimpl.api.intake``).
+    The alternative is enabled wherever the step declined is, so declining one never
+    leaves the API stuck where the spec can go on."""
     if name == "DecodeReserve":
         return msg_kind(arg) == M_HANDOFF_BAD
     if name == "DecodeAbort":

@@ -34,6 +34,11 @@ def attempt_epoch(rx: Receiver, rid: str) -> int | None:
     return None if a is None else int(a.m.epoch)
 
 
+def quarantined(rx: Receiver, rid: str) -> bool:
+    """Are an ended attempt's blocks quarantined (an unrevocable transport)?"""
+    return rid in rx.quarantined()
+
+
 def installed_layers(rx: Receiver, rid: str, layers: int) -> int:
     """Layers installed in the blocks the engine reads (the spec's ``inl``)."""
     a = rx._att.get(rid)  # noqa: SLF001
@@ -94,6 +99,7 @@ VIEWS: dict[str, Callable[..., Any]] = {
     for f in (
         attempt_held,
         attempt_epoch,
+        quarantined,
         installed_layers,
         ends,
         pool_snapshot,

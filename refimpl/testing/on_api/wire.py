@@ -87,8 +87,11 @@ class SpecTransport:
         self,
         rid_of: Callable[[str], tuple[str, bool]],
         group_of: Callable[[str], str | None] | None = None,
+        *,
+        revocable: bool = True,
     ) -> None:
         self.rid_of = rid_of  # channel -> (request id, to decode?)
+        self.revocable = revocable  # False: a write in flight cannot be taken back
         self.group_of = group_of  # a rank group's channel -> its side ("p"/"d"), else None
         self.flight: list[Logical] = []
         self._delivered: dict[str, list[tuple[str, Payload]]] = {}
@@ -154,7 +157,10 @@ class SpecTransport:
         return [(json.loads(text), data) for text, data in got]
 
     def abort(self, channel: str) -> int:
-        """Revoke the chunks in flight on ``channel`` (posted control messages stay)."""
+        """Revoke the chunks in flight on ``channel`` (posted control messages stay); on
+        an unrevocable transport none (they land or fail on their own)."""
+        if not self.revocable:
+            return 0
         before = len(self.flight)
         self._take(lambda lm, ch: lm.group[0] == CHUNK and ch == channel)
         left = [(t, d) for t, d in self._delivered.get(channel, []) if '"type":"chunk"' not in t]
@@ -163,7 +169,9 @@ class SpecTransport:
 
     def revoke(self, channel: str, epoch: int, rank: int) -> int:
         """Revoke ``rank``'s chunks of ``epoch`` in flight on ``channel`` (a revocable
-        transport: the spec's flush of a sender's own writes)."""
+        transport: the spec's flush of a sender's own writes); none if unrevocable."""
+        if not self.revocable:
+            return 0
         before = len(self.flight)
         self._take(lambda lm, ch: lm.group[:3] == (CHUNK, epoch, rank) and ch == channel)
         return before - len(self.flight)

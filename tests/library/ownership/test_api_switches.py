@@ -10,6 +10,7 @@ import torch
 from refimpl import Receiver, Sender, State, read_kv, write_kv
 from refimpl.api.switches import (
     API_SWITCHES,
+    FREE_QUARANTINE_EARLY,
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
     READY_ON_OWN_INSTALL,
@@ -30,7 +31,7 @@ def test_the_switches_are_validated_by_name() -> None:
     known = "known: \\['stale_incarnation_accepted', 'stream_reads_at_ready'\\]"
     with pytest.raises(ValueError, match=f"unknown mutants.*{known}"):
         Sender(p.src, p.tx.geometry, p.t, MODEL, mutants={LAYER_READY_ON_STAGING})
-    with pytest.raises(ValueError, match="known: \\['layer_ready_on_staging', 'stale_incarnation"):
+    with pytest.raises(ValueError, match="known: \\['free_quarantine_early', 'layer_ready_on_"):
         Receiver(p.dst, p.rx.geometry, p.t, MODEL, mutants={"no_such_bug"})
     with pytest.raises(ValueError, match="not a string"):
         Receiver(p.dst, p.rx.geometry, p.t, MODEL, mutants=LAYER_READY_ON_STAGING)
@@ -40,6 +41,7 @@ def test_the_switches_are_validated_by_name() -> None:
         STALE_INCARNATION_ACCEPTED,
         READY_ON_OWN_INSTALL,  # the rank switches (tests/library/ownership/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
+        FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/ownership/test_api_tour_unrevocable.py)
     }
 
 

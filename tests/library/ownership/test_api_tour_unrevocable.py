@@ -1,0 +1,184 @@
+"""The tour on the API over a transport with no revoke (issue #30 item 1): the
+``unrevocable`` worlds (spec ``Config.revocable=False``, ``handoff_unrevocable``) on real
+Senders and a Receiver, with the refinement map after every step, the refusal probes and
+the content ghost. Decode that gives up an attempt while a write may still land keeps its
+blocks quarantined until the writer's Quiesced (``refimpl.api.intake``; the spec's
+``DecodeAbort`` quarantine and ``DecodeReclaim``, never ``DecodeAbortFenced``). Before
+this, the adapter refused these worlds ("SpecTransport revokes writes")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from refimpl.api.intake import revocable
+from refimpl.api.wire import State
+from refimpl.testing.harness import Divergence
+from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
+from refimpl.testing.on_api.pairs import plan_api_pairs
+from refimpl.testing.on_api.tour import ApiHarness, api_report, plan_api, run_api_tour
+from refimpl.testing.worlds import get_world
+from tests.library.lib_helpers import geo, pair, prefill
+
+# per world: (closed edges, edges covered), (pairs, pairs covered): measured
+EDGES = {"handoff_unrevocable": (23675, 23675), "unrevocable_one": (581, 581)}
+PAIRS = {"handoff_unrevocable": (40, 40), "unrevocable_one": (38, 38)}
+
+
+def _first_lines(res: Any) -> list[str]:
+    return [str(e).splitlines()[0] for _, e in res.failures[:5]]
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_every_pair_of_an_unrevocable_world_on_the_api(name: str) -> None:
+    plan = plan_api_pairs(get_world(name))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["pairs"], rep["pairs_covered"]) == PAIRS[name], rep["pairs_missed"]
+    assert not res.failures, _first_lines(res)
+    assert res.probes > 0
+
+
+def test_every_edge_of_the_small_unrevocable_world_on_the_api() -> None:
+    """unrevocable_one (one attempt): 581/581 closed edges, 201 walks (2 CPU s)."""
+    test_every_edge_of_an_unrevocable_world_on_the_api("unrevocable_one")
+
+
+@pytest.mark.nightly
+@pytest.mark.parametrize("name", ["handoff_unrevocable"])
+def test_every_edge_of_an_unrevocable_world_on_the_api(name: str) -> None:
+    """handoff_unrevocable: 23675/23675 closed edges (5281 closed states), 8696 walks,
+    0 divergences (93 CPU s of tour; 3 to 7 min wall with its plan, on a shared core)."""
+    plan = plan_api(get_world(name))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["edges"], rep["edges_covered"]) == EDGES[name], rep
+    assert not res.failures, _first_lines(res)
+
+
+def test_the_tour_kills_a_receiver_that_frees_a_quarantine_before_quiesced() -> None:
+    """``free_quarantine_early``: the Receiver gives the blocks back at its abort while
+    the attempt's writes are still in flight; the refinement map reads the pool (d none,
+    not quarantined) and stops the walk there."""
+    plan = plan_api_pairs(get_world("unrevocable_one"))
+    res = run_api_tour(ApiAdapter(), plan, frozenset({"free_quarantine_early"}))
+    kinds = api_report(plan, res)["divergences"]
+    assert res.failures, kinds
+    assert all(k.startswith("state differs at Decode") and "(d, " in k for k in kinds), kinds
+    assert "quarantined -> none" in str(res.failures[0][1])
+
+
+# prefill sends, decode reserves and times out before any chunk lands: quarantined
+TIMEOUT_BEFORE_WRITES = [
+    ("PrefillAdmit", {"req": 0}),
+    ("PrefillRun", {"req": 0}),
+    ("PrefillFreeze", {"req": 0}),
+    ("DecodeReserve", {"req": 0, "msg": "Handoff", "epoch": 1, "idx": 0}),
+    ("PrefillRecvReady", {"req": 0, "msg": "Ready", "epoch": 1, "idx": 0}),
+    ("DecodeTimeout", {"req": 0}),
+]
+
+
+def _walk(steps: list[tuple[str, dict[str, Any]]]) -> ApiHarness:
+    h = ApiHarness(ApiAdapter(), get_world("handoff_unrevocable"))
+    h.check_state()
+    for name, args in steps:
+        h.step(name, args)
+        h.check_state()
+    return h
+
+
+def test_a_quarantine_holds_the_blocks_until_the_writer_says_quiesced() -> None:
+    """Through the public API: ``held()`` names the quarantined blocks, a late write lands
+    in them (recorded, never installed), and they are free only once the Sender, nacked,
+    has said Quiesced."""
+    h = _walk(TIMEOUT_BEFORE_WRITES)
+    sub: Any = h.impl
+    assert not revocable(sub.net)
+    rx = sub.rx
+    assert rx.state("r0").value == "aborted"
+    q = rx.quarantined()
+    assert list(q) == ["r0"] and len(q["r0"]) == 2 and rx.held() == q
+    assert sub.held_blocks()["D"] == 2
+    for k in (0, 1):  # both writes land in the quarantined blocks
+        h.step("DecodeReceiveChunk", {"req": 0, "msg": "Chunk", "epoch": 1, "idx": k})
+        h.check_state()
+    assert rx.quarantined() == q
+    h.step("PrefillResume", {"req": 0, "msg": "Nack", "epoch": 1, "idx": 0})  # -> Quiesced
+    h.check_state()
+    assert rx.quarantined() == q  # the Quiesced is in flight
+    h.step("DecodeReclaim", {"req": 0, "msg": "Quiesced", "epoch": 1, "idx": 0})
+    h.check_state()
+    assert rx.quarantined() == {} and rx.held() == {} and sub.held_blocks()["D"] == 0
+
+
+def test_the_bug_switch_frees_under_the_writes() -> None:
+    h = ApiHarness(
+        ApiAdapter(), get_world("handoff_unrevocable"), frozenset({"free_quarantine_early"})
+    )
+    with pytest.raises(Divergence, match="quarantined -> none"):
+        for name, args in TIMEOUT_BEFORE_WRITES:
+            h.step(name, args)
+            h.check_state()
+
+
+def test_the_unrevocable_worlds_run_on_the_api() -> None:
+    assert unexpressed(get_world("handoff_unrevocable")) == []
+    assert unexpressed(get_world("unrevocable_one")) == []
+    assert unexpressed(get_world("handoff_unrevocable"), remote=True) == ["unrevocable"]
+
+
+def test_the_hypothesis_machine_walks_an_unrevocable_world() -> None:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
+
+    tally = ApiTally()
+    machine = make_api_machine(ApiAdapter(), get_world("handoff_unrevocable"), tally=tally)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=10,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
+    assert not tally.gaps
+
+
+@pytest.mark.parametrize("revocable_", [True, False])
+def test_through_the_public_api_an_abort_under_writes_quarantines_until_quiesced(
+    revocable_: bool,
+) -> None:
+    """A Sender and a Receiver over ``InProcessTransport(revocable=False)``: the receiver
+    gives up while the chunks are still in flight; the blocks stay quarantined while they
+    land, and go once the nacked Sender says Quiesced. A revocable transport frees at the
+    abort (and no Quiesced is sent)."""
+    from refimpl.transport import InProcessTransport
+
+    p = pair(geo(), geo())
+    p.t.revocable = revocable_  # the transport the pair's ends were built over
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")  # reserved, ready
+    p.tx.poll("r")  # every chunk posted
+    p.rx.abort("r", "cancelled")  # before any landed
+    if revocable_:
+        assert p.rx.held() == {} and p.rx.quarantined() == {}
+        return
+    q = p.rx.quarantined()
+    assert list(q) == ["r"] and p.rx.held() == q and len(q["r"]) == 3
+    assert p.rx.state("r") is State.ABORTED
+    p.rx.forget("r")  # the attempt's record goes; its quarantine stays
+    p.rx.poll("r")  # the writes land in the quarantined blocks: recorded, not installed
+    assert p.rx.quarantined() == q
+    p.tx.poll("r")  # the Nack: the Sender says Quiesced
+    assert p.rx.quarantined() == q
+    p.rx.poll("r")
+    assert p.rx.quarantined() == {} and p.rx.held() == {} and p.dst.alloc.num_free == 16
+    assert isinstance(p.t, InProcessTransport)
