@@ -85,18 +85,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def group_by_mutant(items: list[pytest.Item]) -> None:
-    """Every test parametrized by a spec mutant's name runs on the worker of that mutant's
-    ``xdist_group``: ``check_mutant`` (the model check of the mutant, cached per process)
-    is then explored once for all of them (tests/model_checks/test_model_check.py,
+    """Every test of a spec mutant runs on the worker of that mutant's ``xdist_group``:
+    ``check_mutant`` (the model check of the mutant, cached per process) is then explored
+    once for all of them (tests/model_checks/test_model_check.py,
     tests/fuzz/test_trace_replay_all.py, tests/refimpl/test_engine_mutants.py and the
-    behaviour tests share it), not once per worker that draws one of its tests."""
+    behaviour tests share it), not once per worker that draws one of its tests. A test is
+    of a mutant when one of its parameters is the mutant's name, or when its function
+    calls ``check_mutant`` with a mutant's name written in it (a literal, or a module
+    constant: ``mutant_named``)."""
     from spec.mutants import MUTANTS
 
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        for v in params.values():
-            if isinstance(v, str) and v in MUTANTS:
-                item.add_marker(pytest.mark.xdist_group(f"mutant:{v}"))
+        named = [v for v in params.values() if isinstance(v, str) and v in MUTANTS]
+        if not named:
+            named = mutant_named(getattr(item, "function", None))
+        if named and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(f"mutant:{named[0]}"))
+
+
+def mutant_named(fn: object) -> list[str]:
+    """The mutants whose name a test function that calls ``check_mutant`` writes: a string
+    constant of its code, or a global of its module it reads, that is a mutant's name."""
+    from spec.mutants import MUTANTS
+
+    code = getattr(fn, "__code__", None)
+    if code is None or "check_mutant" not in code.co_names:
+        return []
+    glob = getattr(fn, "__globals__", {})
+    found = [c for c in code.co_consts if isinstance(c, str)]
+    found += [glob[n] for n in code.co_names if isinstance(glob.get(n), str)]
+    return [v for v in found if v in MUTANTS]
 
 
 def _cpu_now() -> float:

@@ -57,6 +57,9 @@ class _Item:
     def add_marker(self, mark: pytest.MarkDecorator) -> None:
         self.marks.append(mark)
 
+    def get_closest_marker(self, name: str) -> pytest.MarkDecorator | None:
+        return next((m for m in self.marks if m.name == name), None)
+
 
 def test_a_test_of_a_mutant_joins_that_mutants_group() -> None:
     name = next(iter(MUTANTS))
@@ -65,3 +68,35 @@ def test_a_test_of_a_mutant_joins_that_mutants_group() -> None:
     (mark,) = items[0].marks
     assert mark.name == "xdist_group" and mark.args == (f"mutant:{name}",)
     assert items[1].marks == [] and items[2].marks == []
+
+
+MUTANT_CONST = "release_before_install"
+
+
+def _calls_with_a_literal() -> object:
+    from model_checks.explicit.runner import check_mutant
+
+    return check_mutant("release_before_install")
+
+
+def _calls_with_a_constant() -> object:
+    from model_checks.explicit.runner import check_mutant
+
+    return check_mutant(MUTANT_CONST)
+
+
+def _names_without_checking() -> str:
+    return "release_before_install"
+
+
+def test_a_test_that_checks_a_named_mutant_joins_that_mutants_group() -> None:
+    """``check_mutant("name")`` (or a module constant) in a test not parametrized by the
+    mutant: the same group, so the mutant's model check is one per suite, not per worker."""
+    fns = (_calls_with_a_literal, _calls_with_a_constant, _names_without_checking)
+    items = [_Item(), _Item(), _Item()]
+    for it, fn in zip(items, fns, strict=True):
+        it.function = fn  # type: ignore[attr-defined]
+    group_by_mutant(items)  # type: ignore[arg-type]
+    assert [m.args for m in items[0].marks] == [("mutant:release_before_install",)]
+    assert [m.args for m in items[1].marks] == [("mutant:release_before_install",)]
+    assert items[2].marks == []
