@@ -71,11 +71,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "nightly: a long run (minutes of CPU) left to the nightly job; runs when KVOWN_NIGHTLY=1",
     )
+    config.addinivalue_line(
+        "markers",
+        "by_encoding(config=None): runs in the xdist group of its config's z3 encoding"
+        " (group_by_encoding)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group_by_mutant(items)
+    group_by_encoding(items)
     if os.environ.get("KVOWN_NIGHTLY") == "1":
         return
     skip = pytest.mark.skip(reason="nightly: KVOWN_NIGHTLY=1 runs it")
@@ -116,6 +122,28 @@ def mutant_named(fn: object) -> list[str]:
     found = [c for c in code.co_consts if isinstance(c, str)]
     found += [glob[n] for n in code.co_names if isinstance(glob.get(n), str)]
     return [v for v in found if v in MUTANTS]
+
+
+def group_by_encoding(items: list[pytest.Item]) -> None:
+    """A test marked ``by_encoding`` runs in the ``xdist_group`` of its config's z3
+    encoding (``encoding:<config>``), so the ``shared_encoding`` of that config (2-3 CPU s
+    to trace each) is built once in the suite for all the tests that read it, not once
+    per worker that draws one. The config is the test's ``name`` or ``config`` parameter
+    when that is a config's name, else the mark's argument. A test already in a group
+    (a mutant's) stays there."""
+    from spec.config import CONFIGS
+
+    for item in items:
+        mark = item.get_closest_marker("by_encoding")
+        if mark is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        named = [params[k] for k in ("name", "config") if params.get(k) in CONFIGS]
+        config = named[0] if named else (mark.args[0] if mark.args else None)
+        if config not in CONFIGS:
+            where = getattr(item, "nodeid", "a test")
+            raise pytest.UsageError(f"{where}: by_encoding names no config ({config!r})")
+        item.add_marker(pytest.mark.xdist_group(f"encoding:{config}"))
 
 
 def _cpu_now() -> float:

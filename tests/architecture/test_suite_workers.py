@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from spec.mutants import MUTANTS
-from tests.conftest import MAX_WORKERS, auto_workers, group_by_mutant
+from tests.conftest import MAX_WORKERS, auto_workers, group_by_encoding, group_by_mutant
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -100,3 +100,25 @@ def test_a_test_that_checks_a_named_mutant_joins_that_mutants_group() -> None:
     assert [m.args for m in items[0].marks] == [("mutant:release_before_install",)]
     assert [m.args for m in items[1].marks] == [("mutant:release_before_install",)]
     assert items[2].marks == []
+
+
+def test_a_test_of_a_configs_encoding_joins_that_encodings_group() -> None:
+    """``by_encoding``: the config parameter's group, else the mark's argument; a test
+    already in a (mutant's) group stays in it; a mark that names no config is an error."""
+    items = [_Item(name="handoff_two"), _Item(), _Item(config="offload_crash"), _Item()]
+    for it, arg in zip(items, ((), ("handoff_tp2to1",), ("handoff_two",), ()), strict=True):
+        it.marks.append(pytest.mark.by_encoding(*arg))
+    items[3].marks.append(pytest.mark.xdist_group("mutant:x"))
+    group_by_encoding(items[:3])  # type: ignore[arg-type]
+    group_by_encoding(items[3:])  # type: ignore[arg-type]
+    groups = [[m.args for m in it.marks if m.name == "xdist_group"] for it in items]
+    assert groups == [
+        [("encoding:handoff_two",)],
+        [("encoding:handoff_tp2to1",)],
+        [("encoding:offload_crash",)],
+        [("mutant:x",)],
+    ]
+    bad = _Item()
+    bad.marks.append(pytest.mark.by_encoding("no_such_config"))
+    with pytest.raises(pytest.UsageError, match="no_such_config"):
+        group_by_encoding([bad])  # type: ignore[list-item]
