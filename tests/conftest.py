@@ -90,6 +90,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(tryfirst=True)  # before an xdist worker sends its collected ids
+def pytest_collection_finish(session: pytest.Session) -> None:
+    name_groups(session.config, session.items)
+
+
+def name_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` sends the tests of one group to one worker by a suffix of their
+    ids (``id@group``) that xdist's worker writes to ``item._nodeid``; since pytest 9.2 a
+    node's id is ``item._id`` (a NodeId) and that write is lost, so every group was split
+    over the workers (28 of 46 mutants' tests in one run at 504ee4b) and each worker
+    explored the mutant again. Where the suffix is missing, it is written here the same
+    way (xdist's format: the group names sorted, joined by ``_``)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        if not names or "@" in item.nodeid or not hasattr(item, "_id"):
+            continue
+        from _pytest.nodeid import NodeId  # pytest >= 9.2, where ids are NodeIds
+
+        item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
+
+
 def group_by_mutant(items: list[pytest.Item]) -> None:
     """Every test of a spec mutant runs on the worker of that mutant's ``xdist_group``:
     ``check_mutant`` (the model check of the mutant, cached per process) is then explored

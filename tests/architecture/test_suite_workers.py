@@ -122,3 +122,15 @@ def test_a_test_of_a_configs_encoding_joins_that_encodings_group() -> None:
     bad.marks.append(pytest.mark.by_encoding("no_such_config"))
     with pytest.raises(pytest.UsageError, match="no_such_config"):
         group_by_encoding([bad])  # type: ignore[list-item]
+
+
+@pytest.mark.xdist_group("tests/architecture/test_suite_workers.py::named")
+def test_a_grouped_test_carries_its_group_in_its_id_on_a_worker(
+    request: pytest.FixtureRequest,
+) -> None:
+    """loadgroup schedules by the id's ``@group`` suffix (``name_groups`` writes it where
+    xdist's own write is lost, pytest >= 9.2): without it every group is split over the
+    workers. Only a loadgroup worker has the suffix (the suite's ``-n auto``)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not on a --dist loadgroup worker")
+    assert request.node.nodeid.endswith("@tests/architecture/test_suite_workers.py::named")
