@@ -71,11 +71,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "nightly: a long run (minutes of CPU) left to the nightly job; runs when KVOWN_NIGHTLY=1",
     )
+    config.addinivalue_line(
+        "markers",
+        "by_encoding(config=None): runs in the xdist group of its config's z3 encoding"
+        " (group_by_encoding)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group_by_mutant(items)
+    group_by_encoding(items)
     if os.environ.get("KVOWN_NIGHTLY") == "1":
         return
     skip = pytest.mark.skip(reason="nightly: KVOWN_NIGHTLY=1 runs it")
@@ -84,19 +90,86 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(tryfirst=True)  # before an xdist worker sends its collected ids
+def pytest_collection_finish(session: pytest.Session) -> None:
+    name_groups(session.config, session.items)
+
+
+def name_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` sends the tests of one group to one worker by a suffix of their
+    ids (``id@group``) that xdist's worker writes to ``item._nodeid``; since pytest 9.2 a
+    node's id is ``item._id`` (a NodeId) and that write is lost, so every group was split
+    over the workers (28 of 46 mutants' tests in one run at 504ee4b) and each worker
+    explored the mutant again. Where the suffix is missing, it is written here the same
+    way (xdist's format: the group names sorted, joined by ``_``)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        if not names or "@" in item.nodeid or not hasattr(item, "_id"):
+            continue
+        from _pytest.nodeid import NodeId  # pytest >= 9.2, where ids are NodeIds
+
+        item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
+
+
 def group_by_mutant(items: list[pytest.Item]) -> None:
-    """Every test parametrized by a spec mutant's name runs on the worker of that mutant's
-    ``xdist_group``: ``check_mutant`` (the model check of the mutant, cached per process)
-    is then explored once for all of them (tests/model_checks/test_model_check.py,
+    """Every test of a spec mutant runs on the worker of that mutant's ``xdist_group``:
+    ``check_mutant`` (the model check of the mutant, cached per process) is then explored
+    once for all of them (tests/model_checks/test_model_check.py,
     tests/fuzz/test_trace_replay_all.py, tests/refimpl/test_engine_mutants.py and the
-    behaviour tests share it), not once per worker that draws one of its tests."""
+    behaviour tests share it), not once per worker that draws one of its tests. A test is
+    of a mutant when one of its parameters is the mutant's name, or when its function
+    calls ``check_mutant`` with a mutant's name written in it (a literal, or a module
+    constant: ``mutant_named``)."""
     from spec.mutants import MUTANTS
 
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        for v in params.values():
-            if isinstance(v, str) and v in MUTANTS:
-                item.add_marker(pytest.mark.xdist_group(f"mutant:{v}"))
+        named = [v for v in params.values() if isinstance(v, str) and v in MUTANTS]
+        if not named:
+            named = mutant_named(getattr(item, "function", None))
+        if named and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(f"mutant:{named[0]}"))
+
+
+def mutant_named(fn: object) -> list[str]:
+    """The mutants whose name a test function that calls ``check_mutant`` writes: a string
+    constant of its code, or a global of its module it reads, that is a mutant's name."""
+    from spec.mutants import MUTANTS
+
+    code = getattr(fn, "__code__", None)
+    if code is None or "check_mutant" not in code.co_names:
+        return []
+    glob = getattr(fn, "__globals__", {})
+    found = [c for c in code.co_consts if isinstance(c, str)]
+    found += [glob[n] for n in code.co_names if isinstance(glob.get(n), str)]
+    return [v for v in found if v in MUTANTS]
+
+
+def group_by_encoding(items: list[pytest.Item]) -> None:
+    """A test marked ``by_encoding`` runs in the ``xdist_group`` of its config's z3
+    encoding (``encoding:<config>``), so the ``shared_encoding`` of that config (2-3 CPU s
+    to trace each) is built once in the suite for all the tests that read it, not once
+    per worker that draws one. The config is the test's ``name`` or ``config`` parameter
+    when that is a config's name, else the mark's argument. A test already in a group
+    (a mutant's) stays there."""
+    from spec.config import CONFIGS
+
+    for item in items:
+        mark = item.get_closest_marker("by_encoding")
+        if mark is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        named = [params[k] for k in ("name", "config") if params.get(k) in CONFIGS]
+        config = named[0] if named else (mark.args[0] if mark.args else None)
+        if config not in CONFIGS:
+            where = getattr(item, "nodeid", "a test")
+            raise pytest.UsageError(f"{where}: by_encoding names no config ({config!r})")
+        item.add_marker(pytest.mark.xdist_group(f"encoding:{config}"))
 
 
 def _cpu_now() -> float:

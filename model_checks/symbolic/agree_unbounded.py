@@ -79,6 +79,19 @@ class UChecker:
         if len(self.reqs) > 1:
             fixed.append(z3.Distinct(*self.reqs))
         self.fixed = fixed
+        self.s, self.t = self.m.state("pre"), self.m.state("post")
+        # each (transition, request slot, argument) built once for every state checked
+        self._trans: dict[tuple[UAction, int, int], Z] = {}
+
+    def trans(self, act: UAction, j: int, arg: int) -> Z:
+        """The model's transition ``act`` by request slot ``j`` (consuming message ``arg``)
+        from ``self.s`` to ``self.t``, built once per checker."""
+        key = (act, j, arg)
+        tr = self._trans.get(key)
+        if tr is None:
+            a = Msg(act.kind, msg_epoch(arg), msg_idx(arg)) if act.kind is not None else None
+            tr = self._trans[key] = self.m.trans(act, self.s, self.t, self.reqs[j], a, self.probes)
+        return tr
 
     def _landed(self, mask: int) -> Z:
         arr: Z = z3.K(z3.IntSort(), z3.BoolVal(False))
@@ -145,14 +158,13 @@ class UChecker:
         return out
 
     def check_state(self, w: World, rep: UReport) -> None:
-        s, t = self.m.state("pre"), self.m.state("post")
+        s, t = self.s, self.t
         solver = z3.Solver()
         solver.add(*self.fixed, *self.pin(s, w))
         for act, j, arg in self.labels(w):
             rep.checks += 1
-            a = Msg(act.kind, msg_epoch(arg), msg_idx(arg)) if act.kind is not None else None
             solver.push()
-            solver.add(self.m.trans(act, s, t, self.reqs[j], a, self.probes))
+            solver.add(self.trans(act, j, arg))
             verdict = solver.check()
             want = apply(w, self.c, frozenset(), act.name, j, arg)
             where = f"{act.label} req {j} arg {arg:#x} at {w}"

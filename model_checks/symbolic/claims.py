@@ -23,7 +23,7 @@ from model_checks.symbolic.bmc import (
     correct_bmc,
     mutant_bmc,
 )
-from model_checks.symbolic.induction import CTI, Proof, Prover
+from model_checks.symbolic.induction import CTI, Proof, shared_prover
 from model_checks.symbolic.invariants import SUPPORT
 from spec.properties import SAFETY
 
@@ -65,7 +65,7 @@ def induction_claims(
     tp: int, pids: tuple[str, ...] = (), drop: tuple[str, ...] = ()
 ) -> list[Claim]:
     """Each property (or ``pids``) with its support, minus ``drop``, at one src_tp."""
-    pv = Prover(tp)
+    pv = shared_prover(tp)
     out = []
     for pid in pids or tuple(p.id for p in SAFETY):
         names = [n for n in (pid, *SUPPORT[pid]) if n not in drop]

@@ -40,6 +40,7 @@ def test_tiny_config_every_state_and_edge(name: str) -> None:
 ENCODED = sorted(n for n, c in CONFIGS.items() if encodable(c))  # restarts: explicit only
 
 
+@pytest.mark.by_encoding
 @pytest.mark.parametrize("name", ENCODED)
 def test_default_config_sample(name: str) -> None:
     rep = check_sample(CONFIGS[name], n=25)
@@ -70,6 +71,7 @@ def test_mutant_switches_agree(name: str) -> None:
     _clean(rep)
 
 
+@pytest.mark.by_encoding("handoff_tp2to1")
 def test_a_divergence_is_caught() -> None:
     """The check has teeth: the correct encoding disagrees with a mutant spec."""
     c = CONFIGS["handoff_tp2to1"]

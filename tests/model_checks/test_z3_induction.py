@@ -10,16 +10,21 @@ import z3
 
 from kvown_cli import prove as cmd_prove
 from model_checks.symbolic.core import Msg
-from model_checks.symbolic.induction import Prover, conjuncts
+from model_checks.symbolic.induction import Prover, conjuncts, shared_prover
 from model_checks.symbolic.invariants import STRENGTHENING, SUPPORT
 from spec.properties import SAFETY
 
 IDS = [p.id for p in SAFETY]
 
+# One prover per TP in the process (shared_prover: its terms are most of a proof's cost),
+# shared with the CLI's proofs (claims.induction_claims), and the file on one worker so
+# each is built once in the suite.
+pytestmark = pytest.mark.xdist_group("tests/model_checks/test_z3_induction.py")
 
-@pytest.fixture(scope="module")
+
+@pytest.fixture
 def prover() -> Prover:
-    return Prover(2)
+    return shared_prover(2)
 
 
 @pytest.mark.parametrize("pid", IDS)
@@ -33,7 +38,7 @@ def test_property_is_proved(prover: Prover, pid: str) -> None:
 
 @pytest.mark.parametrize("tp", [1, 3, 4])
 def test_whole_invariant_other_tp(tp: int) -> None:
-    proof = Prover(tp).proof("all", [*IDS, *STRENGTHENING])
+    proof = shared_prover(tp).proof("all", [*IDS, *STRENGTHENING])
     assert proof.result == "proved"
 
 

@@ -17,6 +17,7 @@ import pytest
 import z3
 
 from model_checks.symbolic.agree import random_states
+from model_checks.symbolic.bmc import shared_encoding
 from model_checks.symbolic.encoding import Encoding
 from model_checks.symbolic.props import ZPROPS
 from spec.config import CONFIGS
@@ -71,10 +72,11 @@ def _vals(enc: Encoding, s: object, w: World) -> list[tuple[z3.ExprRef, int]]:
     return [(s[k], int(x)) for k, x in enc.values(w).items()]  # type: ignore[index]
 
 
+@pytest.mark.by_encoding
 @pytest.mark.parametrize("name", WORLDS)
 def test_derived_properties_say_what_the_spec_says(name: str) -> None:
     c = CONFIGS[name]
-    enc = Encoding(c)
+    enc = shared_encoding(c)  # the config's one encoding (tests/conftest.py by_encoding)
     s = enc.state("s")
     terms = {p.id: enc.holds(p.id, s) for p in SAFETY}
     rng = random.Random(0)

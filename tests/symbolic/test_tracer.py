@@ -17,6 +17,7 @@ from model_checks.symbolic.actions import (
     WORKER,
     encodable,
 )
+from model_checks.symbolic.bmc import shared_encoding
 from model_checks.symbolic.core import Msg, NetOp
 from model_checks.symbolic.encoding import Encoding
 from model_checks.symbolic.finite import FCtx, FState
@@ -37,9 +38,14 @@ from spec.state import (
     msg_kind,
 )
 
+# Each test reads its config's one encoding (shared_encoding: tracing it is 2-3 CPU s),
+# in that encoding's xdist group (tests/conftest.py by_encoding): handoff_tp2to1's unless
+# the test is parametrized by its config.
+pytestmark = pytest.mark.by_encoding("handoff_tp2to1")
+
 
 def _setup(name: str = "handoff_tp2to1") -> tuple[Encoding, FState, FCtx]:
-    enc = Encoding(CONFIGS[name])
+    enc = shared_encoding(CONFIGS[name])
     s = enc.state("t")
     return enc, s, FCtx(enc, s)
 
@@ -228,7 +234,7 @@ def test_which_transition_predicates_bmc_traces(config: str) -> None:
     or more than the tracer follows, stay the explorer's (pinned here, so a change shows)."""
     from spec.steps import STEP_PREDS
 
-    enc = Encoding(CONFIGS[config])
+    enc = shared_encoding(CONFIGS[config])
     x0, x1 = FCtx(enc, enc.state("a")), FCtx(enc, enc.state("b"))
     traced = set()
     for _, fn in STEP_PREDS:
@@ -254,7 +260,7 @@ def test_a_part_over_every_request_needs_its_requests() -> None:
 def test_every_derived_action_traces_in_every_encodable_config(config: str) -> None:
     """No TraceError: every traced action (each message kind it takes) runs to a Rules
     in the config's finite encoding."""
-    enc = Encoding(CONFIGS[config])
+    enc = shared_encoding(CONFIGS[config])
     s = enc.state("all")
     x = FCtx(enc, s)
     kinds = {msg_kind(code) for code in enc.codes}
