@@ -39,9 +39,9 @@ def test_the_switches_are_validated_by_name() -> None:
         LAYER_READY_ON_STAGING,
         STREAM_READS_AT_READY,
         STALE_INCARNATION_ACCEPTED,
-        READY_ON_OWN_INSTALL,  # the rank switches (tests/library/ownership/test_api_tour_ranks.py)
+        READY_ON_OWN_INSTALL,  # the rank switches (tests/library/tours/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
-        FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/ownership/test_api_tour_unrevocable.py)
+        FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/tours/test_api_tour_unrevocable.py)
     }
 
 
