@@ -20,6 +20,7 @@ from refimpl.testing.on_api.tour import (
     run_api_tour,
 )
 from refimpl.testing.worlds import get_world
+from tests.library.tours.tour_helpers import assert_machine_walks
 
 # per world: (closed edges, edges covered): measured, every edge covered
 PINNED = {
@@ -132,25 +133,7 @@ def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
 def test_the_hypothesis_machine_walks_the_api_with_faults() -> None:
     """Random walks with faults on real Senders/Receiver (``on_api.machine``): no
     divergence at all (no gap is named); the walks take steps."""
-    from hypothesis import HealthCheck, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
-    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
-
-    tally = ApiTally()
-    machine = make_api_machine(ApiAdapter(), get_world("mismatch_one"), tally=tally)
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=10,
-            stateful_step_count=30,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
-    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
-    assert not tally.gaps
+    assert_machine_walks("mismatch_one")
 
 
 # per world: (reachable pairs, pairs covered): measured, every pair covered

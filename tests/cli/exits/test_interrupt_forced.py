@@ -48,9 +48,9 @@ STUCK = textwrap.dedent(
 )
 
 
-def _start() -> subprocess.Popen[str]:
+def _start(source: str = STUCK) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", STUCK],
+        [sys.executable, "-c", source],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -112,16 +112,7 @@ def test_an_interrupt_during_a_c_call_still_ends_the_command() -> None:
     """Python runs no handler while the main thread is inside one C call (z3's check() in
     ``kvown prove --jobs 1``): the signal is still seen as it lands (``interrupt.watch``),
     so the forced exit ends the command; without the watcher it ran the check out (minutes)."""
-    p = subprocess.Popen(
-        [sys.executable, "-c", IN_C],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    p = _start(IN_C)
     try:
         assert p.stderr is not None
         assert p.stderr.readline().strip() == "stuck: running"

@@ -8,8 +8,6 @@ adapter refused every such world ("the API has one Receiver for all decode ranks
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from refimpl.testing.harness import Divergence
@@ -17,24 +15,16 @@ from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import ApiHarness, api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
+from tests.library.tours.tour_helpers import assert_every_pair, assert_machine_walks, first_lines
 
 # per world: (closed edges, edges covered), (pairs, pairs covered): measured
 EDGES = {"handoff_tp1to2": (5718, 5718), "pair_ranks_fail": (4656, 4656)}
 PAIRS = {"handoff_tp1to2": (40, 40), "pair_ranks_fail": (41, 41)}
 
 
-def _first_lines(res: Any) -> list[str]:
-    return [str(e).splitlines()[0] for _, e in res.failures[:5]]
-
-
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_every_pair_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
-    plan = plan_api_pairs(get_world(name))
-    res = run_api_tour(ApiAdapter(), plan)
-    rep = api_report(plan, res)
-    assert (rep["pairs"], rep["pairs_covered"]) == PAIRS[name], rep["pairs_missed"]
-    assert not res.failures, _first_lines(res)
-    assert res.probes > 0
+    assert_every_pair(name, PAIRS[name])
 
 
 @pytest.mark.nightly
@@ -46,30 +36,12 @@ def test_every_edge_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
     assert (rep["edges"], rep["edges_covered"]) == EDGES[name], rep
-    assert not res.failures, _first_lines(res)
+    assert not res.failures, first_lines(res)
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_the_hypothesis_machine_walks_the_decode_ranks(name: str) -> None:
-    from hypothesis import HealthCheck, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
-    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
-
-    tally = ApiTally()
-    machine = make_api_machine(ApiAdapter(), get_world(name), tally=tally)
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=10,
-            stateful_step_count=30,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
-    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
-    assert not tally.gaps
+    assert_machine_walks(name)
 
 
 def test_the_tour_kills_a_decode_rank_sent_another_ranks_heads() -> None:

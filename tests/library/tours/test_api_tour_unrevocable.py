@@ -20,24 +20,16 @@ from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import ApiHarness, api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 from tests.library.lib_helpers import geo, pair, prefill
+from tests.library.tours.tour_helpers import assert_every_pair, assert_machine_walks, first_lines
 
 # per world: (closed edges, edges covered), (pairs, pairs covered): measured
 EDGES = {"handoff_unrevocable": (23675, 23675), "unrevocable_one": (581, 581)}
 PAIRS = {"handoff_unrevocable": (40, 40), "unrevocable_one": (38, 38)}
 
 
-def _first_lines(res: Any) -> list[str]:
-    return [str(e).splitlines()[0] for _, e in res.failures[:5]]
-
-
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_every_pair_of_an_unrevocable_world_on_the_api(name: str) -> None:
-    plan = plan_api_pairs(get_world(name))
-    res = run_api_tour(ApiAdapter(), plan)
-    rep = api_report(plan, res)
-    assert (rep["pairs"], rep["pairs_covered"]) == PAIRS[name], rep["pairs_missed"]
-    assert not res.failures, _first_lines(res)
-    assert res.probes > 0
+    assert_every_pair(name, PAIRS[name])
 
 
 def test_every_edge_of_the_small_unrevocable_world_on_the_api() -> None:
@@ -54,7 +46,7 @@ def test_every_edge_of_an_unrevocable_world_on_the_api(name: str) -> None:
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
     assert (rep["edges"], rep["edges_covered"]) == EDGES[name], rep
-    assert not res.failures, _first_lines(res)
+    assert not res.failures, first_lines(res)
 
 
 def test_the_tour_kills_a_receiver_that_frees_a_quarantine_before_quiesced() -> None:
@@ -130,25 +122,7 @@ def test_the_unrevocable_worlds_run_on_the_api() -> None:
 
 
 def test_the_hypothesis_machine_walks_an_unrevocable_world() -> None:
-    from hypothesis import HealthCheck, settings
-    from hypothesis.stateful import run_state_machine_as_test
-
-    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
-
-    tally = ApiTally()
-    machine = make_api_machine(ApiAdapter(), get_world("handoff_unrevocable"), tally=tally)
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=10,
-            stateful_step_count=30,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
-    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
-    assert not tally.gaps
+    assert_machine_walks("handoff_unrevocable")
 
 
 @pytest.mark.parametrize("revocable_", [True, False])

@@ -1,0 +1,51 @@
+"""What the API tour tests share: a world's pair tour checked against its pinned
+coverage, and the Hypothesis machine's walk of a world on the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refimpl.testing.on_api.adapter import ApiAdapter
+from refimpl.testing.on_api.pairs import plan_api_pairs
+from refimpl.testing.on_api.tour import api_report, run_api_tour
+from refimpl.testing.worlds import get_world
+
+
+def first_lines(res: Any) -> list[str]:
+    """The first line of each of a tour's first five failures."""
+    return [str(e).splitlines()[0] for _, e in res.failures[:5]]
+
+
+def assert_every_pair(name: str, pinned: tuple[int, int]) -> None:
+    """World ``name``'s pair tour on the API: (pairs, covered) as pinned, no divergence,
+    the refusal probes run."""
+    plan = plan_api_pairs(get_world(name))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["pairs"], rep["pairs_covered"]) == pinned, rep["pairs_missed"]
+    assert not res.failures, first_lines(res)
+    assert res.probes > 0
+
+
+def assert_machine_walks(name: str) -> None:
+    """The Hypothesis machine walks world ``name`` on the API (10 examples of 30 steps,
+    derandomized) with no failure and no gap."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from refimpl.testing.on_api.machine import ApiTally, make_api_machine
+
+    tally = ApiTally()
+    machine = make_api_machine(ApiAdapter(), get_world(name), tally=tally)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=10,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
+    assert not tally.gaps
