@@ -137,7 +137,9 @@ def _ev(action: str) -> str:
 # A step out of the protocol's order, named by the law the order protects; the same step
 # where no law is at stake is Unmodelled (the spec has no word for it), never a guess.
 OUT_OF_ORDER = {
-    "prefill computes before it allocated": (["PrefillRun"], ["NoReuseUnderIO"]),
+    # ... and, the step taken, the request is prefilled with its KV in no block it holds
+    # (the spec's PrefillRun effect, derived: st becomes RUNNING): NothingLost second
+    "prefill computes before it allocated": (["PrefillRun"], ["NoReuseUnderIO", "NothingLost"]),
     "prefill decodes before it allocated": (["PrefillDecodeStep"], ["NoReuseUnderIO"]),
     "decode writes blocks it never reserved": (
         ["PrefillAdmit", "PrefillRun", "DecodeStep"],
