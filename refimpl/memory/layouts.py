@@ -93,22 +93,26 @@ def _unpack(t: object, lay: Layout, what: str) -> object:
     return t.unflatten(-1, (2, t.shape[-1] // 2))
 
 
+def _shaped(t: object, lay: Layout, axes: str, kind: str, what: str) -> torch.Tensor:
+    """``t`` unpacked, checked to be a ``len(axes)``-d tensor with K = 2 fields (K and V)."""
+    t = _unpack(t, lay, what)
+    if not isinstance(t, torch.Tensor) or t.dim() != len(axes):
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(
+            f"{what}: {got!r:.60} is not a {len(axes)}-d {kind} cache [{', '.join(axes)}]"
+        )
+    if (k := _dims(t, axes)["K"]) != 2:
+        raise ValueError(
+            f"{what}: shape {tuple(t.shape)}: a {kind} cache is [{', '.join(axes)}]"
+            f" with K = 2 fields (K and V), got {k}"
+        )
+    return t
+
+
 def layer_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
     """One layer's tensor (shape ``lay.shape``, bytes ``lay.order``) as ``[N, K, a, b, D]``
     in kvown's block order (a view)."""
-    t = _unpack(t, lay, what)  # type: ignore[assignment]
-    if not isinstance(t, torch.Tensor) or t.dim() != len(lay.shape):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(
-            f"{what}: {got!r:.60} is not a {len(lay.shape)}-d {lay.name} cache "
-            f"[{', '.join(lay.shape)}]"
-        )
-    dims = _dims(t, lay.shape)
-    if dims["K"] != 2:
-        raise ValueError(
-            f"{what}: shape {tuple(t.shape)}: {lay.name} is [{', '.join(lay.shape)}]"
-            f" with K = 2 fields (K and V), got {dims['K']}"
-        )
+    t = _shaped(t, lay, lay.shape, lay.name, what)
     _check_order(t, lay.shape, lay.order, what, lay.name)
     target = lay.kvown_axes(cross=False)
     return t.permute([lay.shape.index(c) for c in target])
@@ -117,18 +121,7 @@ def layer_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
 def cross_view(t: torch.Tensor, lay: Layout, what: str) -> torch.Tensor:
     """The cross-layer tensor (shape and bytes ``lay.cross``) as ``[N, L, K, a, b, D]`` in
     kvown's block order (a view)."""
-    t = _unpack(t, lay, what)  # type: ignore[assignment]
-    if not isinstance(t, torch.Tensor) or t.dim() != len(lay.cross):
-        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(
-            f"{what}: {got!r:.60} is not a {len(lay.cross)}-d cross-layer "
-            f"{lay.name} cache [{', '.join(lay.cross)}]"
-        )
-    if _dims(t, lay.cross)["K"] != 2:
-        raise ValueError(
-            f"{what}: shape {tuple(t.shape)}: a cross-layer {lay.name} cache is "
-            f"[{', '.join(lay.cross)}] with K = 2 fields"
-        )
+    t = _shaped(t, lay, lay.cross, f"cross-layer {lay.name}", what)
     if not t.is_contiguous():
         raise ValueError(
             f"{what}: a cross-layer cache is one allocation in its byte order "
