@@ -18,12 +18,13 @@ from typing import Any
 
 from refimpl.api import wire
 from refimpl.api.intake import Attempt, send_quietly
-from refimpl.api.layers import land_layer_blocks, write_layer_blocks
+from refimpl.api.layers import land_layer_blocks
 from refimpl.api.switches import LAYER_READY_ON_STAGING
 from refimpl.api.wire import NACK, channels
 from refimpl.checksum import bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
 from refimpl.errors import ChecksumError, ChunkError, OwnershipError
+from refimpl.memory.views import scatter_layer
 from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
 
@@ -115,7 +116,7 @@ def install_layer(
     if a.staging is not None:
         staged = a.staging.alloc.blocks_of(rid)[j0 : j0 + count]
         a.staging.alloc.check_write(rid, staged)
-        write_layer_blocks(a.staging.pools[rank].kv, layer, staged, view)
+        scatter_layer(a.staging.pools[rank].layer(layer), staged, view)  # own layout
     else:
         targets = a.target[a.prefix + j0 : a.prefix + j0 + count]
         pools.alloc.check_write(rid, targets)

@@ -26,8 +26,6 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from refimpl.api.wire import SEAL as SEAL
 from refimpl.checksum import (
     Buffer,
@@ -205,11 +203,3 @@ def land_layer_blocks(
     view, per = memoryview(payload).cast("B"), src_geometry.block_bytes // src_geometry.num_layers
     for j, b in enumerate(blocks):
         land_layer(dst, pieces, src_geometry, view[j * per : (j + 1) * per], b, layer)
-
-
-def write_layer_blocks(
-    kv: torch.Tensor, layer: int, blocks: Sequence[int], payload: Buffer
-) -> None:
-    """Layer ``layer`` of ``blocks`` of a pool's ``kv`` from their bytes in block order
-    (the pool's own layout): one memcpy per block on CPU, one indexed copy elsewhere."""
-    scatter_layer(kv.select(1, layer), blocks, payload)
