@@ -1,31 +1,34 @@
-"""A vLLM-KV-connector-shaped handoff (prefill TP 2 -> decode TP 1), layer by layer, per rank.
+"""A vLLM-KV-connector-shaped handoff, layer by layer, per TP rank, on the engines' own caches.
 
 vLLM's v1 KV connector has a scheduler side and a worker side (one per TP rank). This
 example has both, on top of the public API only, without vllm installed: the engines
-around them are a few lines each, holding vLLM's packed per-layer caches
-``[num_blocks, H, block_size, 2*D]`` and per-request block tables. Each worker registers
-its engine's caches once (``register_kv_caches``, vLLM's ``register_kv_caches``): kvown
-reads and writes the engine's blocks in place, the scheduler's block ids on both sides,
-no kvown pool on either (a block-size change stages one copy during the transfer).
+around them are a few lines each, holding vLLM's per-layer caches (FlashAttention
+``[2, blocks, bs, H, D]``, FlashInfer ``[blocks, 2, bs, H, D]``, packed HND
+``[blocks, H, bs, 2*D]``) or one cross-layer tensor ``[blocks, layers, 2, bs, H, D]``,
+and per-request block tables. Each worker registers its engine's caches once
+(``register_kv_caches``, vLLM's ``register_kv_caches``): kvown reads and writes the
+engine's blocks in place, the scheduler's block ids on both sides, no kvown pool on
+either (a block-size change stages one copy during the transfer; a prefill rank sends a
+narrower decode rank its heads through a view of its caches). Every rank is a
+``RankSender`` / ``RankReceiver`` (``refimpl.api.ranks``): prefill TP 2 -> decode TP 1
+or 1 -> 2, block size 16 -> 32.
 
-Scheduler side (decode instance):
-  ``get_num_new_matched_tokens(req, num_computed)``  the prompt tokens the remote prefill
-      will provide (those after the local prefix hit), loaded asynchronously;
-  ``update_state_after_alloc(req, block_ids, n)``   the blocks vLLM allocated for them;
-  ``build_connector_meta()``                       what the workers load this step.
-Worker side (prefill ranks: producer; decode rank: consumer):
-  ``save_kv_layer(layer, kv_layer, meta)``  the layer just computed, in the engine's own
-      blocks: out, read in place (``Sender.send_layer``);
-  ``get_finished()``                      once per step, every request of the worker at once
-      (``refimpl.api.serve.Progress``: kvown's deadlines; what finished or failed); a
-      finished send's blocks are handed back to the engine (``release``: vLLM frees them);
-  ``wait_for_save()``                     until the decode side acknowledged (or failed);
-  ``start_load_kv(meta)``                 ``Receiver.expect`` with the blocks vLLM allocated
-      and its local prefix hit (``prefix=``: never written), watched;
-  ``wait_for_layer_load(layer)``          until the layer landed in vLLM's own blocks
-      (``layer_ready``); the last layer also waits for the commit. A step's output counts
-      only once the attempt committed: a failed load gives back every block and the
-      connector reports the request's blocks as failed (vLLM recomputes them).
+Chunked prefill: the prompt is prefilled in two chunks; each chunk is its own attempt
+(``f"{rid}/c{k}"``, opened by the scheduler) whose offer names the earlier chunks' blocks
+as a prefix (``prefix_blocks=``: not sent) and sends the new blocks' layers as the
+chunk's forward computes them; the decode side expects it with the blocks it already
+holds as its prefix (its local prefix hit, then the first chunk's committed blocks). A
+chunk boundary is a multiple of both block sizes: a prefix is whole blocks on both sides.
+
+Scheduler side (decode instance): ``get_num_new_matched_tokens`` (the tokens after the
+local prefix hit come from the prefill side), ``update_state_after_alloc`` (vLLM's
+blocks), ``build_connector_meta``. Worker side: ``save_kv_layer`` (``send_layer``: the
+layer just computed, read in place), ``get_finished()`` once per step (one
+``Progress.progress()`` for every request of the worker: what finished sending or
+receiving, what failed; a finished send's blocks go back to the engine at the end of
+the request: ``release``, vLLM's delayed free), ``wait_for_save``, ``start_load_kv``
+(``expect`` with vLLM's blocks and its prefix), ``wait_for_layer_load`` (``layer_ready``;
+a failed load reports the request: vLLM recomputes it).
 
 The workers run in one process here, so a wait also runs the other workers' loops
 (``OTHERS``); in an engine each is its own process (examples/dist_layer_handoff.py).
@@ -38,26 +41,51 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from refimpl import KVGeometry, ModelIdentity, Receiver, Sender
+from refimpl import KVGeometry, ModelIdentity
+from refimpl.api.ranks import Epochs, RankReceiver, RankSender, sub_id
 from refimpl.api.serve import Progress
 from refimpl.memory import register_kv_caches
-from refimpl.transport import InProcessTransport, Transport
+from refimpl.transport import Fault, InProcessTransport, Transport
 from spec.manifest import RopeConfig
 
 # isort: split
 import torch  # after refimpl: its import filters torch's NumPy-less warning
 
-LAYERS, HEADS, DIM, PROMPT, PREFIX, DEADLINE_S = 3, 4, 8, 37, 16, 30.0
+LAYERS, HEADS, DIM, DEADLINE_S = 3, 4, 8, 30.0
+PROMPT, PREFIX, CHUNK = 90, 32, 64  # decode's local hit [0, 32); chunks [0, 64), [64, 90)
+SRC_BS, DST_BS = 16, 32
 MODEL = ModelIdentity("example-llama", RopeConfig(10000.0, DIM))
-PREFILL = KVGeometry(LAYERS, HEADS, DIM, 16, "float32", tp=2)  # the prefill side's caches
-DECODE = KVGeometry(LAYERS, HEADS, DIM, 8, "float32")  # the decode side's: block size 8
-LAYOUT = "flash_attn_packed_hnd"  # [num_blocks, H, block_size, 2*D], bytes in that order
+PRE_TABLE = [4, 1, 6, 0, 2, 5]  # the prefill scheduler's blocks (every rank's, bs 16)
+DEC_TABLE = [9, 3, 12]  # the decode scheduler's (every rank's, bs 32)
 OTHERS: list[Callable[[], None]] = []  # the other workers' event loops (one process here)
+# the engines' caches: (vLLM's layout name, cross-layer, make(blocks, bs, heads),
+# a layer as [blocks, bs, 2, H, D] by plain views of the engine's tensors)
+CACHES: dict[str, tuple[str, bool, Callable[..., object], Callable[..., torch.Tensor]]] = {
+    "flash_attn": (
+        "flash_attn", False,
+        lambda n, bs, h: [torch.zeros(2, n, bs, h, DIM) for _ in range(LAYERS)],
+        lambda c, li: c[li].permute(1, 2, 0, 3, 4),
+    ),
+    "flashinfer": (
+        "flashinfer", False,
+        lambda n, bs, h: [torch.zeros(n, 2, bs, h, DIM) for _ in range(LAYERS)],
+        lambda c, li: c[li].permute(0, 2, 1, 3, 4),
+    ),
+    "flash_attn_packed_hnd": (
+        "flash_attn_packed_hnd", False,
+        lambda n, bs, h: [torch.zeros(n, h, bs, 2 * DIM) for _ in range(LAYERS)],
+        lambda c, li: c[li].unflatten(-1, (2, DIM)).permute(0, 2, 3, 1, 4),
+    ),
+    "cross_layer": (
+        "flash_attn", True,
+        lambda n, bs, h: torch.zeros(n, LAYERS, 2, bs, h, DIM),
+        lambda c, li: c[:, li].permute(0, 2, 1, 3, 4),
+    ),
+}  # fmt: skip
 
 
 def others() -> None:
@@ -65,120 +93,114 @@ def others() -> None:
         loop()
 
 
-@dataclass
-class Request:
-    request_id: str
-    prompt: list[int]
-    block_ids: list[int] = field(default_factory=list)  # vLLM's, on the instance holding it
+def chunk_id(rid: str, k: int) -> str:
+    return f"{rid}/c{k}"  # chunk k's attempt
 
 
-def packed_caches(blocks: int, heads: int, block_size: int) -> list[torch.Tensor]:
-    return [torch.zeros(blocks, heads, block_size, 2 * DIM) for _ in range(LAYERS)]
+def write_tokens(slots: torch.Tensor, table: list[int], lo: int, kv: torch.Tensor) -> None:
+    """Tokens [lo, lo + T) of a layer, ``kv`` [2, H, T, D], into ``slots`` at ``table``."""
+    pos = torch.arange(lo, lo + kv.shape[2])
+    bs = slots.shape[1]
+    slots[torch.tensor(table)[pos // bs], pos % bs] = kv.permute(2, 0, 1, 3)
+
+
+def read_tokens(slots: torch.Tensor, table: list[int], lo: int, hi: int) -> torch.Tensor:
+    pos = torch.arange(lo, hi)
+    bs = slots.shape[1]
+    return slots[torch.tensor(table)[pos // bs], pos % bs].permute(1, 2, 0, 3)  # [2, H, T, D]
 
 
 # ---------------------------------------------------------------- the scheduler side
 class DecodeScheduler:
-    """The decode instance's scheduler connector."""
+    """The decode instance's scheduler connector (one block table for its TP ranks)."""
 
-    def __init__(self) -> None:
-        self.pending: dict[str, tuple[Request, int]] = {}  # to load: request, tokens held
+    def get_num_new_matched_tokens(self, prompt: list[int], num_computed: int) -> int:
+        return len(prompt) - num_computed  # the rest comes from the prefill side
 
-    def get_num_new_matched_tokens(self, req: Request, num_computed: int) -> tuple[int, bool]:
-        return len(req.prompt) - num_computed, True  # the rest comes from the prefill side
-
-    def update_state_after_alloc(self, req: Request, block_ids: list[int], n: int) -> None:
-        req.block_ids = block_ids
-        self.pending[req.request_id] = (req, len(req.prompt) - n)
-
-    def build_connector_meta(self) -> dict[str, tuple[Request, int]]:
-        meta, self.pending = self.pending, {}
-        return meta
+    def build_connector_meta(self, rid: str, k: int, prompt: list[int]) -> dict[str, object]:
+        """What the decode workers load for chunk k: its tokens, the blocks already held
+        (the local hit, then earlier chunks') and vLLM's new blocks for it."""
+        end = CHUNK if k == 0 else PROMPT
+        held = PREFIX if k == 0 else CHUNK
+        n_held, n_all = held // DST_BS, -(-end // DST_BS)
+        return {"rid": chunk_id(rid, k), "tokens": prompt[:end], "held": n_held,
+                "prefix": DEC_TABLE[:n_held], "blocks": DEC_TABLE[n_held:n_all]}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the worker side
 class ProducerWorker:
-    """One prefill TP rank's worker connector: its heads' caches registered, its Sender."""
+    """One prefill TP rank's worker connector: its heads' caches registered, its ranks."""
 
-    def __init__(self, rank: int, t: Transport) -> None:
-        self.rank, self.caches = rank, packed_caches(8, HEADS // 2, 16)  # vLLM's, this rank
-        self.pools = register_kv_caches(PREFILL.rank_view(rank), self.caches, LAYOUT)
-        self.tx = Sender(self.pools, PREFILL, t, MODEL, rank=rank)
-        # kvown's deadline per request; forget=False: this example reads the ends after
-        self.progress = Progress(self.tx, timeout_s=DEADLINE_S, forget=False)
-        self.ended: dict[str, str] = {}  # request id -> how its send ended
-        self.freed: dict[str, tuple[int, ...]] = {}  # request id -> blocks handed back
+    def __init__(self, rank: int, geo: KVGeometry, dst_tp: int, kind: str, t: Transport,
+                 epochs: Epochs) -> None:  # fmt: skip
+        name, cross, make, self.slots = CACHES[kind]
+        self.caches = make(8, SRC_BS, geo.kv_heads_per_rank)  # vLLM's, this rank
+        self.pools = register_kv_caches(geo.rank_view(rank), self.caches, name, cross_layer=cross)
+        self.tx = RankSender(self.pools, geo, t, MODEL, rank=rank, dst_tp=dst_tp, epochs=epochs)
+        self.progress = Progress(self.tx, timeout_s=DEADLINE_S, forget=False)  # kvown's deadline
+        self.ended: dict[str, str] = {}  # chunk attempt -> how its send ended
 
-    def start_request(self, req: Request, prefix_blocks: int) -> None:  # its prefill begins
-        rid = req.request_id
-        self.pools.adopt(rid, req.block_ids)  # the scheduler's blocks, the prefill writes
-        self.progress.offer(  # every rank offers the scheduler's attempt number as its epoch
-            rid, req.prompt, blocks=req.block_ids, layers=LAYERS, epoch=1,
-            prefix_blocks=prefix_blocks,  # held by the decode side already: not sent
-        )  # fmt: skip
+    def start_chunk(self, rid: str, k: int, prompt: list[int]) -> None:  # a chunk's prefill
+        end = CHUNK if k == 0 else PROMPT
+        first = 0 if k == 0 else CHUNK // SRC_BS
+        self.pools.adopt(rid, PRE_TABLE[first : -(-end // SRC_BS)])  # the chunk's new blocks
+        sent_from = PREFIX // SRC_BS if k == 0 else CHUNK // SRC_BS  # held there already
+        blocks = PRE_TABLE[: -(-end // SRC_BS)]  # every block of the chunk's tokens
+        self.progress.offer(chunk_id(rid, k), prompt[:end], blocks=blocks, prefix_blocks=sent_from)
 
-    def save_kv_layer(self, layer: int, kv_layer: torch.Tensor, meta: list[Request]) -> None:
-        for req in meta:  # the engine wrote ``kv_layer`` (its cache) in its blocks: send it
-            self.tx.send_layer(req.request_id, layer)
+    def save_kv_layer(self, layer: int, attempt: str) -> None:
+        self.tx.send_layer(attempt, layer)  # the engine wrote the layer in its blocks: out
         self.get_finished()
 
     def get_finished(self) -> set[str]:
-        """vLLM's ``get_finished()``, once per step: every request of this rank advanced by
-        one ``progress()``; returns those whose send finished: their blocks go back to the
-        engine (``release``; vLLM's delayed free), as do a failed send's."""
+        """vLLM's ``get_finished()``, once per step: every chunk of this rank advanced
+        by one ``progress()``; returns those whose send finished."""
         step = self.progress.progress()
         self.ended.update({rid: "done" for rid in step.finished_sending})
         self.ended.update({f.request_id: f.state.value for f in step.failed})
-        for rid in [*step.finished_sending, *(f.request_id for f in step.failed)]:
-            self.freed[rid] = self.pools.release(rid)
         return set(step.finished_sending)
 
-    def wait_for_save(self, meta: list[Request], deadline: float) -> dict[str, str]:
-        while any(r.request_id not in self.ended for r in meta) and time.monotonic() < deadline:
-            self.get_finished()  # kvown's deadline (Progress) ends a request that stalls
+    def wait_for_save(self, attempt: str, deadline: float) -> str:
+        while attempt not in self.ended and time.monotonic() < deadline:
+            self.get_finished()  # kvown's deadline (Progress) ends a send that stalls
             others()
-        return {req.request_id: self.ended.get(req.request_id, "sending") for req in meta}
+        return self.ended.get(attempt, "sending")
 
 
 class ConsumerWorker:
-    """The decode rank's worker connector: vLLM's caches registered, its Receiver."""
+    """One decode rank's worker connector: vLLM's caches registered, its RankReceiver."""
 
-    def __init__(self, t: Transport, caches: list[torch.Tensor]) -> None:
-        self.pools, self.caches = register_kv_caches(DECODE, caches, LAYOUT), caches
-        self.rx = Receiver(self.pools, DECODE, t, MODEL)
+    def __init__(self, rank: int, geo: KVGeometry, src_tp: int, kind: str,
+                 t: Transport) -> None:  # fmt: skip
+        name, cross, make, self.slots = CACHES[kind]
+        self.caches = make(16, DST_BS, geo.kv_heads_per_rank)
+        self.pools = register_kv_caches(geo.rank_view(rank), self.caches, name, cross_layer=cross)
+        self.rx = RankReceiver(self.pools, geo, t, MODEL, rank=rank, src_tp=src_tp)
         self.progress = Progress(self.rx, timeout_s=DEADLINE_S, forget=False)
-        self.meta: dict[str, tuple[Request, int]] = {}
-        self.committed: dict[str, tuple[int, ...]] = {}  # request id -> its kvown blocks
+        self.committed: dict[str, tuple[int, ...]] = {}  # chunk attempt -> its blocks
         self.failed: set[str] = set()
 
-    def start_load_kv(self, meta: dict[str, tuple[Request, int]]) -> None:
-        self.meta = meta
-        for rid, (req, held) in meta.items():
-            hit = req.block_ids[: held // DECODE.block_size]  # vLLM's local prefix hit
-            self.pools.adopt(f"{rid}#prefix", hit)  # valid KV here: kvown never writes it
-            self.progress.expect(
-                rid, prefix=hit, prefix_tokens=req.prompt[:held], blocks=req.block_ids[len(hit) :]
-            )
+    def start_load_kv(self, meta: dict[str, object]) -> None:
+        self.progress.expect(str(meta["rid"]), prefix=meta["prefix"], blocks=meta["blocks"],
+                             prefix_tokens=list(meta["tokens"])[: int(meta["held"]) * DST_BS])  # type: ignore[call-overload]  # fmt: skip
 
     def get_finished(self) -> set[str]:
-        """vLLM's ``get_finished()``: one ``progress()`` for every request being loaded;
-        returns those whose load committed; a failed one joins ``failed`` (vLLM's
-        ``get_block_ids_with_load_errors``: recompute them)."""
+        """vLLM's ``get_finished()``: returns the loads that committed; a failed one
+        joins ``failed`` (vLLM's ``get_block_ids_with_load_errors``: recompute)."""
         step = self.progress.progress()
         self.committed.update(step.finished_receiving)
         self.failed.update(f.request_id for f in step.failed)
         return set(step.finished_receiving)
 
-    def wait_for_layer_load(self, layer: int, deadline: float) -> None:
-        last = layer == LAYERS - 1
-        for rid in self.meta:
-            while time.monotonic() < deadline and rid not in {*self.committed, *self.failed}:
-                if self.rx.layer_ready(rid, layer) and not last:
-                    break
-                self.get_finished()  # kvown's deadline (Progress) ends a stalled load
-                others()
-            if not self.rx.layer_ready(rid, layer) or rid in self.failed:
-                self.failed.add(rid)  # vLLM: these blocks failed to load; recompute
-            # else: the layer is in vLLM's own blocks already (no copy out of kvown)
+    def wait_for_layer_load(self, attempt: str, layer: int, deadline: float) -> None:
+        last = layer == LAYERS - 1  # the last layer also waits for every rank's commit
+        while time.monotonic() < deadline and attempt not in {*self.committed, *self.failed}:
+            if self.rx.layer_ready(attempt, layer) and not last:
+                return  # the layer is in vLLM's own blocks already (no copy out of kvown)
+            self.get_finished()
+            others()
+        if attempt not in self.committed:
+            self.failed.add(attempt)  # vLLM: these blocks failed to load; recompute
 
 
 # ---------------------------------------------------------------- the engines around them
@@ -188,85 +210,95 @@ def prefill_kv(prompt: list[int]) -> torch.Tensor:
     return torch.randn((LAYERS, 2, HEADS, len(prompt), DIM), generator=g)
 
 
-def run(*, corrupt: bool = False) -> dict[str, object]:
-    t = InProcessTransport()
-    req = Request("req-1", [(7 * i) % 101 for i in range(PROMPT)])
-    kv = prefill_kv(req.prompt)
-    if corrupt:  # rank 1's layer-1 chunk flipped in transit (a chunk per rank and layer)
-        from refimpl.transport import Fault
-
-        t.inject("kv:req-1>rx", Fault.CORRUPT, skip=1 + 2 + 1)
-    # decode instance: a local prefix hit of PREFIX tokens, already in vLLM's cache
-    dec_caches = packed_caches(16, HEADS, 8)
-    sched, consumer = DecodeScheduler(), ConsumerWorker(t, dec_caches)
-    dreq = Request(req.request_id, req.prompt)
-    n, _ = sched.get_num_new_matched_tokens(dreq, PREFIX)
-    sched.update_state_after_alloc(dreq, [9, 3, 12, 0, 5], n)  # vLLM's block table, bs 8
-    prefix_kv = _write_prefix(dec_caches, dreq.block_ids, kv[:, :, :, :PREFIX])
-    consumer.start_load_kv(sched.build_connector_meta())
-    # prefill instance, TP 2: each rank's vLLM caches hold its 2 heads, block size 16
-    h = HEADS // 2
-    producers = [ProducerWorker(r, t) for r in range(2)]
-    pre_tables = [[4, 1, 6], [0, 2, 5]]
+def run(kind: str = "flash_attn_packed_hnd", src_tp: int = 2, dst_tp: int = 1, *,
+        corrupt: bool = False) -> dict[str, object]:  # fmt: skip
+    t, epochs, rid = InProcessTransport(), Epochs(), "req-1"
+    prompt = [(7 * i) % 101 for i in range(PROMPT)]
+    kv = prefill_kv(prompt)
+    if corrupt:  # a chunk of chunk 0's layer 1 flipped in transit to decode rank 0
+        t.inject(f"kv:{chunk_id(rid, 0)}@0>rx", Fault.CORRUPT, skip=3)
+    pre = KVGeometry(LAYERS, HEADS, DIM, SRC_BS, "float32", tp=src_tp)
+    dec = KVGeometry(LAYERS, HEADS, DIM, DST_BS, "float32", tp=dst_tp)
+    if CACHES[kind][0] in ("flash_attn", "flashinfer"):  # NHD: slots before heads
+        pre, dec = pre.with_(layout="tokens_major"), dec.with_(layout="tokens_major")
+    sched = DecodeScheduler()
+    consumers = [ConsumerWorker(d, dec, src_tp, kind, t) for d in range(dst_tp)]
+    producers = [ProducerWorker(r, pre, dst_tp, kind, t, epochs) for r in range(src_tp)]
     OTHERS[:] = [lambda: [p.get_finished() for p in producers]]
-    OTHERS.append(consumer.get_finished)
-    for r, p in enumerate(producers):
-        p.start_request(Request(req.request_id, req.prompt, pre_tables[r]), PREFIX // 16)
-    deadline = time.monotonic() + 30
-    for layer in range(LAYERS):  # the prefill forward, one layer at a time, on both ranks
-        for r, p in enumerate(producers):
-            cache = p.caches[layer]  # the engine writes the layer into its own blocks
-            _write_tokens(cache, pre_tables[r], kv[layer, :, r * h : (r + 1) * h])
-            p.save_kv_layer(layer, cache, [Request(req.request_id, req.prompt, pre_tables[r])])
-        consumer.wait_for_layer_load(layer, deadline)  # the decode side's forward, overlapped
-    saved = [p.wait_for_save([req], deadline) for p in producers]
-    got = torch.stack([_read_tokens(c, dreq.block_ids, PROMPT) for c in dec_caches])
+    OTHERS.extend(c.get_finished for c in consumers)
+    hd, hp = HEADS // dst_tp, HEADS // src_tp
+    for d, c in enumerate(consumers):  # decode's local prefix hit, already in vLLM's cache
+        for li in range(LAYERS):
+            write_tokens(
+                c.slots(c.caches, li), DEC_TABLE, 0, kv[li, :, d * hd : (d + 1) * hd, :PREFIX]
+            )
+        c.pools.adopt(f"{rid}#prefix", DEC_TABLE[: PREFIX // DST_BS])  # kvown never writes it
+    assert sched.get_num_new_matched_tokens(prompt, PREFIX) == PROMPT - PREFIX
+    deadline, saved, states = time.monotonic() + DEADLINE_S, [], []
+    for k, (lo, hi) in enumerate([(0, CHUNK), (CHUNK, PROMPT)]):
+        attempt = chunk_id(rid, k)
+        if any(chunk_id(rid, 0) in c.failed for c in consumers):
+            break  # chunk 0 failed to load: vLLM recomputes; nothing more is sent
+        for c in consumers:
+            c.start_load_kv(sched.build_connector_meta(rid, k, prompt))
+        epochs.open(attempt)  # the scheduler opens the chunk's attempt: every rank offers it
+        for p in producers:
+            p.start_chunk(rid, k, prompt)
+        for layer in range(LAYERS):  # the chunk's forward, one layer at a time, every rank
+            for r, p in enumerate(producers):
+                write_tokens(
+                    p.slots(p.caches, layer),
+                    PRE_TABLE,
+                    lo,
+                    kv[layer, :, r * hp : (r + 1) * hp, lo:hi],
+                )
+                p.save_kv_layer(layer, attempt)
+            for c in consumers:
+                c.wait_for_layer_load(attempt, layer, deadline)  # decode's forward, overlapped
+        saved.append([p.wait_for_save(attempt, deadline) for p in producers])
+        states.append([c.rx.state(attempt).value for c in consumers])
+    workers = [*consumers, *producers]
+    per_layer = [[read_tokens(c.slots(c.caches, li), DEC_TABLE, 0, PROMPT) for c in consumers]
+                 for li in range(LAYERS)]  # fmt: skip
+    got = torch.stack([torch.cat(layer, dim=1) for layer in per_layer])  # every head
+    held = [_held(w.pools.alloc) for w in workers]  # decode ranks, then prefill ranks
+    # the request ended: vLLM frees its blocks on both sides (kvown says which it may)
+    ends = [[sub_id(chunk_id(rid, k), d) for k in (1, 0)] for d in range(dst_tp)]
+    freeable = [[list(c.pools.freeable(e)) for e in ends[d]] for d, c in enumerate(consumers)]
+    dec_freed = [[list(c.pools.release(e)) for e in [*ends[d], f"{rid}#prefix"]]
+                 for d, c in enumerate(consumers)]  # fmt: skip
     return {
-        "decode_state": consumer.rx.state(req.request_id).value,
-        "saved": [s[req.request_id] for s in saved],
+        "decode_states": states,  # per chunk, per decode rank
+        "saved": saved,  # per chunk, per prefill rank
         "kv_equal": bool(torch.equal(got[:, :, :, PREFIX:], kv[:, :, :, PREFIX:])),
-        "prefix_untouched": bool(torch.equal(got[:, :, :, :PREFIX], prefix_kv)),
-        "failed": sorted(consumer.failed),
-        "kvown_blocks": [_held(consumer.pools.alloc), *(_held(p.pools.alloc) for p in producers)],
-        "freeable": list(consumer.pools.freeable(req.request_id)),  # the request's, to vLLM
-        "released": [list(p.freed.get(req.request_id, ())) for p in producers],
+        "prefix_untouched": bool(torch.equal(got[:, :, :, :PREFIX], kv[:, :, :, :PREFIX])),
+        "failed": sorted({a for c in consumers for a in c.failed}),
+        "kvown_blocks": held,
+        "freeable": freeable,  # per decode rank: chunk 1's, chunk 0's (a prefix: pinned)
+        "decode_released": dec_freed,  # per decode rank: chunk 1, chunk 0, the local hit
+        "released": [list(p.pools.release(rid)) for p in producers],  # per prefill rank
+        "left": [_held(w.pools.alloc) for w in workers],
+        "memory": sorted({type(m).__name__ for w in workers for m in w.pools.pools}),
     }
 
 
 def _held(alloc: object) -> dict[str, int]:
-    """The engine's blocks kvown records, per status but free (decode side first, then
-    each prefill rank)."""
+    """The engine's blocks kvown records, per status but free."""
     return {k: v for k, v in alloc.counts().items() if k != "free" and v}  # type: ignore[attr-defined]
 
 
-def _write_tokens(cache: torch.Tensor, table: list[int], kv: torch.Tensor) -> None:
-    """Tokens [0, T) of kv [2, H, T, D] into a packed cache at ``table``."""
-    bs = cache.shape[2]
-    pos = torch.arange(kv.shape[2])
-    phys, slot = torch.tensor(table)[pos // bs], pos % bs
-    cache[phys, :, slot] = torch.cat([kv[0], kv[1]], dim=-1).permute(1, 0, 2)
-
-
-def _read_tokens(cache: torch.Tensor, table: list[int], n: int) -> torch.Tensor:
-    bs = cache.shape[2]
-    pos = torch.arange(n)
-    tok = cache[torch.tensor(table)[pos // bs], :, pos % bs]  # [T, H, 2D]
-    return torch.stack([tok[..., :DIM], tok[..., DIM:]]).permute(0, 2, 1, 3)  # [2, H, T, D]
-
-
-def _write_prefix(caches: list[torch.Tensor], table: list[int], kv: torch.Tensor) -> torch.Tensor:
-    for layer, c in enumerate(caches):
-        _write_tokens(c, table, kv[layer])
-    return kv
+SCENARIOS = [(kind, s, d) for kind in CACHES for s, d in ((2, 1), (1, 2))]
 
 
 def main() -> int:
-    ok = run()
+    good = True
+    for kind, s, d in SCENARIOS:
+        ok = run(kind, s, d)
+        print(f"{kind}, TP {s} -> {d}:", ok)
+        good = good and ok["kv_equal"] and ok["prefix_untouched"] and ok["failed"] == []
     bad = run(corrupt=True)
-    print("handoff:", ok)
     print("a corrupt chunk:", bad)
-    good = ok["kv_equal"] and ok["prefix_untouched"] and ok["saved"] == ["done", "done"]
-    refused = bad["decode_state"] == "aborted" and bad["failed"] == ["req-1"]
+    refused = bad["failed"] == [chunk_id("req-1", 0)] and not bad["kv_equal"]
     print("OK" if good and refused else "FAILED")
     return 0 if good and refused else 1
 

@@ -203,6 +203,25 @@ class RegisteredPools(RankPools):
         return self.alloc.release(request_id)
 
 
+def head_slice(pools: RankPools, want: PoolGeometry, lo: int) -> RankPools:
+    """Heads ``[lo, lo + want.kv_heads)`` of ``pools``' one rank, as one rank's pools of
+    ``want`` (views of its layers: nothing copied, kvown's pool or an engine's caches
+    alike) sharing ``pools``' block table (its ids, its holders): what a prefill rank
+    sends a narrower decode rank (``refimpl.api.ranks.RankSender``)."""
+    if pools.tp != 1:
+        raise ValueError(f"head_slice: pools of {pools.tp} ranks; one rank's are sliced")
+    src, axis = pools.pools[0], 2 if want.layout == "heads_major" else 3
+    if not 0 <= lo <= lo + want.kv_heads <= pools.geometry.kv_heads:
+        raise ValueError(
+            f"head_slice: heads [{lo}, {lo + want.kv_heads}) of {pools.geometry.kv_heads}"
+        )
+    views = [src.layer(li).narrow(axis, lo, want.kv_heads) for li in range(want.num_layers)]
+    mem = RegisteredPool(want, views, None)
+    out = RankPools(1, want.kv_heads, want, mem.capacity, memory=[mem])
+    out.alloc = mem.allocator = pools.alloc  # the source's ids and holders, not a copy
+    return out
+
+
 def _layers_of(caches: Caches, what: str) -> list[torch.Tensor]:
     if isinstance(caches, Mapping):
         return list(caches.values())

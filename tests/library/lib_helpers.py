@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
 import signal
 import socket
+import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 
+from refimpl import pool as kvpool
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, write_kv
 from refimpl.engine.data import RankPools
 from refimpl.transport import InProcessTransport
@@ -138,3 +143,32 @@ def greedy(
             cache, logits = out.cache, out.logits[0, -1]
             rows.append(logits)
     return tokens, torch.stack(rows)
+
+
+class Census:
+    """Every ``KVPool`` built while it is on, and whether an attempt's staging built it
+    (``refimpl.api.intake.accept``: a block-size change's one copy)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.built: list[tuple[bool, weakref.ref[object]]] = []
+        init = kvpool.KVPool.__init__
+
+        def counted(pool: object, *a: object, **kw: object) -> None:
+            init(pool, *a, **kw)  # type: ignore[arg-type]
+            f, staging = sys._getframe(1), False
+            while f is not None and not staging:
+                staging = f.f_code.co_name == "accept" and f.f_code.co_filename.endswith(
+                    "intake.py"
+                )
+                f = f.f_back  # type: ignore[assignment]
+            self.built.append((staging, weakref.ref(pool)))
+
+        monkeypatch.setattr(kvpool.KVPool, "__init__", counted)
+
+    def kvown_pools(self) -> int:
+        """Pools built but for staging."""
+        return sum(not s for s, _ in self.built)
+
+    def alive(self) -> int:
+        gc.collect()
+        return sum(r() is not None for _, r in self.built)

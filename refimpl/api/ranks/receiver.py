@@ -75,6 +75,11 @@ class RankReceiver(_Member):
         g = self._g.get(request_id)
         return g is not None and g.state is State.DONE
 
+    def layer_ready(self, request_id: str, layer: int) -> bool:
+        """This rank's heads of ``layer`` are in its blocks (``Receiver.layer_ready``:
+        landed, not yet committed; the request may run only once ``ready``)."""
+        return self.rx.layer_ready(sub_id(request_id, self.rank), layer)
+
     def reasons(self, request_id: str) -> list[str]:
         g = self._g.get(request_id)
         return list(g.reasons) if g is not None else []

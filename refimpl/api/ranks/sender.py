@@ -12,6 +12,7 @@ from refimpl.api.sender import Sender
 from refimpl.api.switches import HEADS_OF_ANOTHER_RANK, RANK_SENDER_SWITCHES, check_switches
 from refimpl.api.wire import ABORT, State
 from refimpl.engine.data import RankPools
+from refimpl.memory.registered import head_slice
 from refimpl.transport import Transport
 
 __all__ = ["RankSender"]
@@ -58,13 +59,15 @@ class RankSender(_Member):
             p = pieces[mine[0]]
             sub_geo = geometry.with_(kv_heads=sum(q.src_stop - q.src_start for q in pieces),
                                      tp=len(pieces))  # fmt: skip
-            sliced = p.src_stop - p.src_start != own  # a narrower decode rank: a slice
-            sub_pools = sub_geo.make_rank_pools(mine[0], pools.alloc.capacity) if sliced else None
+            lo, n = p.src_start, p.src_stop - p.src_start
+            if HEADS_OF_ANOTHER_RANK in self.mutants:  # the bug: the neighbour's slice
+                lo = (lo + n) % own
+            sub_pools = None  # a narrower decode rank: a view of its heads, no copy
+            if n != own:
+                want = sub_geo.rank_view(mine[0]).rank_pool_geometry()
+                sub_pools = head_slice(pools, want, lo)
             tx = Sender(sub_pools or pools, sub_geo, transport, model, rank=mine[0],
                         blocks_per_chunk=blocks_per_chunk)  # fmt: skip
-            lo = p.src_start
-            if HEADS_OF_ANOTHER_RANK in self.mutants:  # the bug: the neighbour's slice
-                lo = (lo + p.src_stop - p.src_start) % own
             self._subs[d] = (tx, lo, sub_pools)
         self._g: dict[str, _Group] = {}
         self._blocks: dict[str, list[int]] = {}
@@ -87,13 +90,10 @@ class RankSender(_Member):
         return out
 
     def held(self) -> dict[str, tuple[int, ...]]:
-        """Blocks this rank's live sub-handoffs hold (their slices' copies)."""
-        out: dict[str, tuple[int, ...]] = {}
-        for rid, g in self._g.items():
-            for d, (_, _, sp) in self._subs.items():
-                if sp is not None and not g.state.final and sp.alloc.blocks_of(sub_id(rid, d)):
-                    out[sub_id(rid, d)] = sp.alloc.blocks_of(sub_id(rid, d))
-        return out
+        """Blocks this rank's sub-handoffs hold (a streamed offer pins nothing: each
+        ``send_layer`` copies its layer, of the request's blocks or a view of a slice
+        of their heads, at once)."""
+        return {sid: b for tx, _, _ in self._subs.values() for sid, b in tx.held().items()}
 
     def offer(
         self,
@@ -139,19 +139,17 @@ class RankSender(_Member):
                 tx.offer(sid, token_ids, blocks=use, epoch=e, dst_tp=1,
                          prefix_blocks=prefix_blocks, layers=self.geometry.num_layers)  # fmt: skip
             finally:
-                if sp is None:
-                    self.pools.alloc.free(sid)
+                self.pools.alloc.free(sid)
 
     def _hold(self, rid: str, d: int, sp: RankPools | None) -> list[int]:
-        """The blocks sub-handoff d reads: the request's own (a reference for the call:
-        the Sender checks its holder), or its copies of the slice."""
+        """The blocks sub-handoff d reads: the request's own, through ``sp``'s view of
+        their heads where it sends a slice (a reference for the call: the Sender checks
+        its holder in the one block table)."""
         sid, blocks = sub_id(rid, d), self._blocks[rid]
-        if sp is None:
-            self.pools.alloc.incref(sid, blocks)
-            return blocks
-        if not sp.alloc.blocks_of(sid):
-            sp.alloc.allocate(sid, len(blocks))
-        return list(sp.alloc.blocks_of(sid))
+        if sp is not None:
+            sp.alloc = sp.pools[0].allocator = self.pools.alloc  # the table, even if renewed
+        self.pools.alloc.incref(sid, blocks)
+        return blocks
 
     def send_layer(self, request_id: str, layer: int) -> None:
         """Layer ``layer`` is written in the request's blocks here: send each decode
@@ -159,20 +157,13 @@ class RankSender(_Member):
         g = self._g[request_id]
         if g.state.final:
             return
-        blocks = self._blocks[request_id]
-        for d, (tx, lo, sp) in self._subs.items():
+        for d, (tx, _, sp) in self._subs.items():
             sid = sub_id(request_id, d)
-            use = self._hold(request_id, d, sp)
+            self._hold(request_id, d, sp)
             try:
-                if sp is not None:
-                    n = sp.kv_heads
-                    for b, c in zip(blocks, use, strict=True):
-                        src = self.pools.hm_block(0, b)[layer][:, lo : lo + n]
-                        sp.hm_block(0, c)[layer].copy_(src)
-                tx.send_layer(sid, layer)
+                tx.send_layer(sid, layer)  # copies the layer (of its heads: sp's view) now
             finally:
-                if sp is None:
-                    self.pools.alloc.free(sid)
+                self.pools.alloc.free(sid)
         if g.state is State.OFFERED:
             g.state = State.SENDING
 
@@ -210,7 +201,6 @@ class RankSender(_Member):
             tx.state(sub_id(request_id, d)) is State.DONE for d, (tx, _, _) in self._subs.items()
         ):
             self._done(request_id, g)
-            self._release(request_id)
         return n + len(heard)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
@@ -229,12 +219,6 @@ class RankSender(_Member):
         for d, (tx, _, _) in self._subs.items():
             tx.abort(sub_id(rid, d), reasons[0] if reasons else "aborted")
         self._end_group(rid, g, reasons, tell)
-        self._release(rid)
-
-    def _release(self, rid: str) -> None:
-        for d, (_, _, sp) in self._subs.items():
-            if sp is not None:
-                sp.alloc.free(sub_id(rid, d))
 
     def forget(self, request_id: str) -> None:
         """Drop an ended attempt's records here (its sub-handoffs' too)."""
