@@ -73,7 +73,8 @@ def layout(name: object) -> Layout:
 def _byte_order(t: torch.Tensor, axes: str) -> str:
     """The axes of ``t`` (named ``axes``), outermost byte stride first (size-1 axes kept
     where they are named)."""
-    ranked = sorted(range(t.dim()), key=lambda i: (-t.stride(i), i))
+    strides: list[int] = [t.stride(i) for i in range(t.dim())]
+    ranked = sorted(range(t.dim()), key=lambda i: (-strides[i], i))
     return "".join(axes[i] for i in ranked)
 
 
@@ -90,7 +91,7 @@ def _unpack(t: object, lay: Layout, what: str) -> object:
             f"{what}: {lay.name} packs K and V in the last axis (2 * head_dim, contiguous); "
             f"shape {tuple(t.shape)}, strides {t.stride()}"
         )
-    return t.unflatten(-1, (2, t.shape[-1] // 2))
+    return t.view(*t.shape[:-1], 2, t.shape[-1] // 2)
 
 
 def _shaped(t: object, lay: Layout, axes: str, kind: str, what: str) -> torch.Tensor:
