@@ -242,3 +242,45 @@ def test_an_unrevocable_transport_without_a_batch_status_is_refused() -> None:
     with pytest.raises(ValueError, match="revocable=False but no writes_pending"):
         Sender(g.make_pools(4), g, NoStatus(), MODEL)  # type: ignore[arg-type]
 
+
+def test_a_new_manifest_waits_for_the_quarantine_of_the_last_attempt() -> None:
+    """The spec's ``DecodeReserve`` (and ``DecodeReject``) of a new attempt need the
+    request's blocks gone (``d`` none): while an ended attempt's quarantine holds them, a
+    newer manifest is neither reserved nor refused; it waits, and is taken at the first
+    ``poll`` after the quarantine is over. Through the public API: the Sender's Quiesced
+    is lost, it offers again, and only the longer timer (a second ``abort``) lets the new
+    attempt in (before: reserved beside the quarantine, the Ready sent at once)."""
+    from refimpl.api import Receiver, Sender
+    from refimpl.api.wire import channels
+    from refimpl.transport import InProcessTransport
+    from tests.library.lib_helpers import MODEL, Pair
+
+    t = InProcessTransport(revocable=False)
+    g = geo()
+    ps, pd = g.make_pools(16), g.make_pools(16)
+    p = Pair(t, ps, pd, Sender(ps, g, t, MODEL), Receiver(pd, g, t, MODEL))
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")
+    p.tx.poll("r")  # every write posted
+    p.rx.abort("r", "cancelled")  # quarantined, nacked
+    q = p.rx.quarantined()
+    p.rx.poll("r")  # the writes land: recorded
+    t.inject(channels("r").to_receiver, "lose")  # the Sender's Quiesced never arrives
+    p.tx.poll("r")
+    assert p.tx.state("r") is State.ABORTED
+    p.tx.offer("r", list(range(10)))  # the retry, epoch 2
+    p.rx.poll("r")  # its manifest comes while the quarantine holds: it waits
+    assert p.rx.quarantined() == q and p.rx.held() == q
+    assert p.rx.state("r") is State.ABORTED and p.dst.alloc.num_free == 16 - 3
+    p.tx.poll("r")
+    assert p.tx.state("r") is State.OFFERED  # no Ready
+    p.rx.abort("r", "timeout")  # the longer quarantine timer: the blocks are free
+    assert p.rx.quarantined() == {} and p.dst.alloc.num_free == 16
+    p.rx.poll("r")  # the waiting manifest is taken now: reserved, ready
+    assert p.rx.state("r") is State.RECEIVING
+    p.tx.poll("r")  # ready: the writes of epoch 2
+    p.rx.poll("r")
+    p.tx.poll("r")
+    assert p.rx.state("r") is State.DONE and p.tx.state("r") is State.DONE
+    assert p.rx.quarantined() == {} and p.dst.alloc.num_free == 16 - 3
