@@ -118,7 +118,7 @@ def test_the_bug_switch_frees_under_the_writes() -> None:
 def test_the_unrevocable_worlds_run_on_the_api() -> None:
     assert unexpressed(get_world("handoff_unrevocable")) == []
     assert unexpressed(get_world("unrevocable_one")) == []
-    assert unexpressed(get_world("handoff_unrevocable"), remote=True) == ["unrevocable"]
+    assert unexpressed(get_world("handoff_unrevocable"), remote=True) == []  # DistTransport
 
 
 def test_the_hypothesis_machine_walks_an_unrevocable_world() -> None:
