@@ -12,6 +12,9 @@ end.
     ps      no attempt / a final one IDLE; OFFERED AWAIT_READY; SENDING with every layer
             and seal out AWAIT_ACK (SENDING before that: some layer not computed yet)
     sent    items sent in the phase (chunks and seals, rank-major): all of them once sealed
+    nack    a Nack the Senders read while their writes were pending (``Sender._resume``):
+            the spec's Nack still in the net, not taken by ``PrefillResume`` yet (its
+            code, 0 if none)
     p       (with ``held``) no blocks NONE; an attempt in progress COMPLETE (the source
             is the attempt's, read-only); else WRITABLE
     d       decode: no attempt NONE; RECEIVING with nothing landed RESERVED, else FILLING;
@@ -50,11 +53,13 @@ from spec.state import (
     DF_MISMATCH,
     FILLING,
     IDLE,
+    M_NACK,
     NONE,
     QUARANTINED,
     RESERVED,
     SENDING,
     WRITABLE,
+    msg,
 )
 
 __all__ = ["RankDisagreement", "receiver_part", "sender_part"]
@@ -76,20 +81,21 @@ def sender_part(senders: Sequence[Sender], rid: str, per_rank: int) -> dict[str,
     for s in senders:
         o = _offer(s, rid)
         if o is None:
-            views.append((0, IDLE, 0, 0))
+            views.append((0, IDLE, 0, 0, 0))
             continue
+        nack = 0 if o.nacked is None else msg(M_NACK, o.epoch, 0, o.nacked[2])
         if o.state.final:
-            views.append((o.epoch, IDLE, 0, o.rinc))
+            views.append((o.epoch, IDLE, 0, o.rinc, nack))
         elif o.state is State.OFFERED:
-            views.append((o.epoch, AWAIT_READY, 0, o.rinc))
+            views.append((o.epoch, AWAIT_READY, 0, o.rinc, nack))
         elif o.stream is not None and o.stream.sealed:
-            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1), o.rinc))
+            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1), o.rinc, nack))
         else:
-            views.append((o.epoch, SENDING, 0, o.rinc))
+            views.append((o.epoch, SENDING, 0, o.rinc, nack))
     if len(set(views)) > 1:
         raise RankDisagreement(f"{rid!r}: the prefill ranks' attempts differ: {views}")
-    ep, ps, sent, rinc = views[0] if views else (0, IDLE, 0, 0)
-    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc}
+    ep, ps, sent, rinc, nack = views[0] if views else (0, IDLE, 0, 0, 0)
+    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc, "nack": nack}
 
 
 def prefill_replica(held: bool, live: bool) -> int:

@@ -30,10 +30,12 @@ Mooncake batch: ``refimpl.transport``; ``spec/behaviours/irrevocable.py``). Then
   quarantined attempt frees them too: the engine's longer quarantine timer, past the
   sender's own timeout and the transport's bound on a write's lifetime (the spec's
   second ``DecodeTimeout``). A write that lands meanwhile is recorded, never installed.
+  A newer attempt's manifest that comes meanwhile waits (the spec's ``DecodeReserve``
+  and ``DecodeReject`` need the request's blocks gone): it is taken at the first
+  ``poll`` after the quarantine is over (``deferred``), never beside it.
 - the ``Sender`` whose attempt the receiver nacked tells it ``Quiesced`` (the spec's
-  ``PrefillResume``; the spec lets it only once none of its writes of the attempt is in
-  flight, and the tour delivers the nack only then: a Sender that waits for its
-  transport's completions before it says so is not built yet).
+  ``PrefillResume``) once none of its writes of the attempt is pending at the transport
+  (``writes_pending``; the bug switch ``quiesced_at_nack`` says it at once).
 
 Bug switch ``free_quarantine_early`` (``switches``): the Receiver frees a
 quarantined attempt's blocks at once, before Quiesced (the spec's
@@ -117,6 +119,12 @@ def on_manifest(rx: Receiver, rid: str, header: Mapping[str, Any], a: Attempt | 
     and answered ``ready``, else refused with a ``nack`` alone and its epoch fenced;
     an older one (or a copy of a refused one) is dropped unread."""
     if not newer(header, a, rx._fenced.get(rid, 0)):
+        return
+    late = rx._late.get(rid)
+    if late is not None and late.held:  # the spec's DecodeReserve/Reject wait for d none:
+        old = late.manifest.get("manifest") if late.manifest is not None else None
+        if late.manifest is None or newer(header, None, wire.epoch_of(old or {}) or 0):
+            late.manifest = dict(header)  # taken once the quarantine is over (``deferred``)
         return
     if not rx.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
         rx._att.pop(rid, None)  # this one replaces its record (else it is refused,
@@ -301,6 +309,7 @@ class Late:
     chunks: set[tuple[int, int]] = field(default_factory=set)  # (rank, block index)
     corrupt: bool = False  # one of them did not hash to its header's checksum
     held: bool = True  # its blocks are still quarantined
+    manifest: dict[str, Any] | None = None  # a newer attempt's, come meanwhile: it waits
 
 
 def quarantine(rx: Receiver, a: Attempt, err: OwnershipError) -> bool:
@@ -350,10 +359,22 @@ def on_quarantined(rx: Receiver, rid: str, header: dict[str, Any], payload: Any)
 
 
 def drop_late(rx: Receiver, rid: str) -> None:
-    """Forget ``rid``'s quarantine record, unless its blocks are still quarantined."""
+    """Forget ``rid``'s quarantine record, unless its blocks are still quarantined or a
+    manifest waits on it."""
     late = rx._late.get(rid)  # noqa: SLF001
-    if late is not None and not late.held:
+    if late is not None and not late.held and late.manifest is None:
         del rx._late[rid]  # noqa: SLF001
+
+
+def deferred(rx: Receiver, rid: str) -> None:
+    """A manifest that came while ``rid``'s quarantine held its blocks, once it is over:
+    taken now as if it came now (``on_manifest``: reserved and readied, or refused)."""
+    late = rx._late.get(rid)  # noqa: SLF001
+    if late is None or late.held or late.manifest is None:
+        return
+    header, late.manifest = late.manifest, None
+    drop_late(rx, rid)
+    on_manifest(rx, rid, header, rx._att.get(rid))  # noqa: SLF001
 
 
 def release(rx: Receiver, rid: str) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from refimpl.api import wire
+from refimpl.api import intake, wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.install import ChunkIntake
 from refimpl.api.intake import (
@@ -266,8 +266,8 @@ class Receiver(ChunkIntake, Incarnated):
                 self._ours(a, header)  # another attempt's: fenced (or the ranks disagree)
             else:
                 a.stale += 1
-        a = self._att.get(request_id)
-        ended = request_id in self._ends  # StickyEnd: no verify, no commit
+        intake.deferred(self, request_id)  # a manifest that waited on a quarantine now over
+        a, ended = self._att.get(request_id), request_id in self._ends  # StickyEnd
         if a is not None and a.state is State.RECEIVING and not ended and self._complete(a):
             self._finish(a)
         elif (

@@ -24,6 +24,13 @@ rank agrees with the others). A rank that hears the receiver answer a newer epoc
 its own ends its attempt and tells the others (``RankAgreement``, naming rank and
 epochs); one rank's ``abort`` reaches every sibling rank and the receiver with its reason;
 ``forget(rid)`` drops an ended offer's record (memory stays bounded by the live ones).
+
+Nacked on a transport whose writes cannot be taken back (``revocable = False``), the
+Sender says ``Quiesced`` (the spec's ``PrefillResume``) only once none of its writes of
+the attempt is pending at the transport (``writes_pending``: they all landed or
+failed): the receiver frees its quarantine on it. Until then the attempt is not over
+(its state stays, its pins stay: the writes still read them); a later ``poll`` ends it.
+The bug switch ``quiesced_at_nack`` says it at the nack (``refimpl.api.switches``).
 """
 
 from __future__ import annotations
@@ -31,9 +38,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.intake import quiesced, send_quietly
+from refimpl.api.intake import quiesced, revocable, send_quietly
 from refimpl.api.stream import Buffers, LayerOffers, _Offer
-from refimpl.api.switches import SENDER_SWITCHES, STALE_INCARNATION_ACCEPTED, check_switches
+from refimpl.api.switches import (
+    QUIESCED_AT_NACK,
+    SENDER_SWITCHES,
+    STALE_INCARNATION_ACCEPTED,
+    check_switches,
+)
 from refimpl.api.wire import (
     ABORT,
     ACK,
@@ -51,6 +63,7 @@ from refimpl.api.wire import (
     reasons_of,
     revoke,
     stamp,
+    writes_pending,
 )
 from refimpl.checksum import is_checksum
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
@@ -85,6 +98,12 @@ class Sender(LayerOffers, Incarnated):
         new Sender with the next one, from the engine's membership): every message
         carries it, and the receiver refuses an older one's (``peer_restarted``)."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
+        if not revocable(transport) and not callable(getattr(transport, "writes_pending", None)):
+            raise ValueError(
+                f"Sender: {type(transport).__name__} has revocable=False but no "
+                "writes_pending(channel, epoch): a nacked Sender could not tell when its "
+                "writes are over (refimpl.transport)"
+            )
         stale_ok = STALE_INCARNATION_ACCEPTED in self.mutants
         self.inc = Incarnations(incarnation, "Sender", stale_ok)
         if rank is None:
@@ -294,14 +313,29 @@ class Sender(LayerOffers, Incarnated):
                     self.pools.alloc.free(request_id)
             elif kind in (NACK, ABORT):
                 final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
+                if kind == NACK:  # its writes must be over before it says so (below)
+                    o.nacked = (final, reasons_of(header), inc_of(header) or 0)
+                    continue
                 self._end(o, final, reasons_of(header))
-                if kind == NACK:  # unrevocable: the receiver holds the blocks till told
-                    quiesced(self.transport, request_id, o.epoch, self.inc.own, o.reasons)
+        if o is not None and o.nacked is not None and not o.state.final:
+            self._resume(o)
         rx = channels(request_id).to_receiver
         if o is not None and not o.state.final and (why := peer_failed(self.transport, [rx])):
             self._end(o, State.ABORTED, [f"the receiver's process is gone: {why}"])
             self._tell(o.request_id, o.epoch, o.reasons)  # the sibling ranks hear it too
         return len(msgs)
+
+    def _resume(self, o: _Offer) -> None:
+        """Nacked: once none of its writes of the attempt is pending at the transport
+        (at once with the bug switch), end it and say Quiesced (an unrevocable transport:
+        the receiver holds the blocks till told; ``intake.quiesced``)."""
+        ch = channels(o.request_id).to_receiver
+        if QUIESCED_AT_NACK not in self.mutants and writes_pending(self.transport, ch, o.epoch):
+            return  # a write still reads the source and may land in the receiver's blocks
+        assert o.nacked is not None
+        final, reasons, _ = o.nacked
+        self._end(o, final, reasons)
+        quiesced(self.transport, o.request_id, o.epoch, self.inc.own, o.reasons)
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
         """End the attempt here (cancel, timeout): drop the pins, tell the receiver (and,
@@ -360,7 +394,7 @@ class Sender(LayerOffers, Incarnated):
     def _end(self, o: _Offer, state: State, reasons: list[str]) -> None:
         for r, snap in zip(self.pools.primaries, o.snaps, strict=False):  # none if streamed
             release(self.pools.pools[r], snap)
-        o.snaps, o.state, o.reasons = [], state, reasons
+        o.snaps, o.state, o.reasons, o.nacked = [], state, reasons, None
         if o.stream is not None:
             o.stream.end(acked=state is State.DONE)  # an ended attempt's copies go at once
         fence(self.transport, self._replies(o.request_id), o.epoch)  # its late replies too

@@ -2,6 +2,7 @@
 tour or a test can show that it is caught (a mutant). Never for serving.
 
     Sender(..., mutants={"stream_reads_at_ready"})
+    Sender(..., mutants={"quiesced_at_nack"})
     Receiver(..., mutants={"layer_ready_on_staging"})
     Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
@@ -29,6 +30,11 @@ own heads committed, without waiting for every other decode rank's install.
 decode rank the slice of its neighbour's heads (decode rank d gets rank d + 1's, the
 last rank the first's); both ends check and seal the same wrong bytes.
 
+``quiesced_at_nack`` (NoReuseUnderIO / FrozenSnapshot, an unrevocable transport; the
+spec's ``batch_status_subset`` taken to none of the batch): a nacked ``Sender`` says
+Quiesced at once, while writes of the attempt are still pending at the transport; the
+Receiver frees its quarantine on it and a write still lands in the freed blocks.
+
 ``free_quarantine_early`` (NoReuseUnderIO, an unrevocable transport; the spec's
 ``free_on_cancel_in_flight``): a ``Receiver`` that gives up an attempt whose writes may
 still land frees its blocks at once instead of quarantining them until the writer's
@@ -42,7 +48,8 @@ from collections.abc import Iterable
 STREAM_READS_AT_READY = "stream_reads_at_ready"
 LAYER_READY_ON_STAGING = "layer_ready_on_staging"
 STALE_INCARNATION_ACCEPTED = "stale_incarnation_accepted"
-SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED})
+QUIESCED_AT_NACK = "quiesced_at_nack"
+SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED, QUIESCED_AT_NACK})
 FREE_QUARANTINE_EARLY = "free_quarantine_early"
 RECEIVER_SWITCHES = frozenset(
     {LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED, FREE_QUARANTINE_EARLY}

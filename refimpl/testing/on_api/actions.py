@@ -108,6 +108,10 @@ class ApiActions:
         the router's, which the Senders do not see): a reply for an ended request is
         dropped unread (``PrefillDiscard``); the Receiver has heard of the end
         (``tell_ends``) and refuses a manifest for it by itself (``DecodeReject``)."""
+        if name == "PrefillResume" and self.p_up and self.sender_view(i).get("nack") == code:
+            for s in self.tx:  # read early (``early_nack``): its writes have landed now
+                s.poll(self.rid(i))
+            return
         lm = self._message(i, code)
         up = self.d_up if lm.to_d else self.p_up
         if not up:
@@ -123,6 +127,20 @@ class ApiActions:
             for s in self.tx:
                 s.poll(rid)
             self.after_reply(i, name)
+
+    def early_nack(self, i: int, code: int) -> bool:
+        """The environment delivers the Nack ``code`` to the Senders while writes of its
+        attempt are still in flight (delivery order is free): a stutter, the spec's Nack
+        stays unconsumed (a Sender reads it and waits: ``sender_part``'s ``nack``) until
+        ``PrefillResume`` once they landed (``on_api.tour``). False if read already."""
+        if self.p_up and self.sender_view(i).get("nack") == code:
+            return False
+        lm = self._message(i, code)
+        self._need(self.p_up and not lm.to_d, "not a reply to a live prefill")
+        self.net.deliver(lm)
+        for s in self.tx:
+            s.poll(self.rid(i))
+        return True
 
     def after_reply(self, i: int, name: str) -> None:
         """The scheduler's part after a reply reached the Senders (on_api/worlds/streamed.py)."""

@@ -34,8 +34,6 @@ UNEXPRESSED: dict[str, str] = {
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
     "turns": "multi-turn append is the engine's",
-    "unrevocable": "revocable=False across processes: DistTransport says nothing of "
-    "revoke (a Receiver there fences); the quarantine until Quiesced is toured in process",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
 }
 
@@ -61,8 +59,6 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
     }
     if remote and c.decode_ranks:
         on["decode_ranks"] = True
-    if remote and not c.revocable:
-        on["unrevocable"] = True
     return [k for k, v in on.items() if v]
 
 

@@ -18,6 +18,8 @@ What runs where:
                     unrevocable worlds: ``DecodeAbort``, the Receiver quarantines, and a
                     second ``abort`` is the quarantine's longer timer: ``api.intake``)
     DecodeReclaim   the Sender's abort (Quiesced) delivered: the quarantine is over
+    PrefillResume   the Nack delivered (or, read early while writes were in flight, the
+                    Senders polled once they landed: ``early_nack``), then Quiesced
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
                     told (``peer_restarted``): ``on_api/worlds/restarts.py``
@@ -145,7 +147,8 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
             ep = sp.get("ep") or self.ep[i]
             held = bool(self.pp[0].alloc.blocks_of(rid))
             rp = self.receiver_view(i)
-            net = tuple(sorted(self.code(lm) for lm in self.net.flight if lm.rid == rid))
+            codes = [self.code(lm) for lm in self.net.flight if lm.rid == rid]
+            net = tuple(sorted(codes + ([sp["nack"]] if sp.get("nack") else [])))
             reqs.append(
                 Req(
                     st=self.st[i],

@@ -33,8 +33,8 @@ from refimpl.testing.drain import drain
 from refimpl.testing.harness import NO_MUTANTS, Adapter, Divergence, Harness
 from refimpl.testing.probes import MSG_ACTIONS, refusal_probes
 from refimpl.testing.tour import _edge_cover
-from spec.actions import apply, decode_args, encode_args, successors
-from spec.common import Refused
+from spec.actions import ACTIONS, apply, decode_args, encode_args, successors
+from spec.common import Refused, chunks_in_flight
 from spec.config import Config
 from spec.state import (
     DF_CORRUPT,
@@ -42,8 +42,10 @@ from spec.state import (
     DF_MISMATCH,
     FILLING,
     M_HANDOFF_BAD,
+    M_NACK,
     RESERVED,
     World,
+    msg_epoch,
     msg_kind,
 )
 
@@ -228,6 +230,39 @@ def api_probes(h: Harness) -> tuple[list[tuple[str, dict[str, Any], str | None]]
     return kept, left
 
 
+def early_nacks(h: Harness, rest: list[dict[str, Any]]) -> int:
+    """On an unrevocable transport, hand the Senders every Nack in flight whose attempt
+    still has writes in flight, where the walk's next step on that message (``rest``) is
+    ``PrefillResume`` (so no later step loses, duplicates or discards it on the wire):
+    a nacked Sender must wait for its writes before it says Quiesced, and only an
+    early Nack shows whether it does. The spec's state does not change (its Nack stays
+    unconsumed: ``ApiActions.early_nack``); the refinement map is checked after each.
+    Returns how many were handed over."""
+    early = getattr(h.impl, "early_nack", None)
+    if h.c.revocable or early is None:
+        return 0
+    n = 0
+    for i, r in enumerate(h.w.reqs):
+        for code in sorted(set(r.net)):
+            if msg_kind(code) != M_NACK or not chunks_in_flight(r, msg_epoch(code)):
+                continue
+            uses = (st["action"] for st in rest if _names(st, i, code))
+            if next(uses, None) != "PrefillResume":
+                continue
+            if early(i, code):
+                h.check_refinement(f"the Nack {code} read early, writes in flight")
+                h.check_state()
+                n += 1
+    return n
+
+
+def _names(st: dict[str, Any], i: int, code: int) -> bool:
+    """Does the step ``st`` take (or fault) message ``code`` of request ``i``?"""
+    if ACTIONS[st["action"]].arg != "msg":
+        return False
+    return decode_args(st["action"], st["args"]) == (i, code)
+
+
 @dataclass
 class ApiTourResult:
     config: str
@@ -238,6 +273,7 @@ class ApiTourResult:
     coverage: Coverage = field(default_factory=lambda: Coverage(edges=set()))
     failures: list[tuple[int, Divergence]] = field(default_factory=list)
     seconds: float = 0.0
+    early_nacks: int = 0  # Nacks the Senders read while writes were in flight
 
 
 def run_api_tour(
@@ -267,7 +303,8 @@ def run_api_tour(
             h = ApiHarness(adapter, plan.config, mutants, seed, res.coverage)
             h.check_state()
             probe(h)
-            for st in seq:
+            for k, st in enumerate(seq):
+                res.early_nacks += early_nacks(h, seq[k:])
                 h.step(st["action"], st["args"])
                 h.check_state()
                 probe(h)
@@ -323,6 +360,7 @@ def api_report(plan: ApiPlan, res: ApiTourResult) -> dict[str, Any]:
         "sequences_diverged": len(res.failures),
         "probes": res.probes,
         "probes_left_out": res.unprobed,
+        "early_nacks": res.early_nacks,
         "divergences": kinds,
         "seconds": round(res.seconds, 1),
     }

@@ -167,6 +167,15 @@ class SpecTransport:
         self._delivered[channel] = left
         return before - len(self.flight)
 
+    def writes_pending(self, channel: str, epoch: int) -> int:
+        """Writes (chunks) of ``epoch`` on ``channel`` in flight: the spec's
+        ``chunks_in_flight`` (every rank's: the spec's prefill is one worker)."""
+        return sum(
+            1
+            for lm in self.flight
+            if lm.group[:2] == (CHUNK, epoch) and any(ch == channel for ch, _, _ in lm.copies)
+        )
+
     def revoke(self, channel: str, epoch: int, rank: int) -> int:
         """Revoke ``rank``'s chunks of ``epoch`` in flight on ``channel`` (a revocable
         transport: the spec's flush of a sender's own writes); none if unrevocable."""
