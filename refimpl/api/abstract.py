@@ -1,5 +1,6 @@
 """The API's part of the spec's state (``spec.state.Req``), read from real ends.
 
+``tier_part`` reads a request's offload/reload (``refimpl.api.offload``) and host copy.
 ``sender_part(senders, rid, per_rank)`` reads the Senders of one request, one per prefill
 TP rank, and ``receiver_part(rx, rid, per_rank)`` the decode side's Receiver; each returns
 the ``Req`` fields it owns (the router's status, the messages in flight and the globals
@@ -38,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from refimpl.api.handoff import Handoff
 from refimpl.api.intake import chunks_left
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
@@ -62,7 +64,7 @@ from spec.state import (
     msg,
 )
 
-__all__ = ["RankDisagreement", "receiver_part", "sender_part"]
+__all__ = ["RankDisagreement", "receiver_part", "sender_part", "tier_part"]
 
 TIMEOUT_REASON = "timeout"  # the reason the decode side gives its own timeout's abort
 
@@ -101,6 +103,34 @@ def sender_part(senders: Sequence[Sender], rid: str, per_rank: int) -> dict[str,
 def prefill_replica(held: bool, live: bool) -> int:
     """p from whether the request holds blocks and an attempt is in progress."""
     return NONE if not held else COMPLETE if live else WRITABLE
+
+
+def tier_part(
+    move: tuple[str, Handoff] | None, host_held: bool, device_held: bool, per_rank: int
+) -> dict[str, int]:
+    """h, hl, gl and, while a move is in progress, p of a request with a host tier:
+    ``move`` its offload or reload (``refimpl.api.offload.begin_offload``/``begin_reload``,
+    a ``Handoff``) as ("offload" | "reload", handoff), ``host_held``/``device_held``
+    whether it holds blocks in the host pools / the device pools. A move's blocks are
+    copied (``hl``/``gl``) once its Sender sent their chunks (all at once, on the ready).
+
+        h   an offload in progress FILLING; else the host pools hold it COMPLETE; else NONE
+        hl  an offload's blocks copied; a host copy's every block; else 0
+        gl  a reload's blocks copied, else 0
+        p   an offload in progress: COMPLETE while the device blocks are held (read-only:
+            the offload's snapshot), NONE once freed; a reload in progress FILLING (its
+            device blocks reserved, the request's only at the commit)"""
+    out = {"h": COMPLETE if host_held else NONE, "hl": per_rank if host_held else 0, "gl": 0}
+    if move is None or move[1].final:
+        return out
+    kind, h = move
+    o = _offer(h.sender, h.request_id)
+    sent = per_rank if o is not None and o.chunks else 0
+    if kind == "offload":
+        out.update(h=FILLING, hl=sent, p=COMPLETE if device_held else NONE)
+    else:
+        out.update(gl=sent, p=FILLING)
+    return out
 
 
 def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:

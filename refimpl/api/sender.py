@@ -42,6 +42,7 @@ from refimpl.api.intake import quiesced, revocable, send_quietly
 from refimpl.api.stream import Buffers, LayerOffers, _Offer
 from refimpl.api.switches import (
     QUIESCED_AT_NACK,
+    RELEASE_BEFORE_INSTALL,
     SENDER_SWITCHES,
     STALE_INCARNATION_ACCEPTED,
     check_switches,
@@ -305,6 +306,8 @@ class Sender(LayerOffers, Incarnated):
                         self._flush(o)
                     else:
                         self._send_chunks(o)
+                        if o.free_source and RELEASE_BEFORE_INSTALL in self.mutants:
+                            self.pools.alloc.free(request_id)  # the bug: before the ack
                 except Exception as err:  # the transport refused a send: end, say why
                     self.abort(request_id, f"send failed: {type(err).__name__}: {err}")
             elif kind == ACK and o.state is State.SENDING:

@@ -97,6 +97,19 @@ class ApiActions:
     def sender_view(self, i: int) -> dict[str, int]:
         raise NotImplementedError  # ``ApiSubject.sender_view``
 
+    def tier_busy(self, i: int) -> None:
+        """Refuses a write or a free of the device copy while a move holds it
+        (``on_api/worlds/offload.py``)."""
+
+    def host_free(self, i: int) -> bool:
+        return True  # no host copy and no move (``on_api/worlds/offload.py``)
+
+    def quiesce_tier(self, i: int) -> None:
+        """An ended request's moves stop and its host copy goes (``worlds/offload.py``)."""
+
+    def crash_tier(self) -> None:
+        """The prefill process's host memory is gone (``on_api/worlds/offload.py``)."""
+
     def _message(self, i: int, code: int) -> Logical:
         lm = self.net.find(self.rid(i), code, self.c.blocks, self.bad_manifest)
         if lm is None:
@@ -161,6 +174,7 @@ class ApiActions:
         self._need(self.p_up and self.st[i] == QUEUED, "not queued")
         rid = self.rid(i)
         self._need(not self.pp[0].alloc.blocks_of(rid), "holds blocks")
+        self._need(self.host_free(i), "a host copy is reloaded instead")
         for p in self.pp:  # the first refuses (CapacityError) before any allocates
             p.alloc.allocate(rid, self.c.blocks)
         self.st[i] = PREFILLING
@@ -186,6 +200,7 @@ class ApiActions:
     def _PrefillDecodeStep(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING, "not running")
+        self.tier_busy(i)
         if self._live(i):  # the scheduler reads the Sender: an attempt reads these blocks
             raise OwnershipError(f"{rid}: an attempt is in progress", prop="FrozenSnapshot")
         self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
@@ -196,6 +211,7 @@ class ApiActions:
     def _PrefillFinish(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING and not self._live(i), "not finishable")
+        self._need(self.host_free(i), "a host copy or a move")
         self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
         for p in self.pp:
             p.alloc.free(rid)
@@ -205,6 +221,7 @@ class ApiActions:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING and not self._live(i), "not freezable")
         self._need(self.ep[i] < self.c.max_attempts, "no attempt left")
+        self._need(self.host_free(i), "a host copy or a move")
         e = self.ep[i] + 1  # one epoch for every rank, chosen once
         for s, p in zip(self.tx, self.pp, strict=True):
             s.offer(
@@ -238,7 +255,9 @@ class ApiActions:
     def _PrefillQuiesce(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] in (FINISHED, CANCELLED, FAILED), "not ended")
-        self._need(bool(self.pp[0].alloc.blocks_of(rid)) or self._live(i), "nothing held")
+        held = bool(self.pp[0].alloc.blocks_of(rid)) or not self.host_free(i)
+        self._need(held or self._live(i), "nothing held")
+        self.quiesce_tier(i)
         self._end_prefill(i, "cancelled")
 
     def _DecodeStep(self, i: int, arg: int) -> None:
@@ -302,6 +321,7 @@ class ApiActions:
                 s.crash()
             self.net.drop(lambda lm: lm.to_d and lm.group[0] != CHUNK)
             self.p_up = False
+            self.crash_tier()
             fate = [_lost_with_prefill(r) for r in before.reqs]
         elif worker == 1 and self.d_up:
             self.dead_dep = [r.dep for r in before.reqs]

@@ -20,8 +20,8 @@ from spec.config import Config
 __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
 
 UNEXPRESSED: dict[str, str] = {
-    "offload": "offload/reload are refimpl.api.offload's copies between tiers; no spec "
-    "action maps to them yet (no host replica in the API's ends)",
+    "offload": "offload/reload (refimpl.api.offload.begin_offload/begin_reload, host pools: "
+    "on_api/worlds/offload.py) are mapped for prefill TP 1; a DiskTier's Transfer is not",
     "recompute": "preemption by recompute is the engine's scheduler, not the API",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
@@ -44,7 +44,7 @@ _RANKLESS = frozenset({"crash", "mismatch"})  # faults not mapped with decode ra
 def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
-        "offload": c.offload,
+        "offload": c.offload and c.src_tp != 1,
         "recompute": c.recompute,
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,

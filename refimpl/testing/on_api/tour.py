@@ -5,7 +5,9 @@ and every seal on Ready (``PrefillSendChunk``); a Receiver that has every layer 
 verifies and commits at once (``DecodeValidate``, ``DecodeCommit``), and gives up an
 attempt whose chunk failed its checksum, or that the engine failed (``Receiver.fail``:
 ``DecodeFail``), at once (``DecodeAbort`` of an invalid attempt,
-of a running request or of one the scheduler has ended). So the API refines the
+of a running request or of one the scheduler has ended); an offload's or a reload's
+Sender (``refimpl.api.offload.begin_offload``/``begin_reload``) sends every block on the
+ready (``PrefillOffloadCopy``, ``PrefillReloadCopy``). So the API refines the
 spec *closed* under them: ``close(w)`` takes those steps while one is enabled, in a
 fixed order, and the API's states are the closed ones. ``closed_graph`` explores that
 system from the spec (every edge: a non-eager spec step, then the closure); states the
@@ -67,6 +69,8 @@ EAGER = (
     "DecodeCommit",
     "DecodeAbort",
     "DecodeInstallLayer",
+    "PrefillOffloadCopy",  # an offload's / a reload's Sender sends every block on the ready
+    "PrefillReloadCopy",
 )
 MAX_LEN = 60
 JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter judges

@@ -14,6 +14,7 @@ from refimpl.api.switches import (
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
     READY_ON_OWN_INSTALL,
+    RELEASE_BEFORE_INSTALL,
     STALE_INCARNATION_ACCEPTED,
     STREAM_READS_AT_READY,
 )
@@ -28,7 +29,10 @@ def _drive(p: Pair, rounds: int = 20) -> None:
 
 def test_the_switches_are_validated_by_name() -> None:
     p = pair(geo(), geo())
-    known = "known: \\['stale_incarnation_accepted', 'stream_reads_at_ready'\\]"
+    known = (
+        "known: \\['release_before_install', 'stale_incarnation_accepted', "
+        "'stream_reads_at_ready'\\]"
+    )
     with pytest.raises(ValueError, match=f"unknown mutants.*{known}"):
         Sender(p.src, p.tx.geometry, p.t, MODEL, mutants={LAYER_READY_ON_STAGING})
     with pytest.raises(ValueError, match="known: \\['free_quarantine_early', 'layer_ready_on_"):
@@ -42,6 +46,7 @@ def test_the_switches_are_validated_by_name() -> None:
         READY_ON_OWN_INSTALL,  # the rank switches (tests/library/tours/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
         FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/tours/test_api_tour_unrevocable.py)
+        RELEASE_BEFORE_INSTALL,  # offload (tests/library/tours/test_api_tour_offload.py)
     }
 
 
