@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
@@ -29,10 +29,13 @@ from refimpl.cluster.control import Channel, ControlFaults, Message, connect_sto
 from refimpl.cluster.eventlog import ProcLog
 from refimpl.cluster.pairs import Pairs
 from refimpl.cluster.workload import ModelSpec
+from spec.manifest import MAX_INT_DIGITS
+from spec.strict_json import StrictJSONError, loads_object, short
 
 ROUTER = "router"
 POLL_IDLE_S = 0.001
 BEAT_EVERY_S = 0.1
+MAX_ARGS_BYTES = 1 << 20  # the router's arguments to a worker (a few hundred bytes)
 RENDEZVOUS_S = 60.0  # a pair group's creation waits this long for a (re)starting peer
 
 
@@ -72,7 +75,24 @@ class WorkerArgs:
 
     @classmethod
     def from_json(cls, text: str) -> WorkerArgs:
-        return cls(**json.loads(text))
+        """The router's arguments, read by the one strict reader (``loads_object``): an
+        unknown or missing field is a StrictJSONError naming it, like malformed JSON."""
+        d = loads_object(
+            text, prefix="worker arguments", max_bytes=MAX_ARGS_BYTES, max_depth=8,
+            max_int_digits=MAX_INT_DIGITS, what="worker arguments",
+        )  # fmt: skip
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise StrictJSONError(f"worker arguments: unknown field {short(unknown[0])}")
+        missing = [f.name for f in fields(cls) if f.name not in d and _required(f)]
+        if missing:
+            raise StrictJSONError(f"worker arguments: missing field {missing[0]!r}")
+        return cls(**d)
+
+
+def _required(f: Any) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
 
 
 def proc_name(role: str, rank: int) -> str:
@@ -207,7 +227,11 @@ class Base:
 
 
 def main(argv: list[str]) -> int:
-    a = WorkerArgs.from_json(argv[1])
+    try:
+        a = WorkerArgs.from_json(argv[1] if len(argv) > 1 else "")
+    except StrictJSONError as e:
+        print(f"kvown worker: {e}", file=sys.stderr)
+        return 2
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     torch.set_num_threads(1)
     w: Base
