@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from refimpl.cluster import eventlog
+from refimpl.cluster.worker import CLOSE_WAIT
 from refimpl.cluster.workload import reference_tokens
 from spec.mutants import MUTANTS
 
@@ -72,7 +73,7 @@ def shutdown(r: Router) -> None:
     live = {w for w in r.workers if r.procs.alive(w)}
     for w in live:
         r.ch.send(w, "shutdown")
-    got = r.await_kind("bye", live, 2 * r.cfg.timeout_s + 5)
+    got = r.await_kind("bye", live, (CLOSE_WAIT + 1) * r.cfg.timeout_s + 5)  # a bye drains too
     r.rep.unreported = sorted(live - got)
 
 

@@ -44,7 +44,7 @@ from refimpl.api import State, channels
 from refimpl.cluster.control import Message
 from refimpl.cluster.ends import held, prefill_end, rank_sender
 from refimpl.cluster.link import RAW_TAG, Link, is_link_message, rid_of
-from refimpl.cluster.worker import Base, WorkerArgs
+from refimpl.cluster.worker import CLOSE_WAIT, Base, WorkerArgs
 from refimpl.errors import OwnershipError
 
 MAX_ATTEMPTS = 2
@@ -88,10 +88,6 @@ class PrefillWorker(Base):
         self.early: dict[str, list[Message]] = {}  # other ranks' "frozen" before our admit
         self.ended: set[str] = set()  # requests this leader is done with
 
-    @property
-    def alloc(self):  # type: ignore[no-untyped-def]
-        return self.w.rp.alloc
-
     def route(self, channel: str) -> str:
         """An API channel's process: the request's decode worker, or source rank r."""
         if channel.endswith(">rx"):
@@ -107,8 +103,8 @@ class PrefillWorker(Base):
         if is_link_message(m):
             self.link.deliver(m)
             return
-        if kind == "shutdown":
-            self.shutdown()
+        if kind == "shutdown":  # the leader's open requests end first, then every rank's
+            self.begin_close(ACK_WAIT if self.leader else CLOSE_WAIT)
             return
         if kind == "dead":
             self.learned(m)
@@ -350,7 +346,8 @@ class PrefillWorker(Base):
         if self.leader and not self.down:
             now = self.now()
             for r in list(self.reqs.values()):
-                if r.phase in ("await_ready", "await_ack") and now >= r.deadline:
+                late = now >= r.deadline or (self.closing is not None and now >= self.closing)
+                if r.phase in ("await_ready", "await_ack") and late:
                     self.event("PrefillTimeout", r.rid)
                     why = (
                         f"decode worker {r.decode} died"
@@ -390,10 +387,6 @@ class PrefillWorker(Base):
         self.ended.clear()
         self.dead = {w for w in self.dead if not w.startswith("p")}
 
-    def shutdown(self) -> None:
-        integrity: str | None = None
-        try:
-            self.alloc.check_integrity()
-        except Exception as e:  # noqa: BLE001 (reported to the router as text)
-            integrity = str(e)
-        self.bye(held(self.alloc), integrity)
+    def settled(self) -> bool:
+        """No request open on the leader, no offer or block on any rank."""
+        return not self.reqs and not self.offered and held(self.alloc) == 0
