@@ -30,8 +30,8 @@ def _drive(p: Pair, rounds: int = 20) -> None:
 def test_the_switches_are_validated_by_name() -> None:
     p = pair(geo(), geo())
     known = (
-        "known: \\['release_before_install', 'stale_incarnation_accepted', "
-        "'stream_reads_at_ready'\\]"
+        "known: \\['quiesced_at_nack', 'release_before_install', "
+        "'stale_incarnation_accepted', 'stream_reads_at_ready'\\]"
     )
     with pytest.raises(ValueError, match=f"unknown mutants.*{known}"):
         Sender(p.src, p.tx.geometry, p.t, MODEL, mutants={LAYER_READY_ON_STAGING})
