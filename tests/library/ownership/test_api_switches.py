@@ -13,6 +13,7 @@ from refimpl.api.switches import (
     FREE_QUARANTINE_EARLY,
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
+    QUIESCED_AT_NACK,
     READY_ON_OWN_INSTALL,
     RELEASE_BEFORE_INSTALL,
     STALE_INCARNATION_ACCEPTED,
@@ -46,6 +47,7 @@ def test_the_switches_are_validated_by_name() -> None:
         READY_ON_OWN_INSTALL,  # the rank switches (tests/library/tours/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
         FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/tours/test_api_tour_unrevocable.py)
+        QUIESCED_AT_NACK,  # unrevocable, the Sender's side (the same file)
         RELEASE_BEFORE_INSTALL,  # offload (tests/library/tours/test_api_tour_offload.py)
     }
 
