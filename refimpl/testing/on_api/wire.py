@@ -26,7 +26,8 @@ copy of it sent in one step (the spec's decode is one worker of ``dst_tp`` ranks
 group message between ranks of one side is there at once (inside one spec worker), and
 one across the sides travels with the spec message its sender sent in the same step
 (an offer with the manifests, an abort with the sender's aborts or the nacks, an
-"installed" with the acks), else it is there at once (it has no spec message). The
+"installed" with the acks; sent before it in the step, it waits for it: ``crossing``),
+else it is there at the step's end (``flush``: it has no spec message). The
 ranks' replies to prefill are the decode worker's one verdict: a Nack if any rank
 nacked (a rank that committed before it heard a sibling's abort acks its part, then
 gives its blocks back: no spec Ack), else the Ack once every decode rank acked (with
@@ -101,6 +102,7 @@ class SpecTransport:
         self.rank_of = rank_of or (lambda channel, rank: rank)
         self.dst_ranks = dst_ranks  # decode ranks: each sub-handoff's reply is one rank's
         self.held: dict[tuple[str, Any], Logical] = {}  # the ranks' acks so far, per attempt
+        self.crossing: list[tuple[str, bool, str, str]] = []  # (rid, to_d, channel, text)
         self.revocable = revocable  # False: a write in flight cannot be taken back
         self.group_of = group_of  # a rank group's channel -> its side ("p"/"d"), else None
         self.flight: list[Logical] = []
@@ -149,7 +151,27 @@ class SpecTransport:
         if self.group_of is not None and kind in (ACK, NACK):
             self._verdict(lm, header.get("epoch"))
         else:
-            self.flight.append(lm)
+            self._add(lm)
+
+    def _add(self, lm: Logical) -> None:
+        """A spec message in flight, with the group messages across the sides its step
+        sent before it (``crossing``)."""
+        keep = []
+        for rid, to_d, ch, text in self.crossing:
+            if rid == lm.rid and to_d == lm.to_d and lm.tick == self.tick:
+                lm.copies.append((ch, text, b""))
+            else:
+                keep.append((rid, to_d, ch, text))
+        self.crossing = keep
+        self.flight.append(lm)
+
+    def flush(self) -> int:
+        """The step's group messages across the sides that no spec message of the step
+        took: there at once (they have no spec message); returns how many."""
+        for _, _, ch, text in self.crossing:
+            self._delivered.setdefault(ch, []).append((text, b""))
+        n, self.crossing = len(self.crossing), []
+        return n
 
     def _verdict(self, lm: Logical, epoch: Any) -> None:
         """Decode ranks: the decode worker's one verdict leaves once every decode rank
@@ -163,7 +185,7 @@ class SpecTransport:
         kinds = {json.loads(t).get("type") for _, t, _ in lm.copies}
         ranks = {ch.rpartition(">")[0].rpartition("@")[2] for ch, _, _ in lm.copies}
         if NACK in kinds or len(ranks) >= self.dst_ranks:
-            self.flight.append(lm)
+            self._add(lm)
         else:
             self.held[key] = lm
 
@@ -180,7 +202,10 @@ class SpecTransport:
             if lm.rid == rid and lm.to_d == to_d and lm.tick == self.tick:
                 lm.copies.append((channel, text, b""))
                 return True
-        self._delivered.setdefault(channel, []).append((text, b""))
+        if own:
+            self._delivered.setdefault(channel, []).append((text, b""))
+        else:  # with the step's next spec message that way, else at the step's end
+            self.crossing.append((rid, to_d, channel, text))
         return True
 
     def poll(self, channel: str) -> list[Message]:
@@ -235,16 +260,20 @@ class SpecTransport:
         lm.copies[0] = (ch, text, bytes(buf))
 
     def mismatch(self, lm: Logical) -> None:
-        """Rewrite the manifest as a peer of another model would send it."""
-        ch, text, data = lm.copies[0]
-        h = json.loads(text)
-        h["manifest"]["model_id"] = str(h["manifest"].get("model_id")) + "-other"
-        lm.copies[0] = (ch, json.dumps(h, separators=(",", ":")), data)
+        """Rewrite the manifest as a peer of another model would send it (every copy:
+        decode ranks, each sub-handoff's)."""
+        for k, (ch, text, data) in enumerate(lm.copies):
+            h = json.loads(text)
+            if "manifest" not in h:  # a rank group's message sent with it
+                continue
+            h["manifest"]["model_id"] = str(h["manifest"].get("model_id")) + "-other"
+            lm.copies[k] = (ch, json.dumps(h, separators=(",", ":")), data)
 
     def drop(self, keep: Callable[[Logical], bool]) -> None:
         """A crash: the messages ``keep`` refuses are gone (delivered, unread ones too)."""
         self.flight = [lm for lm in self.flight if keep(lm)]
         self.held = {k: lm for k, lm in self.held.items() if keep(lm)}
+        self.crossing = [x for x in self.crossing if keep(Logical(x[0], x[1], ("?",), []))]
         for ch in list(self._delivered):
             rid, to_d = self.rid_of(ch)
             probe = Logical(rid, to_d, ("?",), [])

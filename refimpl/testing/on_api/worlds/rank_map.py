@@ -40,6 +40,8 @@ class RankMap:
     c: Any
     gp: Any
     p_up: bool
+    d_up: bool
+    dead_dep: list[int]
     ptx: list[Any]
     rxs: list[Any]
     rid: Callable[[int], str]  # the subject's (``on_api.actions``)
@@ -73,6 +75,8 @@ class RankMap:
         return int(self.sender_view(i).get("rinc", 0))
 
     def receiver_view(self, i: int) -> dict[str, int]:
+        if not self.d_up:  # every decode rank's process is gone: the spec keeps dep
+            return {"d": 0, "dep": self.dead_dep[i], "landed": 0, "rmask": 0, "dfl": 0}
         rid, m = self.rid(i), self.c.blocks
         parts = [receiver_part(r.rx, sub_id(rid, d), m) for d, r in enumerate(self.rxs)]
         validated = all(p["d"] == WRITABLE for p in parts)  # every rank's part committed

@@ -22,10 +22,12 @@ ranks, its prefill one of ``src_tp``:
                           others); DecodeTimeout: the own timer of the first rank still
                           receiving; DecodeFail: that rank's load failed
                           (``RankReceiver.fail``)
+    EnvCrash              every rank of that side crashes (``RankSender.crash`` /
+                          ``RankReceiver.crash``: its pools reset), as ``ApiSubject``'s
+    EnvManifestMismatch   every sub-handoff's manifest names another model
 
 Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``. Not mapped
-(``adapter.UNEXPRESSED``): streamed layers, restarts and crashes, a mismatched manifest,
-decode across processes.
+(``adapter.UNEXPRESSED``): streamed layers, restarts, decode across processes.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ class RankSubject(RankMap, ApiSubject):
                 rid = self.rid(i)
                 heard += sum(s.poll(rid) for s in self.in_turn(self.ptx)) if self.p_up else 0
                 heard += sum(r.poll(rid) for r in self.in_turn(self.rxs)) if self.d_up else 0
-            if not heard:
+            if not heard and not self.net.flush():  # the step's group messages left
                 return
         raise AssertionError(f"the rank groups still talk after {SETTLE} rounds of polls")
 
@@ -194,6 +196,17 @@ class RankSubject(RankMap, ApiSubject):
                 s.send_layer(rid, layer)
         self.ep[i] = e
         self.frozen[i][e] = self.tokens[i]
+
+    def _EnvCrash(self, i: int, worker: int) -> None:
+        """A worker's crash: every rank of its side (``RankSender.crash`` /
+        ``RankReceiver.crash``), then as ``ApiSubject``'s (messages dropped, the
+        router's crash fate)."""
+        p_up, d_up = self.p_up, self.d_up
+        super()._EnvCrash(i, worker)
+        for end in (self.ptx if p_up and not self.p_up else []) + (
+            self.rxs if d_up and not self.d_up else []
+        ):
+            end.crash()
 
     def _end_prefill(self, i: int, reason: str) -> None:
         rid = self.rid(i)
