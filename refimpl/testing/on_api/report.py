@@ -38,6 +38,7 @@ EDGE_WORLDS = frozenset(
         "handoff_tp1to2",
         "pair_ranks_fail",
         "ranks_tp2_one",
+        "ranks_faults_one",
     }
 )
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")

@@ -49,8 +49,9 @@ def test_every_edge_of_a_prefill_tp2_decode_rank_world(name: str) -> None:
     assert not res.failures, first_lines(res)
 
 
-def test_the_hypothesis_machine_walks_the_faults_of_the_decode_ranks() -> None:
-    assert_machine_walks("ranks_faults_one")
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_the_hypothesis_machine_walks_prefill_tp2_decode_ranks(name: str) -> None:
+    assert_machine_walks(name)
 
 
 def _h(world: str, steps: Steps) -> ApiHarness:
