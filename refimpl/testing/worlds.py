@@ -161,6 +161,34 @@ TOUR_WORLDS: dict[str, Config] = {
             decode_ranks=True,
             max_attempts=1,
         ),
+        Config(
+            name="ranks_tp2_one",
+            doc="one request, 1 block, one attempt, prefill TP 2 -> decode TP 2: each decode"
+            " rank installs the heads of its prefill rank; one corrupt chunk",
+            blocks=1,
+            src_tp=2,
+            dst_tp=2,
+            cap_p=1,
+            cap_d=1,
+            faults=1,
+            fault_kinds=frozenset({"corrupt"}),
+            decode_ranks=True,
+            max_attempts=1,
+        ),
+        Config(
+            name="ranks_faults_one",
+            doc="one request, 1 block, one attempt, prefill TP 2 -> decode TP 2 with decode"
+            " ranks; a worker (every rank of its side) crashes or the manifest mismatches",
+            blocks=1,
+            src_tp=2,
+            dst_tp=2,
+            cap_p=1,
+            cap_d=1,
+            faults=1,
+            fault_kinds=frozenset({"crash", "mismatch"}),
+            decode_ranks=True,
+            max_attempts=1,
+        ),
     )
 }
 

@@ -27,18 +27,16 @@ UNEXPRESSED: dict[str, str] = {
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
-    "decode_ranks": "decode ranks (one RankReceiver per rank, on_api/worlds/ranks.py) are "
-    "mapped for prefill TP 1, whole-request offers, no crash, restart or mismatched "
-    "manifest, in one process",
+    "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "
+    "decode rank, on_api/worlds/ranks.py) are mapped for whole-request offers with no "
+    "restart (a rank's new incarnation: RankSender/RankReceiver(incarnation=k) and "
+    "peer_restarted are not driven by the tour yet), in one process",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
     "turns": "multi-turn append is the engine's",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
 }
-
-
-_RANKLESS = frozenset({"crash", "mismatch"})  # faults not mapped with decode ranks
 
 
 def unexpressed(c: Config, remote: bool = False) -> list[str]:
@@ -49,8 +47,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
-        "decode_ranks": c.decode_ranks
-        and (c.src_tp != 1 or bool(c.layers) or c.restarts > 0 or bool(_RANKLESS & c.fault_kinds)),
+        "decode_ranks": c.decode_ranks and (bool(c.layers) or c.restarts > 0),
         "identity": c.identity,
         "slots": c.slots,
         "host_cache": c.host_cache > 0,
