@@ -64,6 +64,7 @@ from refimpl.errors import (
     ManifestError,
     OwnershipError,
 )
+from refimpl.memory.views import Landing
 from spec import shardmap as sm
 from spec.manifest import Manifest, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
@@ -102,6 +103,8 @@ class Attempt:
     checks: int = 0  # checksum comparisons that passed (per chunk, per block end to end)
     staged: int = 0  # bytes of the staging copy (0 without one)
     unstaged: set[int] = field(default_factory=set)  # layers copied from staging to targets
+    spans: dict[tuple[int, int], Landing | None] = field(default_factory=dict)  # (dst rank,
+    # layer or -1 for whole blocks) -> where chunks land as they are (``install._landing``)
 
 
 def newer(header: Mapping[str, Any], a: Attempt | None, fenced: int = 0) -> bool:

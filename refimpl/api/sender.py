@@ -182,7 +182,7 @@ class Sender(LayerOffers, Incarnated):
         ``checksums``: the writer's xxh3-64 of each of ``blocks`` (``refimpl.checksum``,
         taken when prefill wrote them), so the offer does not read the KV to hash it; a
         whole-block offer of canonical blocks only (one rank, heads_major). Not trusted
-        further: the receiver hashes every chunk before installing it, so a stale one
+        further: the receiver hashes every chunk before counting it, so a stale one
         fails the handoff (``ChecksumError``, nothing kept), never installs other bytes.
         """
         if self.rank is not None and epoch is None:
