@@ -36,15 +36,12 @@ GlobalFn = Callable[[Ctx], Rules]
 # the encodings take; the others (and their mutants) are checked by the explorer only.
 UNENCODED: tuple[str, ...] = ("EnvRestart",)
 # The actions of the behaviours whose fields only the finite encodings hold (the shared
-# host cache, multi-turn append): the unbounded model keeps those fields at 0, where
-# these actions never fire, so it leaves them out.
+# host cache, multi-turn append, streamed offers): the unbounded model keeps those fields
+# at 0, where these actions never fire, so it leaves them out.
+_FINITE_MODULES = ("spec.behaviours.host_cache", "spec.behaviours.turns", "spec.stream.layers")
 FINITE_ONLY: tuple[str, ...] = tuple(
-    n
-    for n, a in ACTIONS.items()
-    if a.fn.__module__ in ("spec.behaviours.host_cache", "spec.behaviours.turns")
+    n for n, a in ACTIONS.items() if a.fn.__module__ in _FINITE_MODULES
 )
-# Streamed offers (``Config.layers``, spec/stream/layers.py): Req.lay/cpy/fs/inl/rdy not in FIELDS.
-UNENCODED += ("PrefillSendLayer", "PrefillFreeSource", "DecodeInstallLayer", "DecodeLayerReady")
 
 PER_REQ: dict[str, ReqFn] = {
     name: traced(name)
@@ -62,7 +59,7 @@ WORKER = ("EnvCrash",)
 
 def encodable(c: Config) -> bool:
     """Does the z3 encoding model every action ``c`` enables?"""
-    return not c.restarts and not c.layers
+    return not c.restarts
 
 
 _missing = set(ACTIONS) - set(PER_REQ) - set(GLOBAL) - set(WORKER) - set(UNENCODED)

@@ -71,7 +71,9 @@ GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref", "pfx_ok"
 HOST_FIELDS: tuple[str, ...] = ("hk",)
 HOST_GLOBALS: tuple[str, ...] = ("hc", "hc_hl", "hc_pin", "hc_late", "hc_bad")
 TURN_FIELDS: tuple[str, ...] = ("tn", "ti", "tdv", "tc")
-EXT_FIELDS = HOST_FIELDS + TURN_FIELDS
+# Streamed offers (``Config.layers``, spec/stream/layers.py): the layer registers.
+STREAM_FIELDS: tuple[str, ...] = ("lay", "cpy", "fs", "inl", "rdy")
+EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + STREAM_FIELDS
 BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
@@ -206,6 +208,11 @@ class RV:
     ti: Z = 0
     tdv: Z = 0
     tc: Z = 0
+    lay: Z = 0  # streamed offers (spec/stream/layers.py)
+    cpy: Z = 0
+    fs: Z = 0
+    inl: Z = 0
+    rdy: Z = 0
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -240,6 +247,7 @@ class Params:
     host_cache: Z = 0  # Config.host_cache (spec/behaviours/host_cache.py)
     turns: Z = False  # Config.turns (spec/behaviours/turns.py)
     max_turns: Z = 1
+    layers: Z = 0  # Config.layers (spec/stream/layers.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -269,6 +277,7 @@ class Params:
             host_cache=c.host_cache,
             turns=c.turns,
             max_turns=c.max_turns,
+            layers=c.layers,
         )
 
 

@@ -224,8 +224,15 @@ class FCtx(Ctx):
         return range(self.enc.c.n_reqs)
 
     def used_p(self) -> Z:
-        b, z = self.num(self.c.blocks), self.num(0)
-        return z3.Sum(*(ITE(self.s[("r", i, "p")] != NONE, b, z) for i in self._reqs()))
+        """``spec.common.used_p``: a streamed offer that gave its source back (``fs``,
+        where the encoding holds it) holds no prefill block."""
+        b, z, s = self.num(self.c.blocks), self.num(0), self.s
+        fs = "fs" in self.enc.fields
+        held = (
+            A(s[("r", i, "p")] != NONE, N(s[("r", i, "fs")] != 0) if fs else True)
+            for i in self._reqs()
+        )
+        return z3.Sum(*(ITE(h, b, z) for h in held))
 
     def used_h(self) -> Z:
         """``spec.common.used_h``: the requests' swap copies, and the shared host cache's

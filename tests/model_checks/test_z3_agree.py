@@ -83,12 +83,19 @@ def test_a_divergence_is_caught() -> None:
     assert rep.mismatches and "DecodeAbort" in rep.mismatches[0].detail
 
 
-# (the unbounded model keeps the shared host cache's and the turns' fields at 0: those
+# (the unbounded model keeps the shared host cache's, the turns' and the streamed offers'
+# fields at 0: those
 # worlds are the finite encoding's, above)
 UNBOUNDED = [
     n
     for n in ENCODED
-    if not (CONFIGS[n].identity or CONFIGS[n].slots or CONFIGS[n].host_cache or CONFIGS[n].turns)
+    if not (
+        CONFIGS[n].identity
+        or CONFIGS[n].slots
+        or CONFIGS[n].host_cache
+        or CONFIGS[n].turns
+        or CONFIGS[n].layers
+    )
 ]
 # The suite's sample of the unbounded agreement (about 300 CPU s for all 21 worlds): one
 # world for each feature the unbounded model branches on. TP 2 -> 1 and lost messages

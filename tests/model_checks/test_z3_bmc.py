@@ -35,8 +35,6 @@ def test_scope() -> None:
         "stale_incarnation_accepted",  # restarts: the incarnations are not in z3
         "restart_keeps_pool",
         "slot_reused_unfenced",  # its step changes another request than the acting one
-        "stream_reads_at_ready",  # streamed offers (spec/stream): not encoded in z3 yet
-        "layer_ready_on_staging",
     }
     assert set(LIVENESS_MUTANTS) == {
         "zero_block_never_done",

@@ -181,13 +181,7 @@ def test_every_action_has_a_derived_encoding_or_is_named() -> None:
     assert not derived & set(UNENCODED)
     for fn in (*PER_REQ.values(), *GLOBAL_FNS.values()):
         assert fn.__module__ == T.__name__  # the traced function, no hand copy
-    assert UNENCODED == (  # restarts: the incarnations are not encoded; streamed offers:
-        "EnvRestart",  # Req.lay/cpy/fs/inl/rdy are not in FIELDS yet (encodable() is
-        "PrefillSendLayer",  # false for a config with layers)
-        "PrefillFreeSource",
-        "DecodeInstallLayer",
-        "DecodeLayerReady",
-    )
+    assert UNENCODED == ("EnvRestart",)  # restarts: the incarnations are not encoded
 
 
 def test_the_crash_is_traced_from_the_spec() -> None:

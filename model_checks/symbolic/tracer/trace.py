@@ -211,7 +211,7 @@ class SymConfig:
             return S.lift(getattr(self._p, name))
         if name == "dst_tp":
             raise S.TraceError("Config.dst_tp read (the encodings have dst_full)")
-        if name in ("restarts", "layers"):
+        if name == "restarts":
             return Config.__dataclass_fields__[name].default
         raise S.TraceError(f"config field {name!r} has no symbolic value")
 
