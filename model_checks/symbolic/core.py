@@ -73,7 +73,12 @@ HOST_GLOBALS: tuple[str, ...] = ("hc", "hc_hl", "hc_pin", "hc_late", "hc_bad")
 TURN_FIELDS: tuple[str, ...] = ("tn", "ti", "tdv", "tc")
 # Streamed offers (``Config.layers``, spec/stream/layers.py): the layer registers.
 STREAM_FIELDS: tuple[str, ...] = ("lay", "cpy", "fs", "inl", "rdy")
-EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + STREAM_FIELDS
+# Restarts (``Config.restarts``, spec/behaviours/restarts.py): the workers' incarnations
+# and the decode incarnation a request's writes target; a message code carries its own.
+RESTART_FIELDS: tuple[str, ...] = ("rinc",)
+RESTART_GLOBALS: tuple[str, ...] = ("p_inc", "d_inc")
+EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + STREAM_FIELDS + RESTART_FIELDS
+EXT_GLOBALS = HOST_GLOBALS + RESTART_GLOBALS
 BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
@@ -85,6 +90,7 @@ class Msg:
     kind: int
     e: Z
     i: Z
+    inc: Z = 0  # the incarnation (spec.state.msg_inc)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class NetOp:
     e: Z = 0
     i: Z = 0
     when: Z = True
+    inc: Z = 0
 
 
 @dataclass
@@ -174,6 +181,10 @@ class NetView:
         """No message of the request in flight at all (``not r.net``)."""
         raise NotImplementedError
 
+    def same(self, other: NetView) -> Z:
+        """The same messages in flight as ``other`` (``a.net == b.net``, two states)."""
+        raise NotImplementedError
+
 
 @dataclass
 class RV:
@@ -213,6 +224,7 @@ class RV:
     fs: Z = 0
     inl: Z = 0
     rdy: Z = 0
+    rinc: Z = 0  # restarts
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -248,6 +260,7 @@ class Params:
     turns: Z = False  # Config.turns (spec/behaviours/turns.py)
     max_turns: Z = 1
     layers: Z = 0  # Config.layers (spec/stream/layers.py)
+    restarts: Z = 0  # Config.restarts (spec/behaviours/restarts.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -278,6 +291,7 @@ class Params:
             turns=c.turns,
             max_turns=c.max_turns,
             layers=c.layers,
+            restarts=c.restarts,
         )
 
 
@@ -297,6 +311,8 @@ class Ctx:
     hc_pin: Z = 0
     hc_late: Z = 0
     hc_bad: Z = False
+    p_inc: Z = 0  # RESTART_GLOBALS: the workers' incarnations
+    d_inc: Z = 0
 
     def views(self) -> list[RV] | None:
         """Every request's view, where the domain has a fixed number (None: unbounded)."""

@@ -32,8 +32,6 @@ from spec.properties import PROPERTIES
 def test_scope() -> None:
     assert set(SAFETY_MUTANTS) | set(LIVENESS_MUTANTS) | set(UNENCODED_MUTANTS) == set(MUTANTS)
     assert set(UNENCODED_MUTANTS) == {
-        "stale_incarnation_accepted",  # restarts: the incarnations are not in z3
-        "restart_keeps_pool",
         "slot_reused_unfenced",  # its step changes another request than the acting one
     }
     assert set(LIVENESS_MUTANTS) == {
