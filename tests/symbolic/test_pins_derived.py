@@ -50,4 +50,5 @@ def test_every_code_is_concrete_once_the_derived_fields_are_pinned() -> None:
         *("PrefillFreeze", "PrefillSendChunk", "PrefillResume", "PrefillTimeout"),
         *("PrefillQuiesce", "DecodeCommit", "DecodeAbort", "DecodeAbortFenced"),
         "DecodeTimeout",
+        *("DecodeReserve", "DecodeReject"),  # restarts: a Ready/Nack carries d_inc
     }
