@@ -151,7 +151,8 @@ class Sender(LayerOffers, Incarnated, AttemptEnds):
         """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
         o = self._offers.get(request_id)
         if o is not None and not o.state.final:
-            raise InUseError(f"{request_id!r} is still {o.state.value}; abort it first")
+            wait = "its end waits for its writes: poll it" if o.aborting or o.nacked else ""
+            raise InUseError(f"{request_id!r} is still {o.state.value}; {wait or 'abort it first'}")
         self._offers.pop(request_id, None)
 
     # ------------------------------------------------------------ commands

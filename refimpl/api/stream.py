@@ -201,7 +201,7 @@ class _Offer:
     nacked: tuple[State, list[str], int] | None = None  # a nack read while its writes were
     # pending: (the end it gives, its reasons, its sender's incarnation); ``api.unrevocable.ends``
     aborting: list[str] | None = None  # an abort waiting for its writes (its reasons)
-    told: bool = False  # that abort is a sibling rank's (this rank says only Quiesced)
+    told: State | None = None  # a sibling rank's abort: the end it gives (then Quiesced)
 
 
 class LayerOffers:

@@ -67,16 +67,12 @@ class AttemptEnds:
             return
         early = QUIESCED_AT_ABORT if o.aborting is not None else QUIESCED_AT_NACK
         ch = channels(o.request_id).to_receiver
-        flushed = o.aborting is not None and revocable(self.transport)  # its writes revoked
-        if (
-            early not in self.mutants
-            and not flushed
-            and writes_pending(self.transport, ch, o.epoch)
-        ):
+        wait = o.aborting is None or not revocable(self.transport)  # else its writes revoked
+        if early not in self.mutants and wait and writes_pending(self.transport, ch, o.epoch):
             return  # a write still reads the source and may land in the receiver's blocks
         if o.aborting is not None:
             told, why = o.told, o.aborting
-            self._end(o, State.ABORTED, why)
+            self._end(o, told or State.ABORTED, why)
             if not revocable(self.transport):
                 pass  # none can be taken back (and none is pending, but with the switch)
             elif self.rank is None:  # chunks in flight are void (a rank's channel is shared)
@@ -99,7 +95,7 @@ class AttemptEnds:
         if revocable(self.transport):
             self._end(o, final, reasons)
             return
-        o.aborting, o.told = reasons, True
+        o.aborting, o.told = reasons, final
         self._settle(o)
 
     def _tell(

@@ -20,6 +20,7 @@ import torch
 from refimpl.api import Receiver, Sender
 from refimpl.api.tokens import write_kv_layer
 from refimpl.api.wire import State, channels
+from refimpl.errors import InUseError
 from refimpl.testing.on_api.adapter import ApiAdapter
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
@@ -75,6 +76,8 @@ def test_an_aborted_sender_says_quiesced_only_once_its_writes_landed(
         return
     assert p.tx.state("r") is State.SENDING and list(p.tx.held()) == ["r"]
     assert t.writes_pending(ch, 1) == 3 and p.rx.quarantined() == q
+    with pytest.raises(InUseError, match="its end waits for its writes: poll it"):
+        p.tx.forget("r")
     p.tx.poll("r")  # the nack: still waiting
     assert p.tx.state("r") is State.SENDING and list(p.tx.held()) == ["r"]
     p.rx.poll("r")  # the writes land (the overtaken one last): recorded, not installed
