@@ -166,3 +166,28 @@ def test_every_edge_of_the_unrevocable_tp2_world_on_one_sender_per_rank() -> Non
     assert (rep["edges"], rep["edges_covered"]) == (1276, 1276), rep  # measured
     assert not res.failures, str(res.failures[0][1])[:2000]
     assert (rep["early_nacks"], rep["early_aborts"]) == (76, 479), rep
+
+
+def test_a_sibling_rank_that_hears_an_abort_waits_for_its_writes_too() -> None:
+    """Rank 0 aborts while both ranks' writes are pending: rank 1 hears it at once and
+    stops, but keeps its attempt (and the copies its writes read) until they landed,
+    then ends with rank 0's reason and says its own Quiesced; the Receiver frees once
+    both said it."""
+    t = InProcessTransport(revocable=False)
+    txs, rx, blocks = _rank_senders(t)
+    for r, tx in enumerate(txs):
+        tx.offer("r", list(range(10)), blocks=blocks[r], layers=2, epoch=1)
+    rx.poll("r")
+    for tx in txs:
+        tx.poll("r")
+        tx.send_layer("r", 0)  # layer 1 never computed: the attempt cannot complete
+    txs[0].abort("r", "the router cancelled")
+    txs[1].poll("r")  # hears it, its write still pending: it waits
+    assert [tx.state("r") for tx in txs] == [State.SENDING, State.SENDING]
+    rx.poll("r")  # the writes land (a streamed offer's writes read its copies, not pins)
+    for tx in txs:
+        tx.poll("r")  # over: each ends and says Quiesced
+    assert all(tx.state("r") is State.ABORTED and tx.held() == {} for tx in txs)
+    assert all("rank 0 aborted: the router cancelled" in tx.reasons("r")[0] for tx in txs)
+    rx.poll("r")
+    assert rx.state("r").final and rx.quarantined() == {} and held(rx.pools) == {}
