@@ -29,7 +29,7 @@ end.
             still to land (a manifest refused at intake leaves no attempt: the spec's
             DecodeReject, dfl 0, dep its epoch); the engine's ``fail`` DF_FAILED (|
             DF_FENCED while chunks were still to land). On an unrevocable transport
-            (``intake.quarantine``) an attempt given up while chunks were still to land is
+            (``unrevocable.quarantine``) an attempt given up while chunks were still to land is
             QUARANTINED (landed: with the writes that landed since), never DF_FENCED,
             until the writer's Quiesced; a late bad write adds DF_CORRUPT
 """

@@ -25,12 +25,11 @@ its own ends its attempt and tells the others (``RankAgreement``, naming rank an
 epochs); one rank's ``abort`` reaches every sibling rank and the receiver with its reason;
 ``forget(rid)`` drops an ended offer's record (memory stays bounded by the live ones).
 
-Nacked on a transport whose writes cannot be taken back (``revocable = False``), the
-Sender says ``Quiesced`` (the spec's ``PrefillResume``) only once none of its writes of
-the attempt is pending at the transport (``writes_pending``: they all landed or
-failed): the receiver frees its quarantine on it. Until then the attempt is not over
-(its state stays, its pins stay: the writes still read them); a later ``poll`` ends it.
-The bug switch ``quiesced_at_nack`` says it at the nack (``refimpl.api.switches``).
+Nacked or aborted on a transport whose writes cannot be taken back (``revocable =
+False``), the Sender ends the attempt (and says so: its ``Quiesced``) only once none of
+its writes of the attempt is pending at the transport (``writes_pending``: they all
+landed or failed); till then its state and pins stay and a later ``poll`` ends it
+(``refimpl.api.unrevocable.ends``; bug switches ``quiesced_at_nack``, ``quiesced_at_abort``).
 """
 
 from __future__ import annotations
@@ -38,15 +37,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.intake import quiesced, revocable, send_quietly
+from refimpl.api.intake import revocable
 from refimpl.api.stream import Buffers, LayerOffers, _Offer
 from refimpl.api.switches import (
-    QUIESCED_AT_NACK,
     RELEASE_BEFORE_INSTALL,
     SENDER_SWITCHES,
     STALE_INCARNATION_ACCEPTED,
     check_switches,
 )
+from refimpl.api.unrevocable.ends import AttemptEnds
 from refimpl.api.wire import (
     ABORT,
     ACK,
@@ -62,9 +61,7 @@ from refimpl.api.wire import (
     inc_of,
     peer_failed,
     reasons_of,
-    revoke,
     stamp,
-    writes_pending,
 )
 from refimpl.checksum import is_checksum
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
@@ -76,7 +73,7 @@ from spec import shardmap as sm
 from spec.manifest import Manifest
 
 
-class Sender(LayerOffers, Incarnated):
+class Sender(LayerOffers, Incarnated, AttemptEnds):
     """The source side: offers a request's KV, sends chunks on ``ready``, releases at the end."""
 
     def __init__(
@@ -154,7 +151,8 @@ class Sender(LayerOffers, Incarnated):
         """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
         o = self._offers.get(request_id)
         if o is not None and not o.state.final:
-            raise InUseError(f"{request_id!r} is still {o.state.value}; abort it first")
+            wait = "its end waits for its writes: poll it" if o.aborting or o.nacked else ""
+            raise InUseError(f"{request_id!r} is still {o.state.value}; {wait or 'abort it first'}")
         self._offers.pop(request_id, None)
 
     # ------------------------------------------------------------ commands
@@ -290,8 +288,8 @@ class Sender(LayerOffers, Incarnated):
         for header, _ in msgs:
             if not isinstance(header, dict) or self.inc.stale(request_id, header):
                 continue  # not a header, or a dead receiver's: ignored (named if stale)
-            if o is None or o.state.final:
-                continue  # one after the end: ignored
+            if o is None or o.state.final or o.aborting is not None:
+                continue  # one after the end (or while an abort waits for writes): ignored
             kind, e = header.get("type"), epoch_of(header)
             if self.rank is not None and e is not None and e > o.epoch:
                 self._disagree(o, e, kind == READY)  # the others are at a newer attempt
@@ -319,64 +317,14 @@ class Sender(LayerOffers, Incarnated):
                 if kind == NACK:  # its writes must be over before it says so (below)
                     o.nacked = (final, reasons_of(header), inc_of(header) or 0)
                     continue
-                self._end(o, final, reasons_of(header))
-        if o is not None and o.nacked is not None and not o.state.final:
-            self._resume(o)
+                self._heard_abort(o, final, reasons_of(header))
+        if o is not None:
+            self._settle(o)  # a nack or an abort that waited for its writes
         rx = channels(request_id).to_receiver
         if o is not None and not o.state.final and (why := peer_failed(self.transport, [rx])):
             self._end(o, State.ABORTED, [f"the receiver's process is gone: {why}"])
             self._tell(o.request_id, o.epoch, o.reasons)  # the sibling ranks hear it too
         return len(msgs)
-
-    def _resume(self, o: _Offer) -> None:
-        """Nacked: once none of its writes of the attempt is pending at the transport
-        (at once with the bug switch), end it and say Quiesced (an unrevocable transport:
-        the receiver holds the blocks till told; ``intake.quiesced``)."""
-        ch = channels(o.request_id).to_receiver
-        if QUIESCED_AT_NACK not in self.mutants and writes_pending(self.transport, ch, o.epoch):
-            return  # a write still reads the source and may land in the receiver's blocks
-        assert o.nacked is not None
-        final, reasons, _ = o.nacked
-        self._end(o, final, reasons)
-        quiesced(self.transport, o.request_id, o.epoch, self.inc.own, o.reasons)
-
-    def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt here (cancel, timeout): drop the pins, tell the receiver (and,
-        one rank of several, every sibling rank: they end with this rank's reason)."""
-        o = self._offers.get(request_id)
-        if o is None or o.state.final:
-            return
-        why = [reason if self.rank is None else f"rank {self.rank} aborted: {reason}"]
-        self._end(o, State.ABORTED, why)
-        if self.rank is None:  # chunks in flight are void (a rank's channel is shared)
-            self.transport.abort(channels(request_id).to_receiver)
-        else:  # this rank's own chunks in flight, where the transport can revoke them
-            revoke(self.transport, channels(request_id).to_receiver, o.epoch, self.rank)
-        self._tell(o.request_id, o.epoch, why)
-
-    def _tell(self, rid: str, epoch: int, reasons: list[str]) -> None:
-        """An abort at ``epoch`` to the receiver and to every sibling rank (best effort:
-        a channel the transport cannot reach is skipped, the others still hear)."""
-        ch, header = channels(rid), {"type": ABORT, "request_id": rid, "epoch": epoch}
-        stamp(header, self.inc.own)
-        tos = [ch.to_receiver]
-        if self.rank is not None:
-            tos += [ch.to_rank(s) for s in range(self.geometry.tp) if s != self.rank]
-            header["rank"] = self.rank
-        for to in tos:
-            send_quietly(self.transport, to, {**header, "reasons": reasons})
-
-    def _disagree(self, o: _Offer, epoch: int, live: bool) -> None:
-        """This rank offered ``o.epoch`` but the receiver (or a sibling) speaks of the
-        newer ``epoch``: the ranks disagree on the attempt. End it here with both epochs
-        named; if the receiver's attempt is live, abort it too (every rank hears)."""
-        why = [
-            f"[RankAgreement] rank {self.rank} offered epoch {o.epoch} of "
-            f"{o.request_id!r}, but the attempt the others run is epoch {epoch}"
-        ]
-        self._end(o, State.ABORTED, why)
-        if live:
-            self._tell(o.request_id, epoch, why)
 
     def _replies(self, rid: str) -> str:
         return channels(rid).to_sender if self.rank is None else channels(rid).to_rank(self.rank)

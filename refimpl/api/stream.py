@@ -199,7 +199,9 @@ class _Offer:
     stream: Stream | None = None
     rinc: int = 0  # the incarnation of the receiver whose Ready it took: its writes' target
     nacked: tuple[State, list[str], int] | None = None  # a nack read while its writes were
-    # pending: (the end it gives, its reasons, its sender's incarnation); ``Sender._resume``
+    # pending: (the end it gives, its reasons, its sender's incarnation); ``api.unrevocable.ends``
+    aborting: list[str] | None = None  # an abort waiting for its writes (its reasons)
+    told: State | None = None  # a sibling rank's abort: the end it gives (then Quiesced)
 
 
 class LayerOffers:

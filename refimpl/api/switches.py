@@ -3,6 +3,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
 
     Sender(..., mutants={"stream_reads_at_ready"})
     Sender(..., mutants={"quiesced_at_nack"})
+    Sender(..., mutants={"quiesced_at_abort"})
     begin_offload(..., mutants={"release_before_install"})
     Receiver(..., mutants={"layer_ready_on_staging"})
     Receiver(..., mutants={"free_quarantine_early"})
@@ -36,6 +37,13 @@ spec's ``batch_status_subset`` taken to none of the batch): a nacked ``Sender`` 
 Quiesced at once, while writes of the attempt are still pending at the transport; the
 Receiver frees its quarantine on it and a write still lands in the freed blocks.
 
+``quiesced_at_abort`` (NoReuseUnderIO, an unrevocable transport; the spec refuses
+``PrefillTimeout`` while a write of the attempt is in flight): a ``Sender`` whose
+``abort`` (a cancel, a timeout, a sibling rank's) comes while writes of the attempt are
+still pending at the transport ends at once: it drops its pins (the engine may reuse the
+source blocks a write still reads) and says Quiesced (its abort) to the receiver, which
+frees its quarantine while a write is still in flight.
+
 ``release_before_install`` (NothingLost / PublishAfterCommit; the spec's mutant of the
 same name): a ``Sender`` with ``free_source`` frees the request's source blocks as soon as
 its chunks and seals are sent, not at the receiver's ack; an offload
@@ -45,7 +53,7 @@ before the host copy is committed, so a store that fails leaves no copy at all.
 ``free_quarantine_early`` (NoReuseUnderIO, an unrevocable transport; the spec's
 ``free_on_cancel_in_flight``): a ``Receiver`` that gives up an attempt whose writes may
 still land frees its blocks at once instead of quarantining them until the writer's
-Quiesced (``refimpl.api.intake``).
+Quiesced (``refimpl.api.unrevocable``).
 """
 
 from __future__ import annotations
@@ -56,9 +64,16 @@ STREAM_READS_AT_READY = "stream_reads_at_ready"
 LAYER_READY_ON_STAGING = "layer_ready_on_staging"
 STALE_INCARNATION_ACCEPTED = "stale_incarnation_accepted"
 QUIESCED_AT_NACK = "quiesced_at_nack"
+QUIESCED_AT_ABORT = "quiesced_at_abort"
 RELEASE_BEFORE_INSTALL = "release_before_install"
 SENDER_SWITCHES = frozenset(
-    {STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED, QUIESCED_AT_NACK, RELEASE_BEFORE_INSTALL}
+    {
+        STREAM_READS_AT_READY,
+        STALE_INCARNATION_ACCEPTED,
+        QUIESCED_AT_NACK,
+        QUIESCED_AT_ABORT,
+        RELEASE_BEFORE_INSTALL,
+    }
 )
 FREE_QUARANTINE_EARLY = "free_quarantine_early"
 RECEIVER_SWITCHES = frozenset(

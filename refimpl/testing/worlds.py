@@ -126,6 +126,16 @@ TOUR_WORLDS: dict[str, Config] = {
             max_attempts=1,
         ),
         Config(
+            name="unrevocable_tp2_one",
+            doc="one request, 1 block, one attempt, prefill TP 2 -> decode TP 1, no revoke",
+            blocks=1,
+            src_tp=2,
+            cap_p=1,
+            cap_d=1,
+            revocable=False,
+            max_attempts=1,
+        ),
+        Config(
             name="slots_one",
             doc="two requests, 1 block each, one attempt, one decode metadata slot, no cancel",
             n_reqs=2,

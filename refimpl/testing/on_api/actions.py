@@ -155,6 +155,16 @@ class ApiActions:
             s.poll(self.rid(i))
         return True
 
+    def early_abort(self, i: int, reason: str) -> bool:
+        """The engine aborts request ``i``'s attempt while writes of it are in flight (its
+        clock is free): a stutter, the Senders keep the attempt and its pins, and say
+        nothing, until ``PrefillTimeout``/``PrefillQuiesce`` once they landed
+        (``on_api.early``). True: given."""
+        self._need(self.p_up and self._live(i), "no attempt in progress")
+        for s in self.tx:
+            s.abort(self.rid(i), reason)
+        return True
+
     def after_reply(self, i: int, name: str) -> None:
         """The scheduler's part after a reply reached the Senders (on_api/worlds/streamed.py)."""
 

@@ -12,12 +12,14 @@ What runs where:
     a message action  ``SpecTransport.deliver`` that message, then the side's ``poll``:
                     which spec action consumes it is the end's own decision, and the
                     refinement map says whether it was the spec's
-    PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go)
+    PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go;
+                    unrevocable worlds: given early while writes were in flight, the
+                    Senders waited, ``on_api.early``, and this abort ends it)
     DecodeAbortFenced / DecodeTimeout   ``Receiver.abort`` (a committed copy: the blocks go;
                     ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``;
                     unrevocable worlds: ``DecodeAbort``, the Receiver quarantines, and a
-                    second ``abort`` is the quarantine's longer timer: ``api.intake``)
-    DecodeReclaim   the Sender's abort (Quiesced) delivered: the quarantine is over
+                    second ``abort`` is the quarantine's longer timer: ``api.unrevocable``)
+    DecodeReclaim   the Senders' aborts (Quiesced, every rank's) delivered: it is over
     PrefillResume   the Nack delivered (or, read early while writes were in flight, the
                     Senders polled once they landed: ``early_nack``), then Quiesced
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message

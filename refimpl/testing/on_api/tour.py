@@ -33,10 +33,11 @@ from model_checks.explicit.explore import explore
 from refimpl.testing.coverage import Coverage, EdgeKey, edge_key
 from refimpl.testing.drain import drain
 from refimpl.testing.harness import NO_MUTANTS, Adapter, Divergence, Harness
+from refimpl.testing.on_api.early import early_aborts, early_nacks
 from refimpl.testing.probes import MSG_ACTIONS, refusal_probes
 from refimpl.testing.tour import _edge_cover
-from spec.actions import ACTIONS, apply, decode_args, encode_args, successors
-from spec.common import Refused, chunks_in_flight
+from spec.actions import apply, decode_args, encode_args, successors
+from spec.common import Refused
 from spec.config import Config
 from spec.state import (
     DF_CORRUPT,
@@ -44,10 +45,8 @@ from spec.state import (
     DF_MISMATCH,
     FILLING,
     M_HANDOFF_BAD,
-    M_NACK,
     RESERVED,
     World,
-    msg_epoch,
     msg_kind,
 )
 
@@ -95,7 +94,7 @@ def declined(w: World, c: Config, name: str, i: int, arg: int) -> bool:
     attempt on its revocable transport by fencing it (``DecodeAbortFenced``, not
     ``DecodeAbort``'s quarantine). On an unrevocable one (``Config.revocable=False``)
     ``DecodeAbortFenced`` is never enabled, so nothing is declined: the Receiver takes
-    ``DecodeAbort``'s quarantine until the writer's Quiesced (``refimpl.api.intake``).
+    ``DecodeAbort``'s quarantine until the writer's Quiesced (``refimpl.api.unrevocable``).
     The alternative is enabled wherever the step declined is, so declining one never
     leaves the API stuck where the spec can go on."""
     if name == "DecodeReserve":
@@ -234,39 +233,6 @@ def api_probes(h: Harness) -> tuple[list[tuple[str, dict[str, Any], str | None]]
     return kept, left
 
 
-def early_nacks(h: Harness, rest: list[dict[str, Any]]) -> int:
-    """On an unrevocable transport, hand the Senders every Nack in flight whose attempt
-    still has writes in flight, where the walk's next step on that message (``rest``) is
-    ``PrefillResume`` (so no later step loses, duplicates or discards it on the wire):
-    a nacked Sender must wait for its writes before it says Quiesced, and only an
-    early Nack shows whether it does. The spec's state does not change (its Nack stays
-    unconsumed: ``ApiActions.early_nack``); the refinement map is checked after each.
-    Returns how many were handed over."""
-    early = getattr(h.impl, "early_nack", None)
-    if h.c.revocable or early is None:
-        return 0
-    n = 0
-    for i, r in enumerate(h.w.reqs):
-        for code in sorted(set(r.net)):
-            if msg_kind(code) != M_NACK or not chunks_in_flight(r, msg_epoch(code)):
-                continue
-            uses = (st["action"] for st in rest if _names(st, i, code))
-            if next(uses, None) != "PrefillResume":
-                continue
-            if early(i, code):
-                h.check_refinement(f"the Nack {code} read early, writes in flight")
-                h.check_state()
-                n += 1
-    return n
-
-
-def _names(st: dict[str, Any], i: int, code: int) -> bool:
-    """Does the step ``st`` take (or fault) message ``code`` of request ``i``?"""
-    if ACTIONS[st["action"]].arg != "msg":
-        return False
-    return decode_args(st["action"], st["args"]) == (i, code)
-
-
 @dataclass
 class ApiTourResult:
     config: str
@@ -278,6 +244,7 @@ class ApiTourResult:
     failures: list[tuple[int, Divergence]] = field(default_factory=list)
     seconds: float = 0.0
     early_nacks: int = 0  # Nacks the Senders read while writes were in flight
+    early_aborts: int = 0  # aborts the Senders were given while writes were in flight
 
 
 def run_api_tour(
@@ -309,6 +276,7 @@ def run_api_tour(
             probe(h)
             for k, st in enumerate(seq):
                 res.early_nacks += early_nacks(h, seq[k:])
+                res.early_aborts += early_aborts(h, seq[k:])
                 h.step(st["action"], st["args"])
                 h.check_state()
                 probe(h)
@@ -365,6 +333,7 @@ def api_report(plan: ApiPlan, res: ApiTourResult) -> dict[str, Any]:
         "probes": res.probes,
         "probes_left_out": res.unprobed,
         "early_nacks": res.early_nacks,
+        "early_aborts": res.early_aborts,
         "divergences": kinds,
         "seconds": round(res.seconds, 1),
     }

@@ -2,7 +2,7 @@
 ``unrevocable`` worlds (spec ``Config.revocable=False``, ``handoff_unrevocable``) on real
 Senders and a Receiver, with the refinement map after every step, the refusal probes and
 the content ghost. Decode that gives up an attempt while a write may still land keeps its
-blocks quarantined until the writer's Quiesced (``refimpl.api.intake``; the spec's
+blocks quarantined until the writer's Quiesced (``refimpl.api.unrevocable``; the spec's
 ``DecodeAbort`` quarantine and ``DecodeReclaim``, never ``DecodeAbortFenced``). Before
 this, the adapter refused these worlds ("SpecTransport revokes writes")."""
 
@@ -172,11 +172,12 @@ def test_the_tour_kills_a_sender_that_says_quiesced_before_its_writes_land() -> 
     assert "+Quiesced" in str(res.failures[0][1])
 
 
-def test_the_tour_hands_nacks_over_while_writes_are_in_flight() -> None:
+def test_the_tour_hands_nacks_and_aborts_over_while_writes_are_in_flight() -> None:
     plan = plan_api(get_world("unrevocable_one"))
     res = run_api_tour(ApiAdapter(), plan)
     assert not res.failures, first_lines(res)
     assert res.early_nacks == 27  # measured: walks where the Nack overtakes a write
+    assert res.early_aborts == 185  # measured: the engine's abort while writes fly
 
 
 @pytest.mark.parametrize("mutants", [frozenset(), frozenset({"quiesced_at_nack"})])
