@@ -26,6 +26,7 @@ from spec.behaviours import identity as I
 from spec.behaviours import restarts as RS
 from spec.behaviours import retract as RT
 from spec.behaviours import turns as TU
+from spec.behaviours import window as WN
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (
@@ -147,6 +148,7 @@ ACTIONS: dict[str, Action] = {
         _a(L.PrefillFreeSource, "P", "local"),
         _a(L.DecodeInstallLayer, "D", "local"),
         _a(L.DecodeLayerReady, "D", "local"),
+        _a(WN.PrefillPruneWindow, "P", "local"),
     )
 }
 

@@ -71,7 +71,8 @@ GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref", "pfx_ok"
 HOST_FIELDS: tuple[str, ...] = ("hk",)
 HOST_GLOBALS: tuple[str, ...] = ("hc", "hc_hl", "hc_pin", "hc_late", "hc_bad")
 TURN_FIELDS: tuple[str, ...] = ("tn", "ti", "tdv", "tc")
-EXT_FIELDS = HOST_FIELDS + TURN_FIELDS
+WINDOW_FIELDS: tuple[str, ...] = ("pw",)  # sliding-window pruning (Config.window)
+EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + WINDOW_FIELDS
 BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
@@ -206,6 +207,7 @@ class RV:
     ti: Z = 0
     tdv: Z = 0
     tc: Z = 0
+    pw: Z = 0  # sliding-window pruning (spec/behaviours/window.py)
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -240,6 +242,7 @@ class Params:
     host_cache: Z = 0  # Config.host_cache (spec/behaviours/host_cache.py)
     turns: Z = False  # Config.turns (spec/behaviours/turns.py)
     max_turns: Z = 1
+    window: Z = False  # Config.window (spec/behaviours/window.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -269,6 +272,7 @@ class Params:
             host_cache=c.host_cache,
             turns=c.turns,
             max_turns=c.max_turns,
+            window=c.window,
         )
 
 

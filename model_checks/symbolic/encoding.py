@@ -44,6 +44,7 @@ from model_checks.symbolic.core import (
     ITE,
     RV,
     TURN_FIELDS,
+    WINDOW_FIELDS,
     A,
     Go,
     Msg,
@@ -107,6 +108,7 @@ class Encoding:
         self.width = max(1, c.src_tp * c.blocks)
         self.bits = auto_bits(c) if bits is None else bits
         ext = (HOST_FIELDS if c.host_cache else ()) + (TURN_FIELDS if c.turns else ())
+        ext += WINDOW_FIELDS if c.window else ()
         self.fields = FIELDS + ext  # the request fields held as variables
         self.globs = GLOBALS + (HOST_GLOBALS if c.host_cache else ())
         self.split = split

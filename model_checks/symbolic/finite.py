@@ -224,8 +224,12 @@ class FCtx(Ctx):
         return range(self.enc.c.n_reqs)
 
     def used_p(self) -> Z:
-        b, z = self.num(self.c.blocks), self.num(0)
-        return z3.Sum(*(ITE(self.s[("r", i, "p")] != NONE, b, z) for i in self._reqs()))
+        """``spec.common.used_p``: a copy that pruned its window (``pw``, where the
+        encoding holds it) holds ``pw`` fewer blocks."""
+        b, z, s = self.num(self.c.blocks), self.num(0), self.s
+        pw = "pw" in self.enc.fields
+        held = [b - s[("r", i, "pw")] if pw else b for i in self._reqs()]
+        return z3.Sum(*(ITE(s[("r", i, "p")] != NONE, held[i], z) for i in self._reqs()))
 
     def used_h(self) -> Z:
         """``spec.common.used_h``: the requests' swap copies, and the shared host cache's

@@ -17,5 +17,6 @@ __all__ = [
     "slots",
     "turns",
     "turn_worlds",
+    "window",
     "worlds",
 ]
