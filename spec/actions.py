@@ -18,6 +18,7 @@ from typing import Any
 from spec import actions_decode as D
 from spec import actions_env as E
 from spec import actions_prefill as P
+from spec import window as WN
 from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
 from spec.behaviours import decode_ranks as DR
@@ -26,7 +27,6 @@ from spec.behaviours import identity as I
 from spec.behaviours import restarts as RS
 from spec.behaviours import retract as RT
 from spec.behaviours import turns as TU
-from spec.behaviours import window as WN
 from spec.common import Mutants, Refused, Result
 from spec.config import Config
 from spec.state import (

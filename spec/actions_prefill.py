@@ -17,7 +17,6 @@ from spec.behaviours.identity import staged
 from spec.behaviours.irrevocable import writes_drained
 from spec.behaviours.restarts import fenced
 from spec.behaviours.retract import refetch_reuses_epoch
-from spec.behaviours.window import window_whole
 from spec.common import (
     NOT_ENABLED,
     Mutants,
@@ -67,6 +66,7 @@ from spec.state import (
     msg_kind,
 )
 from spec.stream.layers import layers_given, stream_resume
+from spec.window import window_whole
 
 
 def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:

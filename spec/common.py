@@ -121,7 +121,7 @@ def full_ranks(c: Config) -> int:
 
 def used_p(w: World, c: Config) -> int:
     """Prefill blocks held: a source given back holds none (``fs``: spec/stream), a copy
-    that pruned its window ``pw`` fewer (spec/behaviours/window.py)."""
+    that pruned its window ``pw`` fewer (spec/window/__init__.py)."""
     return sum(c.blocks - r.pw for r in w.reqs if r.p != NONE and not r.fs)
 
 

@@ -47,7 +47,7 @@ class Config:
     turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
     max_turns: int = 1  # turns appended after the first, per request (turns worlds)
     layers: int = 0  # streamed offers, layer by layer (spec/stream): 0 off, else layers each
-    window: bool = False  # a running request frees blocks out of its window (behaviours/window)
+    window: bool = False  # a running request frees blocks out of its window (spec/window)
     from_log: bool = False  # a log's world (spec/behaviours/compose.py): no explorer runs it
 
     def __post_init__(self) -> None:

@@ -21,7 +21,6 @@ from spec.behaviours.host_cache import (
 )
 from spec.behaviours.identity import content_identity
 from spec.behaviours.turns import turns_identity, turns_kept, turns_single_writer
-from spec.behaviours.window import window_io_ok
 from spec.common import full_chunks, full_ranks, prefix_refs, used_d, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -53,6 +52,7 @@ from spec.state import (
     msg_kind,
 )
 from spec.stream.layers import stream_bytes_held, stream_ready_installed
+from spec.window import window_io_ok
 
 Pred = Callable[[World, Config], bool]
 _HELD = (COMPLETE, WRITABLE)

@@ -160,7 +160,7 @@ class Req(NamedTuple):
     fs: int = 0  # 1: the request gave its source blocks back (a streamed offer's copies stay)
     inl: int = 0  # layers decode installed in the blocks the engine reads (out of staging)
     rdy: int = 0  # layers decode reported ready to its engine (Receiver.layer_ready)
-    pw: int = 0  # leading blocks of the prefill copy pruned out of the window (behaviours/window)
+    pw: int = 0  # leading blocks of the prefill copy pruned out of the window (spec/window)
 
 
 class World(NamedTuple):

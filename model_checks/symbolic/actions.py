@@ -41,8 +41,7 @@ UNENCODED: tuple[str, ...] = ("EnvRestart",)
 FINITE_ONLY: tuple[str, ...] = tuple(
     n
     for n, a in ACTIONS.items()
-    if a.fn.__module__
-    in ("spec.behaviours.host_cache", "spec.behaviours.turns", "spec.behaviours.window")
+    if a.fn.__module__ in ("spec.behaviours.host_cache", "spec.behaviours.turns", "spec.window")
 )
 # Streamed offers (``Config.layers``, spec/stream/layers.py): Req.lay/cpy/fs/inl/rdy not in FIELDS.
 UNENCODED += ("PrefillSendLayer", "PrefillFreeSource", "DecodeInstallLayer", "DecodeLayerReady")

@@ -207,7 +207,7 @@ class RV:
     ti: Z = 0
     tdv: Z = 0
     tc: Z = 0
-    pw: Z = 0  # sliding-window pruning (spec/behaviours/window.py)
+    pw: Z = 0  # sliding-window pruning (spec/window/__init__.py)
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -242,7 +242,7 @@ class Params:
     host_cache: Z = 0  # Config.host_cache (spec/behaviours/host_cache.py)
     turns: Z = False  # Config.turns (spec/behaviours/turns.py)
     max_turns: Z = 1
-    window: Z = False  # Config.window (spec/behaviours/window.py)
+    window: Z = False  # Config.window (spec/window/__init__.py)
 
     @staticmethod
     def of(c: Config) -> Params:

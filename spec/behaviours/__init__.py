@@ -17,6 +17,5 @@ __all__ = [
     "slots",
     "turns",
     "turn_worlds",
-    "window",
     "worlds",
 ]

@@ -45,7 +45,6 @@ RecoverWithoutTimeout (a failed load does not loop).
 from __future__ import annotations
 
 from spec.behaviours.async_steps import step_blocks_freeze
-from spec.behaviours.window import window_whole
 from spec.common import NOT_ENABLED, Mutants, Refused, Result, put, refuse, used_h, used_p
 from spec.config import Config
 from spec.state import (
@@ -61,6 +60,7 @@ from spec.state import (
     Req,
     World,
 )
+from spec.window import window_whole
 
 __all__ = [
     "HK_HIT",

@@ -168,7 +168,7 @@ COMPOSED["pair_window_host"] = {
     "window": True,
 }
 PAIRS: tuple[str, ...] = tuple(k for k in COMPOSED if k.startswith("pair_"))
-# Sliding-window pruning (spec/behaviours/window.py): the default suite's world.
+# Sliding-window pruning (spec/window/__init__.py): the default suite's world.
 WINDOW: dict[str, dict[str, Any]] = {
     "window_prune": {
         "doc": "one request, 2 blocks, sliding-window pruning on prefill; a handoff or an"

@@ -1,4 +1,4 @@
-"""Sliding-window pruning (spec/behaviours/window.py): the guard of PrefillPruneWindow, the
+"""Sliding-window pruning (spec/window/__init__.py): the guard of PrefillPruneWindow, the
 pool it frees, the transfers a pruned copy no longer starts, the property a prune under
 a transfer breaks (read from the state), the mutant, the z3 encoding and the log's world."""
 
@@ -11,8 +11,9 @@ import pytest
 
 from model_checks.conformance.sizing import prescan
 from model_checks.explicit.runner import check_config, check_mutant
+from spec import window
 from spec.actions import apply
-from spec.behaviours import host_cache, window
+from spec.behaviours import host_cache
 from spec.behaviours.compose import world
 from spec.common import used_p
 from spec.config import CONFIGS
