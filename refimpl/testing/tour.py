@@ -371,6 +371,8 @@ KILL_WORLDS: dict[str, str] = {
     # issue #30 item 2: a streamed offer, layer by layer (spec/stream)
     "stream_reads_at_ready": "stream_one",
     "layer_ready_on_staging": "stream_one",
+    # issue #32 item 3: sliding-window pruning (spec/window)
+    "window_prunes_under_io": "window_prune",
 }
 
 

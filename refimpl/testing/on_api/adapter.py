@@ -37,6 +37,7 @@ UNEXPRESSED: dict[str, str] = {
     "unrevocable": "revocable=False across processes: DistTransport says nothing of "
     "revoke (a Receiver there fences); the quarantine until Quiesced is toured in process",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
+    "window": "sliding-window pruning (PrefillPruneWindow) is the engine's block table",
 }
 
 
@@ -58,6 +59,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "host_cache": c.host_cache > 0,
         "turns": c.turns,
         "layers": c.layers not in (0, LAYERS),
+        "window": c.window,
     }
     if remote and c.decode_ranks:
         on["decode_ranks"] = True
