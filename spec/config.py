@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
-from spec.behaviours.worlds import COMPOSED, DERIVED
+from spec.behaviours.worlds import COMPOSED, DERIVED, WINDOW
 from spec.state import COMPLETE, Req, World
 from spec.stream.worlds import STREAM_DEEP, STREAM_DEFAULT, STREAM_WORLDS, layer_problems
 
@@ -47,6 +47,7 @@ class Config:
     turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
     max_turns: int = 1  # turns appended after the first, per request (turns worlds)
     layers: int = 0  # streamed offers, layer by layer (spec/stream): 0 off, else layers each
+    window: bool = False  # a running request frees blocks out of its window (spec/window)
     from_log: bool = False  # a log's world (spec/behaviours/compose.py): no explorer runs it
 
     def __post_init__(self) -> None:
@@ -87,7 +88,6 @@ class Config:
 
 
 _HANDOFF_FAULTS = frozenset({"lose", "duplicate", "corrupt", "mismatch"})
-
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
@@ -321,7 +321,7 @@ CONFIGS.update((c.name, c) for c in (*BEHAVIOUR_WORLDS, *TW.worlds(Config)))
 FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
 CONFIGS.update((k["name"], Config(**k)) for k in (*HC_WORLDS, *STREAM_WORLDS))
 CONFIGS.update((k, replace(CONFIGS[b], name=k, **v)) for k, (b, v) in DERIVED.items())
-CONFIGS.update((k, Config(name=k, **v)) for k, v in COMPOSED.items())  # behaviours composed
+CONFIGS.update((k, Config(name=k, **v)) for k, v in (COMPOSED | WINDOW).items())  # composed
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -339,7 +339,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "crash_both",
     "identity_prefix",
     *TW.DEFAULT,
-    *HC_DEFAULT + STREAM_DEFAULT,
+    *HC_DEFAULT + STREAM_DEFAULT + tuple(WINDOW),
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: behaviours/worlds

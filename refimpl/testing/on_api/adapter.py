@@ -36,6 +36,7 @@ UNEXPRESSED: dict[str, str] = {
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
     "turns": "multi-turn append is the engine's",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
+    "window": "sliding-window pruning (PrefillPruneWindow) is the engine's block table",
 }
 
 
@@ -53,6 +54,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "host_cache": c.host_cache > 0,
         "turns": c.turns,
         "layers": c.layers not in (0, LAYERS),
+        "window": c.window,
     }
     if remote and c.decode_ranks:
         on["decode_ranks"] = True
