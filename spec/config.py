@@ -21,8 +21,7 @@ class Config:
     n_reqs: int = 1  # interchangeable requests
     blocks: int = 2  # KV blocks per request (n)
     src_tp: int = 1  # prefill TP ranks (each sends its own chunks and RankDone)
-    dst_tp: int = 1  # decode TP ranks: the refimpl's resharding target; read by the
-    # spec only with decode_ranks (each rank installs its shard)
+    dst_tp: int = 1  # decode TP ranks (the spec reads it with decode_ranks; refimpl reshards)
     cap_p: int = 2  # prefill GPU pool capacity, in blocks
     cap_d: int = 2  # decode GPU pool capacity, in blocks (prefix blocks included)
     cap_h: int = 0  # host pool capacity, in blocks
@@ -348,7 +347,6 @@ DEEP_SUITE: tuple[str, ...] = tuple(
 )
 DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED, *STREAM_DEEP)  # + composed
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
-
 # Bigger instances: the scale curve and a world to check on its own.
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
@@ -365,8 +363,7 @@ SCALE: dict[str, Config] = {
 }
 SCALE["handoff_three_tp2to1"] = Config(
     name="handoff_three_tp2to1",
-    doc="three requests, 1 block each, prefill TP=2 -> decode TP=1; prefill fits two,"
-    " decode one at a time; no cancel, no faults",
+    doc="3 requests, 1 block each, TP=2 -> TP=1; prefill fits 2, decode 1; no cancel, no faults",
     n_reqs=3,
     blocks=1,
     src_tp=2,
