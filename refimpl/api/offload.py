@@ -208,6 +208,7 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> Reloaded: ...
 
 
@@ -222,16 +223,22 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> HandoffResult | Reloaded:
     """Copy the request's KV back to ``device`` (verified), with ``decode_room`` tokens.
     From a ``DiskTier``: the longest stored prefix, verified (``Reloaded``), else
-    ``MissError``; ``free_host`` unpublishes the chunks read."""
+    ``MissError``; ``free_host`` unpublishes the chunks read; ``blocks``: the engine's
+    block ids for the request (registered memory: ``register_kv_caches``), the hit read
+    straight into them."""
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "reload")
         return start_reload(
             host, device, device_geometry, request_id, token_ids,
             decode_room=decode_room, free_host=free_host, epoch=epoch, background=False,
+            blocks=blocks,
         ).wait()  # fmt: skip
+    if blocks is not None:
+        raise ValueError("reload: blocks= is for a DiskTier (host pools: Receiver.expect)")
     if host_geometry is None:
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
     return begin_reload(
@@ -273,11 +280,12 @@ def reload_async(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> Transfer[int, Reloaded]:
     """``reload`` from ``tier`` in the background. A miss raises ``MissError`` here,
     before anything is reserved; the reserved blocks belong to the transfer until it is
     settled (committed to the request, or given back on a bad block or a cancel)."""
     return start_reload(
         tier, device, device_geometry, request_id, token_ids,
-        decode_room=decode_room, free_host=free_host, epoch=epoch,
+        decode_room=decode_room, free_host=free_host, epoch=epoch, blocks=blocks,
     )  # fmt: skip

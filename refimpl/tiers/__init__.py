@@ -21,11 +21,11 @@ from refimpl.tiers.files import (
     TornFileError,
     published_names,
     read_header,
-    read_into,
     sweep_orphans,
     write_batch,
     write_published,
 )
+from refimpl.tiers.kvio import read_into
 from refimpl.tiers.transfer import Cancelled, Transfer
 
 __all__ = [

@@ -48,7 +48,7 @@ from typing import BinaryIO
 
 import torch
 
-from refimpl.checksum import byte_view, writable_byte_view
+from refimpl.checksum import byte_view
 from spec.strict_json import StrictJSONError, loads_strict
 
 PUBLISHED_SUFFIX = ".safetensors"
@@ -301,24 +301,6 @@ def read_header(f: BinaryIO) -> Header:
     if at != data_bytes:
         raise TornFileError(f"data: entries cover {at} bytes, the file holds {data_bytes}")
     return Header(meta, entries, 8 + n, size)
-
-
-def read_into(
-    f: BinaryIO, header: Header, name: str, out: torch.Tensor, *, offset: int = 0
-) -> None:
-    """Read ``out.nbytes`` bytes of tensor ``name``, from byte ``offset`` of it, into ``out``
-    (contiguous CPU, the entry's dtype): the whole tensor, or one block of it."""
-    e = header.entries[name]
-    view = writable_byte_view(out)
-    if out.dtype != e.dtype or not 0 <= offset <= offset + view.nbytes <= e.end - e.begin:
-        raise ValueError(f"read_into {name!r}: {out.dtype} bytes [{offset}, +{view.nbytes}) of {e}")
-    f.seek(header.data_start + e.begin + offset)
-    got = 0
-    while got < view.nbytes:
-        n = f.readinto(view[got:])  # type: ignore[attr-defined]
-        if not n:
-            raise TornFileError(f"tensor {name!r}: {got} of {view.nbytes} bytes")
-        got += n
 
 
 def _regular(p: Path) -> bool:

@@ -153,22 +153,38 @@ def start_reload(
     free_host: bool = True,
     epoch: int = 1,
     background: bool = True,
+    blocks: Sequence[int] | None = None,
 ) -> Transfer[int, Reloaded]:
-    """Reload the longest stored prefix of ``token_ids`` into ``device`` (see the module)."""
+    """Reload the longest stored prefix of ``token_ids`` into ``device`` (see the module).
+    ``blocks``: the request's blocks the engine's scheduler chose (registered memory),
+    in logical order from token 0; the hit lands in the first of them."""
     _check(tier, device, geometry, token_ids)
     if decode_room < 0:
         raise ValueError(f"decode_room={decode_room} must be >= 0")
+    if blocks is not None:
+        if decode_room:
+            raise ValueError("decode_room: the engine's blocks= are the request's room")
+        blocks = device.alloc.check_ids(blocks, f"{request_id!r} blocks")
+        if not blocks:
+            raise ValueError(f"{request_id!r}: blocks=[]: no block to reload into")
     if held := device.alloc.blocks_of(request_id):
         raise ValueError(f"{request_id!r} already holds blocks {list(held)} on the device")
     prefix = tier.open_prefix(geometry, token_ids)
     if isinstance(prefix, Miss):
         raise MissError(f"{request_id!r}: {tier.path(prefix.key).name}: {prefix.reason}")
     try:
-        blocks = tuple(
-            device.alloc.reserve(
-                request_id, geometry.blocks_for(len(token_ids) + decode_room), epoch=epoch
-            )
-        )
+        if blocks is None:
+            need = geometry.blocks_for(len(token_ids) + decode_room)
+            blocks = device.alloc.reserve(request_id, need, epoch=epoch)
+        else:  # the hit must fit the engine's blocks; fewer tokens are read if it does not
+            room, first = len(blocks) * geometry.block_size, prefix.chunks[0].span[1]
+            if prefix.fit(room) is None:
+                raise MissError(
+                    f"{request_id!r}: {len(blocks)} blocks hold {room} tokens, less than"
+                    f" the first stored chunk ({first})"
+                )
+            device.alloc.reserve_ids(request_id, blocks, epoch=epoch)
+        blocks = tuple(blocks)
     except BaseException:
         prefix.close()
         raise
