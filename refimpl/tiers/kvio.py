@@ -30,7 +30,13 @@ from typing import BinaryIO
 
 import torch
 
-from refimpl.checksum import byte_view, bytes_checksum, hasher, writable_byte_view
+from refimpl.checksum import (
+    byte_view,
+    bytes_checksum,
+    copy_bytes_into,
+    hasher,
+    writable_byte_view,
+)
 from refimpl.engine.data import RankPools
 from refimpl.memory.interface import BlockMemory
 from refimpl.tiers.files import Header, Stopped, TornFileError
@@ -136,7 +142,8 @@ def chunk_data(
     each block hashed once. ``staging``: a buffer of ``len(blocks)`` canonical blocks
     when not ``direct`` (one copy into it), else the blocks' own pieces are written."""
     if staging is None:
-        views, sums = [], []
+        views: list[memoryview] = []
+        sums: list[str] = []
         for b in blocks:
             parts = pieces(pools, b)
             assert parts is not None  # direct
@@ -188,6 +195,34 @@ def read_chunk(
         _install(pools, blocks, buf, num_tokens)
     finally:
         staging.give(buf)
+    return len(checksums)
+
+
+def land_chunk(
+    data: torch.Tensor,
+    checksums: Sequence[str],
+    num_tokens: int,
+    pools: RankPools,
+    blocks: Sequence[int],
+) -> int:
+    """A chunk held in host memory (canonical blocks ``data``, ``num_tokens`` tokens) into
+    ``blocks`` of ``pools``, every block verified: straight into each block's pieces when
+    ``direct`` (hashed there), else each source block verified first, then installed
+    (one copy). Returns the blocks verified; ``TornFileError`` on a bad one."""
+    if direct(pools, data.shape[4]):
+        for i, b in enumerate(blocks):
+            parts = pieces(pools, b)
+            assert parts is not None
+            src, at = byte_view(data[i]), 0
+            for t in parts:
+                n = t.numel() * t.element_size()
+                copy_bytes_into(t, src[at : at + n])
+                at += n
+            _verify(parts, checksums[i], i)
+        return len(blocks)
+    for i in range(len(checksums)):
+        _verify([data[i]], checksums[i], i)
+    _install(pools, blocks, data, num_tokens)
     return len(checksums)
 
 
