@@ -60,7 +60,6 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's cap
 # tensors of 6 dimensions. 5 M junk keys are refused by a count, before any parse.
 MAX_HEADER_ITEMS = 4096
 MAX_PID = (1 << 31) - 1  # pid_t; a temp name with a larger "pid" is no writer's
-WRITE_CHUNK_BYTES = 16 << 20  # one os.write at most (a short write is retried)
 
 
 def _sync_file_range() -> Any:
@@ -150,10 +149,15 @@ def header_bytes(
     return struct.pack("<Q", len(text)) + text
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data.nbytes:
-        n = os.write(fd, data[:WRITE_CHUNK_BYTES])
-        data = data[n:]
+def _write_views(fd: int, views: list[memoryview]) -> None:
+    """Write ``views`` in order, up to 1024 per ``writev`` (Linux's IOV_MAX)."""
+    while views:
+        n = os.writev(fd, views[:1024])
+        while views and n >= views[0].nbytes:  # what is written, then the rest of one
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
 
 
 def fsync_dir(directory: Path) -> None:
@@ -235,9 +239,7 @@ def _write_temp(directory: Path, p: Pending) -> tuple[int, Path, Path]:
     tmp = directory / f".{p.name}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _write_all(fd, memoryview(header))
-        for v in p.data:
-            _write_all(fd, v)
+        _write_views(fd, [memoryview(header), *(memoryview(v).cast("B") for v in p.data)])
         if _WRITEBACK is not None:  # start writing back now: the fsync later waits less
             _WRITEBACK(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE: advisory, the fsync still runs
     except BaseException:

@@ -7,7 +7,7 @@ per block. Both directions touch each byte once in memory and hash it once:
 - out (``chunk_data``): when the pools are canonical (tp=1 heads_major) and on the CPU,
   a block of the pool *is* a file block: its bytes are hashed and written where they lie
   (no copy), as one range or, in an engine's registered caches, as contiguous pieces
-  (each layer's, or each field's of each layer: ``pieces``). Otherwise (TP ranks,
+  (each layer's, or each field's of each layer: ``block_views``). Otherwise (TP ranks,
   another layout, a strided piece, CUDA) the chunk's blocks are gathered into a staging
   buffer the caller reuses (per run of block ids, and per layer where the layers are
   separate tensors), hashed there, and written from it.
@@ -23,6 +23,7 @@ caller owns the destination blocks and gives them back (nothing is installed).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -33,7 +34,6 @@ import torch
 from refimpl.checksum import (
     byte_view,
     bytes_checksum,
-    copy_bytes_into,
     hasher,
     writable_byte_view,
 )
@@ -47,10 +47,11 @@ IOV_MAX = 1024  # buffers per preadv (POSIX's minimum IOV_MAX is 16; Linux's is 
 __all__ = [
     "TENSOR",
     "Staging",
+    "block_views",
     "checksum",
     "chunk_data",
     "direct",
-    "pieces",
+    "land_chunk",
     "read_chunk",
     "read_into",
 ]
@@ -87,36 +88,56 @@ def _kv(mem: BlockMemory) -> torch.Tensor | None:
         return None
 
 
-def pieces(pools: RankPools, b: int) -> list[torch.Tensor] | None:
-    """Block ``b`` of one rank's heads_major memory as contiguous tensors in file order
-    (views, no copy): the block, else each layer's piece of it, else each field's piece
-    of each layer (FlashAttention's K and V lie apart); None where a piece is strided
-    (a cross-layer HND cache, K and V packed in the last axis)."""
+BlockViews = Callable[[int], list[memoryview]]
+
+
+def _span(t: torch.Tensor) -> tuple[memoryview, int, int]:
+    """``t`` ``[capacity, ...]`` (each block's piece contiguous, blocks evenly apart) as
+    one writable byte view from block 0's piece to the last one's, the byte step from a
+    block to the next, and a piece's bytes (CPU, no copy; the view keeps ``t`` alive)."""
+    size = t.element_size()
+    step, per = t.stride(0) * size, t[0].numel() * size
+    n = (t.shape[0] - 1) * step + per
+    arr = (ctypes.c_ubyte * n).from_address(t.data_ptr())
+    arr._kvown_owner = t  # type: ignore[attr-defined]  # the memory stays alive
+    return memoryview(arr).cast("B"), step, per
+
+
+def block_views(pools: RankPools, block_size: int) -> BlockViews | None:
+    """Where a block of ``pools`` is byte for byte a file block of ``block_size`` tokens
+    (one rank holding every head, heads_major, on the CPU: the geometries agree), block
+    ``b``'s bytes as writable views in file order (no copy): the block, else each
+    layer's piece of it, else each field's piece of each layer (FlashAttention's K and V
+    lie apart); the spans are taken once, each block's views are slices of them. None
+    where they do not agree or a piece is strided (a cross-layer HND cache, K and V
+    packed in the last axis): those go through staging (one copy)."""
+    g = pools.geometry
+    if not pools.canonical or pools.device.type != "cpu" or g.block_size != block_size:
+        return None
     mem = pools.pools[0]
     kv = _kv(mem)
-    if kv is not None and kv[b].is_contiguous():
-        return [kv[b]]
-    out: list[torch.Tensor] = []
-    for li in range(pools.geometry.num_layers):
-        lv = mem.layer(li)[b]
-        if lv.is_contiguous():
-            out.append(lv)
-        elif all(f.is_contiguous() for f in lv):
-            out.extend(lv)
-        else:
-            return None
-    return out
+    spans: list[tuple[memoryview, int, int]] = []
+    if kv is not None and kv[0].is_contiguous():
+        spans.append(_span(kv))
+    else:
+        for li in range(g.num_layers):
+            lv = mem.layer(li)
+            if lv[0].is_contiguous():
+                spans.append(_span(lv))
+            elif all(f.is_contiguous() for f in lv[0]):
+                spans.extend(_span(lv.select(1, k)) for k in range(lv.shape[1]))
+            else:
+                return None
+
+    def views(b: int) -> list[memoryview]:
+        return [v[b * step : b * step + per] for v, step, per in spans]
+
+    return views
 
 
 def direct(pools: RankPools, block_size: int) -> bool:
-    """A block of ``pools`` is byte for byte a file block of ``block_size`` tokens, in
-    contiguous pieces: read and written in place, no staging."""
-    return (
-        pools.canonical
-        and pools.device.type == "cpu"
-        and pools.geometry.block_size == block_size
-        and pieces(pools, 0) is not None
-    )
+    """A block of ``pools`` is read and written in place (``block_views``), no staging."""
+    return block_views(pools, block_size) is not None
 
 
 def _canonical_shape(pools: RankPools, n: int, block_size: int) -> tuple[int, ...]:
@@ -124,14 +145,14 @@ def _canonical_shape(pools: RankPools, n: int, block_size: int) -> tuple[int, ..
     return (n, g.num_layers, g.num_fields, pools.kv_heads, block_size, g.head_dim)
 
 
-def checksum(parts: Sequence[torch.Tensor]) -> str:
-    """The manifest's checksum of one block given as contiguous pieces in file order
-    (xxh3 streams: the digest of the block's bytes, as ``block_checksum``)."""
+def checksum(parts: Sequence[memoryview]) -> str:
+    """The manifest's checksum of one block given as byte views in file order (xxh3
+    streams: the digest of the block's bytes, as ``block_checksum``)."""
     if len(parts) == 1:
-        return bytes_checksum(byte_view(parts[0]))
+        return bytes_checksum(parts[0])
     h = hasher()
-    for t in parts:
-        h.update(byte_view(t))
+    for v in parts:
+        h.update(v)
     return h.hexdigest()
 
 
@@ -142,12 +163,13 @@ def chunk_data(
     each block hashed once. ``staging``: a buffer of ``len(blocks)`` canonical blocks
     when not ``direct`` (one copy into it), else the blocks' own pieces are written."""
     if staging is None:
+        at = block_views(pools, pools.geometry.block_size)
+        assert at is not None  # direct
         views: list[memoryview] = []
         sums: list[str] = []
         for b in blocks:
-            parts = pieces(pools, b)
-            assert parts is not None  # direct
-            views.extend(byte_view(t) for t in parts)
+            parts = at(b)
+            views.extend(parts)
             sums.append(checksum(parts))
         return views, sums
     for k, b, n in _runs(blocks):  # one strided copy per run (and layer): per block is 10x slower
@@ -156,7 +178,7 @@ def chunk_data(
             for sel, hm in _hm_views(pools, r, b, n):
                 staging[k : k + n, sel, :, h.start : h.stop].copy_(hm)
     views = [byte_view(staging[k]) for k in range(len(blocks))]
-    return views, [bytes_checksum(v) for v in views]
+    return views, [checksum([v]) for v in views]
 
 
 def read_chunk(
@@ -177,11 +199,11 @@ def read_chunk(
     chunk is verified)."""
     size = header.entries[TENSOR].end - header.entries[TENSOR].begin
     nbytes = size // max(1, len(checksums))
-    if direct(pools, file_block_size):
+    at = block_views(pools, file_block_size)
+    if at is not None:
         for i, b in enumerate(blocks):
             _stop(stop)
-            parts = pieces(pools, b)
-            assert parts is not None
+            parts = at(b)
             read_into(f, header, TENSOR, parts, offset=i * nbytes)
             _verify(parts, checksums[i], i)
         return len(blocks)
@@ -190,8 +212,9 @@ def read_chunk(
     try:
         for i in range(len(checksums)):
             _stop(stop)
-            read_into(f, header, TENSOR, buf[i], offset=i * nbytes)
-            _verify([buf[i]], checksums[i], i)
+            view = writable_byte_view(buf[i])
+            read_into(f, header, TENSOR, [view], offset=i * nbytes)
+            _verify([view], checksums[i], i)
         _install(pools, blocks, buf, num_tokens)
     finally:
         staging.give(buf)
@@ -209,43 +232,33 @@ def land_chunk(
     ``blocks`` of ``pools``, every block verified: straight into each block's pieces when
     ``direct`` (hashed there), else each source block verified first, then installed
     (one copy). Returns the blocks verified; ``TornFileError`` on a bad one."""
-    if direct(pools, data.shape[4]):
+    at = block_views(pools, data.shape[4])
+    if at is not None:
         for i, b in enumerate(blocks):
-            parts = pieces(pools, b)
-            assert parts is not None
-            src, at = byte_view(data[i]), 0
-            for t in parts:
-                n = t.numel() * t.element_size()
-                copy_bytes_into(t, src[at : at + n])
-                at += n
+            parts, src, pos = at(b), byte_view(data[i]), 0
+            for v in parts:
+                v[:] = src[pos : pos + v.nbytes]
+                pos += v.nbytes
             _verify(parts, checksums[i], i)
         return len(blocks)
     for i in range(len(checksums)):
-        _verify([data[i]], checksums[i], i)
+        _verify([byte_view(data[i])], checksums[i], i)
     _install(pools, blocks, data, num_tokens)
     return len(checksums)
 
 
 def read_into(
-    f: BinaryIO,
-    header: Header,
-    name: str,
-    out: torch.Tensor | Sequence[torch.Tensor],
-    *,
-    offset: int = 0,
+    f: BinaryIO, header: Header, name: str, out: Sequence[memoryview], *, offset: int = 0
 ) -> None:
-    """Read bytes of tensor ``name`` from byte ``offset`` of it into ``out`` (contiguous
-    CPU tensors of the entry's dtype, filled in order: one block, or the pieces of one
-    block in an engine's caches), with as few ``preadv`` calls as the pieces allow."""
+    """Read ``sum(v.nbytes)`` bytes of tensor ``name``, from byte ``offset`` of it, into
+    the writable byte views ``out`` in order (one block, or the pieces of one block in an
+    engine's caches), with as few ``preadv`` calls as the pieces allow."""
     e = header.entries[name]
-    outs = [out] if isinstance(out, torch.Tensor) else list(out)
-    views = [writable_byte_view(t) for t in outs]
+    views = list(out)
     total = sum(v.nbytes for v in views)
-    fits = 0 <= offset <= offset + total <= e.end - e.begin
-    if any(t.dtype != e.dtype for t in outs) or not fits:
-        raise ValueError(f"read_into {name!r}: {outs[0].dtype} bytes [{offset}, +{total}) of {e}")
-    pos, fd = header.data_start + e.begin + offset, f.fileno()
-    got = 0
+    if not 0 <= offset <= offset + total <= e.end - e.begin:
+        raise ValueError(f"read_into {name!r}: bytes [{offset}, +{total}) of {e}")
+    pos, fd, got = header.data_start + e.begin + offset, f.fileno(), 0
     while views:
         n = os.preadv(fd, views[:IOV_MAX], pos + got)
         if not n:
@@ -263,7 +276,7 @@ def _stop(stop: Callable[[], bool] | None) -> None:
         raise Stopped("cancelled")
 
 
-def _verify(parts: Sequence[torch.Tensor], want: str, i: int) -> None:
+def _verify(parts: Sequence[memoryview], want: str, i: int) -> None:
     if (got := checksum(parts)) != want:
         raise TornFileError(f"block {i}: bytes hash to {got}, the manifest says {want}")
 
