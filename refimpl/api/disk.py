@@ -72,7 +72,7 @@ from refimpl.tiers.files import (
     sweep_orphans,
     write_batch,
 )
-from refimpl.tiers.kvio import Staging, read_chunk
+from refimpl.tiers.kvio import Staging, block_views, read_chunk
 from refimpl.tiers.records import (
     HEADS_MAJOR,
     Chunk,
@@ -323,15 +323,17 @@ class DiskTier:
         bs = pools.geometry.block_size
         if self.chunk_tokens % bs:
             raise ValueError(f"block size {bs} does not divide chunk_tokens {self.chunk_tokens}")
-        checks = 0
+        checks, views = 0, {}  # each file block size's views of the pools, taken once
         for c in prefix.chunks:
             s, e = c.span
             mine = blocks[s // bs : -(-e // bs)]
             m = c.manifest
+            if m.block_size not in views:
+                views[m.block_size] = block_views(pools, m.block_size)
             try:
                 checks += read_chunk(
                     c.file, c.header, m.block_checksums, e - s, m.block_size, pools, mine,
-                    self.staging, stop,
+                    self.staging, stop, views[m.block_size],
                 )  # fmt: skip
             except TornFileError:
                 self._unpublish_bad(c)

@@ -191,6 +191,7 @@ def read_chunk(
     blocks: Sequence[int],
     staging: Staging,
     stop: Callable[[], bool] | None = None,
+    at: BlockViews | None | bool = True,
 ) -> int:
     """Read one chunk file (``num_tokens`` tokens in ``len(checksums)`` blocks of
     ``file_block_size``) into ``blocks`` of ``pools`` (the destination's own blocks for
@@ -199,8 +200,9 @@ def read_chunk(
     chunk is verified)."""
     size = header.entries[TENSOR].end - header.entries[TENSOR].begin
     nbytes = size // max(1, len(checksums))
-    at = block_views(pools, file_block_size)
-    if at is not None:
+    if at is True:  # else the caller's ``block_views(pools, file_block_size)``
+        at = block_views(pools, file_block_size)
+    if callable(at):
         for i, b in enumerate(blocks):
             _stop(stop)
             parts = at(b)
