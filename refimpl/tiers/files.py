@@ -72,8 +72,7 @@ def _sync_file_range() -> Any:
     return f
 
 
-# a file's writeback starts once it is written, so a batch's fsyncs wait less (RESULTS.md)
-_WRITEBACK = _sync_file_range()
+_WRITEBACK = _sync_file_range()  # a file's writeback starts once it is written (RESULTS.md)
 _NAME = re.compile(r"^[0-9a-z][0-9a-z_-]{0,127}$")
 _TEMP = re.compile(r"^\.(?P<name>[0-9a-z][0-9a-z_-]*)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp$")
 
