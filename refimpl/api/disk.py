@@ -57,7 +57,7 @@ import torch
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.checksum import byte_view
 from refimpl.engine.data import RankPools
-from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chain_keys, chunk_spans, root_key
+from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chunk_spans, prefix_keys
 from refimpl.tiers.files import (
     Entry,
     Header,
@@ -72,7 +72,7 @@ from refimpl.tiers.files import (
     sweep_orphans,
     write_batch,
 )
-from refimpl.tiers.kvio import Staging, read_chunk
+from refimpl.tiers.kvio import Staging, block_views, read_chunk
 from refimpl.tiers.records import (
     HEADS_MAJOR,
     Chunk,
@@ -137,15 +137,7 @@ class DiskTier:
     # ------------------------------------------------------------ names
     def chunk_keys(self, geometry: KVGeometry, token_ids: Sequence[int]) -> list[str]:
         """The key of each chunk of ``token_ids`` (the KV ``geometry`` means)."""
-        g, mi = geometry, self.model
-        ident: list[object] = [
-            mi.model_id, mi.adapter_id, mi.quantization, mi.rope.to_json_dict(),
-            g.dtype, g.num_layers, g.kv_heads, g.head_dim, list(g.cache_fields),
-        ]  # fmt: skip
-        if mi.kv_scales is not None:  # a quantized cache's scales: other scales, other KV
-            ident.append(list(mi.kv_scales))
-        root = root_key(ident, self.chunk_tokens)
-        return chain_keys(root, token_ids, chunk_spans(len(token_ids), self.chunk_tokens))
+        return prefix_keys(self.model, geometry, token_ids, self.chunk_tokens)
 
     def key(self, geometry: KVGeometry, token_ids: Sequence[int]) -> str:
         """The key of the last chunk: it names the whole of ``token_ids``."""
@@ -331,15 +323,17 @@ class DiskTier:
         bs = pools.geometry.block_size
         if self.chunk_tokens % bs:
             raise ValueError(f"block size {bs} does not divide chunk_tokens {self.chunk_tokens}")
-        checks = 0
+        checks, views = 0, {}  # each file block size's views of the pools, taken once
         for c in prefix.chunks:
             s, e = c.span
             mine = blocks[s // bs : -(-e // bs)]
             m = c.manifest
+            if m.block_size not in views:
+                views[m.block_size] = block_views(pools, m.block_size)
             try:
                 checks += read_chunk(
                     c.file, c.header, m.block_checksums, e - s, m.block_size, pools, mine,
-                    self.staging, stop,
+                    self.staging, stop, views[m.block_size],
                 )  # fmt: skip
             except TornFileError:
                 self._unpublish_bad(c)

@@ -42,6 +42,7 @@ from refimpl.api.handoff import Handoff, HandoffResult
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.engine.data import RankPools
+from refimpl.tiers.host import HostTier, Kept
 from refimpl.tiers.moves import Reloaded, start_offload, start_reload
 from refimpl.tiers.transfer import Transfer
 from refimpl.transport import InProcessTransport
@@ -144,6 +145,20 @@ def offload(
 def offload(
     device: RankPools,
     device_geometry: KVGeometry,
+    host: HostTier,
+    host_geometry: None,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    free_device: bool = False,
+    epoch: int = 1,
+) -> Kept: ...
+
+
+@overload
+def offload(
+    device: RankPools,
+    device_geometry: KVGeometry,
     host: DiskTier,
     host_geometry: None,
     request_id: str,
@@ -157,16 +172,20 @@ def offload(
 def offload(
     device: RankPools,
     device_geometry: KVGeometry,
-    host: RankPools | DiskTier,
+    host: RankPools | DiskTier | HostTier,
     host_geometry: KVGeometry | None,
     request_id: str,
     token_ids: Sequence[int],
     *,
     free_device: bool = False,
     epoch: int = 1,
-) -> HandoffResult | Stored:
+) -> HandoffResult | Stored | Kept:
     """Copy the request's KV to ``host`` (verified); the host copy is owned by the request.
-    To a ``DiskTier``: published as one file (``Stored``)."""
+    To a ``DiskTier``: published as chunk files (``Stored``); to a ``HostTier``: held as
+    chunks under the same prefix keys (``Kept``)."""
+    if isinstance(host, HostTier):
+        _no_geometry(host_geometry, "offload")
+        return host.put(device, device_geometry, request_id, token_ids, free_device=free_device)
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "offload")
         return start_offload(
@@ -198,6 +217,22 @@ def reload(
 
 @overload
 def reload(
+    host: HostTier,
+    host_geometry: None,
+    device: RankPools,
+    device_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    decode_room: int = 0,
+    free_host: bool = True,
+    epoch: int = 1,
+    blocks: Sequence[int] | None = None,
+) -> Reloaded: ...
+
+
+@overload
+def reload(
     host: DiskTier,
     host_geometry: None,
     device: RankPools,
@@ -208,11 +243,12 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> Reloaded: ...
 
 
 def reload(
-    host: RankPools | DiskTier,
+    host: RankPools | DiskTier | HostTier,
     host_geometry: KVGeometry | None,
     device: RankPools,
     device_geometry: KVGeometry,
@@ -222,16 +258,28 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> HandoffResult | Reloaded:
     """Copy the request's KV back to ``device`` (verified), with ``decode_room`` tokens.
     From a ``DiskTier``: the longest stored prefix, verified (``Reloaded``), else
-    ``MissError``; ``free_host`` unpublishes the chunks read."""
+    ``MissError``; ``free_host`` unpublishes the chunks read; ``blocks``: the engine's
+    block ids for the request (registered memory: ``register_kv_caches``), the hit read
+    straight into them. From a ``HostTier``: the same, from its chunks."""
+    if isinstance(host, HostTier):
+        _no_geometry(host_geometry, "reload")
+        return host.get(
+            device, device_geometry, request_id, token_ids,
+            decode_room=decode_room, free_host=free_host, epoch=epoch, blocks=blocks,
+        )  # fmt: skip
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "reload")
         return start_reload(
             host, device, device_geometry, request_id, token_ids,
             decode_room=decode_room, free_host=free_host, epoch=epoch, background=False,
+            blocks=blocks,
         ).wait()  # fmt: skip
+    if blocks is not None:
+        raise ValueError("reload: blocks= is for a DiskTier (host pools: Receiver.expect)")
     if host_geometry is None:
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
     return begin_reload(
@@ -242,7 +290,7 @@ def reload(
 
 def _no_geometry(g: KVGeometry | None, what: str) -> None:
     if g is not None:
-        raise ValueError(f"{what}: a DiskTier's file states its own geometry; pass None")
+        raise ValueError(f"{what}: a tier's chunk states its own geometry; pass None")
 
 
 def offload_async(
@@ -273,11 +321,12 @@ def reload_async(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> Transfer[int, Reloaded]:
     """``reload`` from ``tier`` in the background. A miss raises ``MissError`` here,
     before anything is reserved; the reserved blocks belong to the transfer until it is
     settled (committed to the request, or given back on a bad block or a cancel)."""
     return start_reload(
         tier, device, device_geometry, request_id, token_ids,
-        decode_room=decode_room, free_host=free_host, epoch=epoch,
+        decode_room=decode_room, free_host=free_host, epoch=epoch, blocks=blocks,
     )  # fmt: skip

@@ -97,6 +97,22 @@ class Prefix:
     def num_tokens(self) -> int:
         return self.chunks[-1].span[1]
 
+    def fit(self, tokens: int) -> Prefix | None:
+        """This prefix cut to the chunks that end within ``tokens`` (the rest closed and
+        unpinned); None (every chunk closed) when not even the first one does."""
+        keep = [c for c in self.chunks if c.span[1] <= tokens]
+        drop = self.chunks[len(keep) :]
+        for c in drop:
+            c.file.close()
+        self.unpin([c.key for c in drop])
+        self.chunks = keep
+        if drop:
+            self.stopped = f"{len(drop)} chunk(s) past the {tokens} tokens the blocks hold"
+        if not keep:
+            self.closed = True
+            return None
+        return self
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
