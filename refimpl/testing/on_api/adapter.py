@@ -2,7 +2,10 @@
 
 ``UNEXPRESSED`` names every config feature whose spec actions the API cannot run, with
 the reason; ``ApiAdapter.build`` refuses a world that switches one on, so nothing is
-silently skipped (``kvown fuzz --tour --impl api`` lists them).
+silently skipped (``kvown fuzz --tour --impl api`` lists them). Recompute preemption is
+not one: the scheduler's ``PrefillPreempt`` runs around the API, refused while a store's
+Sender pins the blocks (``on_api/worlds/recompute.py``; with async steps the world is
+refused for those).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
 UNEXPRESSED: dict[str, str] = {
     "offload": "offload/reload (refimpl.api.offload.begin_offload/begin_reload, host pools: "
     "on_api/worlds/offload.py) are mapped for prefill TP 1; a DiskTier's Transfer is not",
-    "recompute": "preemption by recompute is the engine's scheduler, not the API",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
@@ -43,7 +45,6 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
         "offload": c.offload and c.src_tp != 1,
-        "recompute": c.recompute,
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,

@@ -51,6 +51,7 @@ from refimpl.testing.on_api.wire import Logical, SpecTransport
 from refimpl.testing.on_api.worlds import (
     FailureActions,
     OffloadActions,
+    RecomputeActions,
     RestartActions,
     StreamedActions,
 )
@@ -65,7 +66,7 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(OffloadActions, FailureActions, StreamedActions, RestartActions):
+class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActions, RestartActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(

@@ -67,8 +67,8 @@ class OffloadActions:
     # ------------------------------------------------------------ the map
     def tier_fields(self, i: int) -> dict[str, int]:
         """h, hl, gl, mv and (a move in progress) p of request i."""
-        if not self.hp:
-            return {}
+        if not self.hp:  # no host tier: a preemption still counts a move (the spec's mv)
+            return {"mv": self.mv[i]} if self.c.recompute else {}
         rid = self.rid(i)
         host, device = (bool(p.alloc.blocks_of(rid)) for p in (self.hp[0], self.pp[0]))
         out = tier_part(self.moves[i], host, device, self.c.blocks)
