@@ -18,6 +18,7 @@ from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.on_api.worlds.recompute import RecomputeActions
 from refimpl.testing.worlds import get_world
 from spec.state import PREEMPTED
+from tests.library.tours.tour_helpers import assert_machine_walks
 
 EDGES = {"offload_contend": (1090, 1090)}  # (closed edges, edges covered): measured
 
@@ -70,3 +71,7 @@ def test_the_tour_judges_a_preemption_under_a_store(monkeypatch: pytest.MonkeyPa
     assert res.failures
     assert {e.program[-1]["action"] for _, e in res.failures} == {"PrefillPreempt"}
     assert first == {"refused naming None, the spec names 'NoReuseUnderIO': a move holds it"}
+
+
+def test_the_hypothesis_machine_walks_offload_contend_on_the_api() -> None:
+    assert_machine_walks("offload_contend")
