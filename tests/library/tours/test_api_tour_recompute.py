@@ -18,7 +18,7 @@ from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.on_api.worlds.recompute import RecomputeActions
 from refimpl.testing.worlds import get_world
 from spec.state import PREEMPTED
-from tests.library.tours.tour_helpers import assert_machine_walks
+from tests.library.tours.tour_helpers import assert_every_pair, assert_machine_walks
 
 EDGES = {"offload_contend": (1090, 1090)}  # (closed edges, edges covered): measured
 
@@ -75,3 +75,9 @@ def test_the_tour_judges_a_preemption_under_a_store(monkeypatch: pytest.MonkeyPa
 
 def test_the_hypothesis_machine_walks_offload_contend_on_the_api() -> None:
     assert_machine_walks("offload_contend")
+
+
+def test_offload_handoff_covers_every_pair_on_the_api() -> None:
+    """Offload/reload and recompute, then a handoff; a store failure, a loss, a duplicate
+    or a crash: every reachable (action, outcome) pair, no divergence."""
+    assert_every_pair("offload_handoff", (49, 49))
