@@ -31,11 +31,11 @@ block must hash to its checksum while it is read, else the whole load is a ``Mis
 blocks taken for it are given back and that chunk's file is unpublished (the next lookup
 stops before it instead of failing again).
 
-A reader pins what it reads: its chunk files stay open from the lookup to the end of the
-read, and ``remove`` of a key this process reads unpublishes it when the last reader is
-done. The files (temp name per writer, fsync, atomic rename, orphan sweep, regular files
-only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all are
-flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
+A reader pins what it reads (its files open from the lookup to the read's end); ``remove``
+of a key read here makes lookups miss it now, unlinks it after the last reader (HostEvict,
+HostFree). The files (temp name per writer, fsync, atomic rename, orphan sweep, regular
+files only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all
+are flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
 
 In the spec's vocabulary: writing the temp files is ``PrefillOffloadCopy``, the renames
 ``PrefillOffloadCommit`` (``PublishAfterCommit``); a load is ``PrefillReloadBegin`` /
@@ -165,8 +165,7 @@ class DiskTier:
         return self._pins.count(key)
 
     def remove(self, key: str) -> bool:
-        """Unpublish ``key`` (once no reader of this process holds it); an open reader
-        keeps its bytes (POSIX). False: nothing was published under it."""
+        """Unpublish ``key`` now, unlink it after its last reader here (False: none was)."""
         if self._pins.defer(key):
             return self.path(key).exists()
         return self._unlink(key)
@@ -208,6 +207,7 @@ class DiskTier:
     def _remember(self, p: Pending, st: os.stat_result) -> None:
         """A chunk this tier just published: its header and manifest are what it wrote,
         kept for that inode's version (a reader of another file parses its own)."""
+        self._pins.published(p.name)  # a removal waiting for old readers is not this file's
         if not isinstance(p.note, Manifest):
             return
         (name, dtype, shape), size = p.entries[0], st.st_size
@@ -280,6 +280,7 @@ class DiskTier:
         parent: str,
     ) -> Chunk | str:
         try:
+            self._pins.live(key)  # removed while read: FileNotFoundError, a miss
             f = open_published(self.path(key))  # a regular file of the tier, or refused
         except FileNotFoundError:
             return "not published"

@@ -66,6 +66,7 @@ def _begin(
     decode_room: int = 0,
     epoch: int = 1,
     mutants: Iterable[str] = (),
+    checksums: Sequence[str] | None = None,
 ) -> Handoff:
     t = InProcessTransport()
     model = _tier_identity(src_geometry)
@@ -73,7 +74,7 @@ def _begin(
     rx = Receiver(dst, dst_geometry, t, model)
     return Handoff(
         tx, rx, request_id, token_ids, epoch=epoch, decode_room=decode_room,
-        free_source=free_source,
+        free_source=free_source, checksums=checksums,
     )  # fmt: skip
 
 
@@ -115,15 +116,23 @@ def begin_reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    checksums: Sequence[str] | None = None,
 ) -> Handoff:
     """``reload`` from host pools in steps (``Handoff``): the request's device blocks are
     reserved at the first round (nobody reads them until the commit); ``abort`` gives
     them back and keeps the host copy. The spec's ``PrefillReloadBegin`` (this call and
     the round that reserves and sends), ``PrefillReloadCommit`` (the round that
-    verifies and commits them, then frees the host copy, ``free_host``)."""
+    verifies and commits them, then frees the host copy, ``free_host``).
+
+    ``checksums``: the host copy's, taken when its offload committed
+    (``host.checksums(host.alloc.blocks_of(request_id))`` then). The device side verifies
+    every block against them, so a copy whose bytes changed at rest (a lost page, a bad
+    DIMM) fails the reload (``ChecksumError``: the device blocks given back, the host copy
+    kept), never loads as a hit (the spec's ``HostLoadFail``). Without them the reload
+    hashes the host blocks as they are now and trusts them."""
     return _begin(
         host, host_geometry, device, device_geometry, request_id, token_ids,
-        free_source=free_host, decode_room=decode_room, epoch=epoch,
+        free_source=free_host, decode_room=decode_room, epoch=epoch, checksums=checksums,
     )  # fmt: skip
 
 
@@ -212,6 +221,7 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    checksums: Sequence[str] | None = None,
 ) -> HandoffResult: ...
 
 
@@ -259,12 +269,16 @@ def reload(
     free_host: bool = True,
     epoch: int = 1,
     blocks: Sequence[int] | None = None,
+    checksums: Sequence[str] | None = None,
 ) -> HandoffResult | Reloaded:
     """Copy the request's KV back to ``device`` (verified), with ``decode_room`` tokens.
     From a ``DiskTier``: the longest stored prefix, verified (``Reloaded``), else
     ``MissError``; ``free_host`` unpublishes the chunks read; ``blocks``: the engine's
     block ids for the request (registered memory: ``register_kv_caches``), the hit read
-    straight into them. From a ``HostTier``: the same, from its chunks."""
+    straight into them. From a ``HostTier``: the same, from its chunks. From host pools:
+    ``checksums`` as ``begin_reload``'s (a DiskTier's files hold their own)."""
+    if isinstance(host, HostTier | DiskTier) and checksums is not None:
+        raise ValueError("reload: a tier's chunks hold their checksums; pass none")
     if isinstance(host, HostTier):
         _no_geometry(host_geometry, "reload")
         return host.get(
@@ -284,7 +298,7 @@ def reload(
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
     return begin_reload(
         host, host_geometry, device, device_geometry, request_id, token_ids,
-        decode_room=decode_room, free_host=free_host, epoch=epoch,
+        decode_room=decode_room, free_host=free_host, epoch=epoch, checksums=checksums,
     ).run()  # fmt: skip
 
 

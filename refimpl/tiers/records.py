@@ -139,7 +139,8 @@ def file_manifest(m: Manifest) -> Manifest:
 
 class Pins:
     """A tier's readers in this process, per key; a key removed while read is unlinked
-    (``unlink(key)``) when its last reader is done."""
+    (``unlink(key)``) when its last reader is done, and no new reader takes it meanwhile
+    (``live``: a lookup misses it, the spec's HostEvict then HostFree)."""
 
     def __init__(self, unlink: Callable[[str], object]) -> None:
         self._unlink = unlink
@@ -162,6 +163,18 @@ class Pins:
                 self._doomed.add(key)
                 return True
             return False
+
+    def live(self, key: str) -> None:
+        """FileNotFoundError if ``key`` was removed while read: no new reader takes it."""
+        with self._lock:
+            if key in self._doomed:
+                raise FileNotFoundError(f"{key} was removed (its readers finish)")
+
+    def published(self, key: str) -> None:
+        """A writer published ``key`` anew: the removal waiting for the old file's readers
+        is not this file's (they keep the old file's bytes: POSIX)."""
+        with self._lock:
+            self._doomed.discard(key)
 
     def unpin(self, keys: list[str]) -> None:
         drop = []
