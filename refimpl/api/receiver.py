@@ -52,7 +52,6 @@ from refimpl.api.switches import (
 from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.unrevocable import quarantine as qr
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, Incarnated, State, channels
-from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
     ChecksumError,
@@ -61,6 +60,7 @@ from refimpl.errors import (
     OwnershipError,
     StaleError,
 )
+from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 from spec.manifest import Manifest
 
