@@ -35,6 +35,7 @@ from refimpl.memory.views import Landing, copy_hashed, landing, scatter_layer
 from refimpl.rankpools import RankPools
 from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
+from spec.manifest import Manifest
 
 HASH_AS_LANDED = True  # False: hash each chunk, then copy it (the old order; benchmarks)
 
@@ -77,6 +78,23 @@ def check_chunk(header: Mapping[str, Any], payload: Payload, what: str) -> str:
     must be its header's ``checksum`` (else ``ChecksumError`` naming ``what``): the check
     of a chunk hashed before it is written (here, and the reference engine's decode)."""
     return _against(header, bytes_checksum(payload), what)
+
+
+def check_blocks(
+    pools: RankPools, blocks: Sequence[int], m: Manifest, indices: Sequence[int]
+) -> int:
+    """End to end: each of ``blocks`` (this side's ids of the manifest's block
+    ``indices``), reassembled from every rank as one heads_major block, hashes to the
+    manifest's checksum (else ``ChecksumError`` naming the block); returns how many
+    passed. The ``Receiver``'s last check before its commit, and the reference engine's
+    ``DecodeValidate``'s."""
+    for i, got in zip(indices, pools.checksums(list(blocks)), strict=True):
+        want = m.block_checksums[i - m.prefix_blocks]
+        if got != want:
+            raise ChecksumError(
+                f"block {i}: bytes hash to {got}, not the manifest's checksum {want}"
+            )
+    return len(indices)
 
 
 def chunk_intact(header: Mapping[str, Any], payload: Payload) -> bool:

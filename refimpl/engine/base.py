@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from refimpl.api.geometry import KVGeometry
 from refimpl.api.install import chunk_intact
 from refimpl.api.intake import manifest_gate
 from refimpl.blocks import BlockStatus
@@ -32,10 +33,8 @@ from refimpl.chunks import pin_name
 from refimpl.engine.data import gen, token_chain
 from refimpl.engine.wire import Wire, channel, parse
 from refimpl.errors import OwnershipError
-from refimpl.pool import PoolGeometry
 from refimpl.rankpools import RankPools
 from refimpl.transport import Payload
-from spec import shardmap as sm
 from spec.config import Config
 from spec.manifest import LocalConfig, Manifest, RopeConfig
 from spec.manifest import ManifestError as SpecManifestError
@@ -182,8 +181,9 @@ class EngineBase:
             cp=1,
         )
         self.d_local = replace(self.p_local, layout=decode_layout, tp=c.dst_tp)
-        self.p_geo = PoolGeometry.of_local(self.p_local, sm.tp_local_heads(h, c.src_tp))
-        d_geo = PoolGeometry.of_local(self.d_local, sm.tp_local_heads(h, c.dst_tp))
+        # one rank's block shape on each side: the API's one geometry type, ``KVGeometry``
+        self.p_geo = KVGeometry.from_local_config(self.p_local).rank_pool_geometry()
+        d_geo = KVGeometry.from_local_config(self.d_local).rank_pool_geometry()
         m = self.m
         p_guards = set()
         if m & {"source_writes_while_frozen", "reload_during_store"}:

@@ -18,7 +18,7 @@ attempt's reserved blocks, where a write here lands as ``dst`` says (G_FOREIGN).
 
 from __future__ import annotations
 
-from refimpl.api.install import chunk_intact
+from refimpl.api.install import check_blocks, chunk_intact
 from refimpl.api.layers import land_shard, source_of
 from refimpl.engine.base import (
     PREFIX_CACHE,
@@ -224,13 +224,9 @@ class DecodeActions(PrefillActions):
     def _check_end_to_end(self, i: int) -> None:
         """Every installed block, reassembled from the decode ranks, hashes to the
         manifest's checksum (resharding and layout conversion included)."""
-        x = self.rx[i]
-        assert x.manifest is not None
-        hit = self.hit(i)
-        for k, b in enumerate(x.own):
-            want = x.manifest.block_checksums[hit + k - x.manifest.prefix_blocks]
-            if self.D.block_checksum(b) != want:
-                raise ChecksumError(f"r{i} block {hit + k} differs from the manifest")
+        x, hit = self.rx[i], self.hit(i)
+        assert x.manifest is not None  # the Receiver's end-to-end check (``check_blocks``)
+        check_blocks(self.D, x.own, x.manifest, [hit + k for k in range(len(x.own))])
 
     def DecodeCommit(self, req: int) -> None:
         """The commit point: decode becomes the one writer and tells prefill (Ack)."""
