@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, handoff  # noqa: E402
 from refimpl.checksum import bytes_checksum  # noqa: E402
-from refimpl.engine.data import RankPools  # noqa: E402
 from refimpl.pool import KVPool, copy_blocks  # noqa: E402
+from refimpl.rankpools import RankPools  # noqa: E402
 from refimpl.transport import InProcessTransport  # noqa: E402
 from spec.manifest import RopeConfig  # noqa: E402
 

@@ -53,9 +53,10 @@ import safetensors.torch  # noqa: E402
 from refimpl.api import DiskTier, HostTier, KVGeometry, offload, reload  # noqa: E402
 from refimpl.api.disk import Loaded  # noqa: E402
 from refimpl.checksum import block_checksum, byte_view, writable_byte_view  # noqa: E402
-from refimpl.engine.data import RankPools, gen  # noqa: E402
+from refimpl.engine.data import gen  # noqa: E402
 from refimpl.memory import register_kv_caches  # noqa: E402
 from refimpl.memory.registered import RegisteredPools  # noqa: E402
+from refimpl.rankpools import RankPools  # noqa: E402
 from refimpl.testing.crash.disk import MODEL, kill_rounds, sample_file  # noqa: E402
 from refimpl.tiers import kvio  # noqa: E402
 from spec.manifest import Manifest  # noqa: E402

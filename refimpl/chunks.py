@@ -79,9 +79,20 @@ def freeze(
     if checksums is not None and len(checksums) != len(blocks):
         raise ChunkError(f"{len(checksums)} checksums for {len(blocks)} blocks to freeze")
     pool.allocator.incref(pin_name(request_id, epoch), blocks)  # refuses partial replicas
+    payloads, sums = snapshot_bytes(pool, blocks, checksums)
+    return Snapshot(request_id, epoch, blocks, first_block, sums, payloads)
+
+
+def snapshot_bytes(
+    pool: BlockMemory, blocks: Sequence[int], checksums: Sequence[str] | None = None
+) -> tuple[tuple[memoryview, ...], tuple[str, ...]]:
+    """What one rank's chunks of pinned ``blocks`` carry: each block's bytes (zero-copy
+    views on CPU, one staged copy on CUDA) and their xxh3-64 (``checksums``: the
+    writer's own, when given). The one definition of a chunk's payload and checksum: the
+    ``Sender`` (``freeze``) and the reference engine's ``PrefillFreeze`` take it."""
     payloads = tuple(pool.host_bytes(blocks))
     sums = tuple(checksums) if checksums is not None else tuple(map(bytes_checksum, payloads))
-    return Snapshot(request_id, epoch, blocks, first_block, sums, payloads)
+    return payloads, sums
 
 
 def release(pool: BlockMemory, snap: Snapshot) -> list[int]:
@@ -91,7 +102,7 @@ def release(pool: BlockMemory, snap: Snapshot) -> list[int]:
 
 class CanonicalSource(Protocol):
     """Pools that can say whether one rank's block is the canonical block, and hash the
-    canonical blocks otherwise (``refimpl.engine.data.RankPools``)."""
+    canonical blocks otherwise (``refimpl.rankpools.RankPools``)."""
 
     @property
     def canonical(self) -> bool: ...
@@ -190,4 +201,5 @@ __all__ = [
     "pin_name",
     "release",
     "send_chunks",
+    "snapshot_bytes",
 ]

@@ -30,7 +30,7 @@ import torch
 
 from refimpl.api.geometry import ModelIdentity
 from refimpl.api.tokens import read_kv, write_kv
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 from spec.manifest import ROPE_SCALINGS, RopeConfig
 
 # Models whose RoPE rotates interleaved pairs; the Llama family rotates halves (neox).

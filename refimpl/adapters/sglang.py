@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from refimpl.api.tokens import read_kv, write_kv
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 
 
 def _slots(token_slots: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:

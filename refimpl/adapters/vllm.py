@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from refimpl.api.tokens import read_kv, write_kv, write_kv_layer
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 
 LAYOUTS = ("kv_first", "blocks_first", "packed")
 

@@ -56,7 +56,7 @@ import torch
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.checksum import byte_view
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chunk_spans, prefix_keys
 from refimpl.tiers.files import (
     Entry,

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from refimpl.engine.data import RankPools
 from refimpl.pool import TORCH_DTYPES, PoolGeometry
+from refimpl.rankpools import RankPools
 from refimpl.reshard import KVLayout
 from spec import shardmap as sm
 from spec.manifest import DTYPE_BYTES, LocalConfig, Manifest, RopeConfig

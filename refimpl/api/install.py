@@ -21,26 +21,23 @@ overlapping a landed one) is refused before any byte of it is written.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 from refimpl.api import wire
-from refimpl.api.geometry import KVGeometry
 from refimpl.api.intake import Attempt, send_quietly
-from refimpl.api.layers import land_layer_blocks
+from refimpl.api.layers import land_layer_blocks, land_shard
+from refimpl.api.layers import pool_geometry as _pool_geometry
 from refimpl.api.switches import LAYER_READY_ON_STAGING
 from refimpl.api.wire import NACK, channels
 from refimpl.checksum import bytes_checksum
-from refimpl.engine.data import RankPools, land_shard
 from refimpl.errors import ChecksumError, ChunkError, OwnershipError
 from refimpl.memory.views import Landing, copy_hashed, landing, scatter_layer
+from refimpl.rankpools import RankPools
 from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
+from spec.manifest import Manifest
 
 HASH_AS_LANDED = True  # False: hash each chunk, then copy it (the old order; benchmarks)
-
-
-_pool_geometry = lru_cache(maxsize=64)(KVGeometry.rank_pool_geometry)  # one per geometry
 
 
 def _kv(pool: Any) -> Any:
@@ -74,6 +71,40 @@ def _against(header: Mapping[str, Any], actual: str, what: str, landed: bool = F
             f"({actual} != {header.get('checksum')!r:.40})"
         )
     return actual
+
+
+def check_chunk(header: Mapping[str, Any], payload: Payload, what: str) -> str:
+    """The xxh3-64 of a chunk's bytes (``refimpl.checksum``, the one convention), which
+    must be its header's ``checksum`` (else ``ChecksumError`` naming ``what``): the check
+    of a chunk hashed before it is written (here, and the reference engine's decode)."""
+    return _against(header, bytes_checksum(payload), what)
+
+
+def check_blocks(
+    pools: RankPools, blocks: Sequence[int], m: Manifest, indices: Sequence[int]
+) -> int:
+    """End to end: each of ``blocks`` (this side's ids of the manifest's block
+    ``indices``), reassembled from every rank as one heads_major block, hashes to the
+    manifest's checksum (else ``ChecksumError`` naming the block); returns how many
+    passed. The ``Receiver``'s last check before its commit, and the reference engine's
+    ``DecodeValidate``'s."""
+    for i, got in zip(indices, pools.checksums(list(blocks)), strict=True):
+        want = m.block_checksums[i - m.prefix_blocks]
+        if got != want:
+            raise ChecksumError(
+                f"block {i}: bytes hash to {got}, not the manifest's checksum {want}"
+            )
+    return len(indices)
+
+
+def chunk_intact(header: Mapping[str, Any], payload: Payload) -> bool:
+    """``check_chunk`` as a yes or no (the reference engine names a chunk that fails it
+    ``ChunkCorrupt``, and installs nothing of it)."""
+    try:
+        check_chunk(header, payload, "chunk")
+    except ChecksumError:
+        return False
+    return True
 
 
 def _landing(a: Attempt, pools: RankPools, rank: int, layer: int) -> Landing | None:
@@ -113,7 +144,7 @@ def install_block(
         pools.alloc.check_write(rid, [b])
         actual = _against(header, copy_hashed(span, [b], payload), what, landed=True)
     else:
-        actual = _against(header, bytes_checksum(payload), what)
+        actual = check_chunk(header, payload, what)
     expected = m.block_checksums[idx - m.prefix_blocks]
     if canonical and actual != expected:
         raise ChecksumError(
@@ -166,7 +197,7 @@ def install_layer(
         pools.alloc.check_write(rid, targets)
         checksum = _against(header, copy_hashed(span, targets, view), what, landed=True)
     else:
-        checksum = _against(header, bytes_checksum(view), what)
+        checksum = check_chunk(header, view, what)
     if a.staging is not None:
         staged = a.staging.alloc.blocks_of(rid)[j0 : j0 + count]
         a.staging.alloc.check_write(rid, staged)

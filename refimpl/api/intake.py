@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry
-from refimpl.api.layers import LayerStream
+from refimpl.api.layers import LayerStream, rank_pieces
 from refimpl.api.wire import ABORT, NACK, READY, State
-from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
     CapacityError,
@@ -38,8 +37,9 @@ from refimpl.errors import (
     OwnershipError,
 )
 from refimpl.memory.views import Landing
+from refimpl.rankpools import RankPools
 from spec import shardmap as sm
-from spec.manifest import Manifest, check_compatible
+from spec.manifest import LocalConfig, Manifest, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
 from spec.manifest import from_json_dict as manifest_from_json
 from spec.manifest_fields import MAX_PARALLEL
@@ -63,7 +63,7 @@ class Attempt:
     prefix: int  # how many of ``target`` are prefix blocks (not written)
     src: KVGeometry  # the sender's geometry
     ranks: list[int]  # source primaries: one chunk per (rank, sent block)
-    pieces: dict[int, list[sm.HeadPiece]]  # source rank -> its pieces of the TP plan
+    pieces: Mapping[int, Sequence[sm.HeadPiece]]  # source rank -> its pieces of the plan
     staging: RankPools | None  # sender's geometry, when the block size differs
     stream: LayerStream | None = None  # a streamed offer: chunks per layer, seals per rank
     ranked: bool = False  # one Sender per source rank: replies go to each rank's channel
@@ -183,14 +183,22 @@ def send_quietly(transport: Any, channel: str, header: Mapping[str, Any]) -> str
     return ""
 
 
+def manifest_gate(obj: object, local: LocalConfig) -> tuple[Manifest, tuple[str, ...]]:
+    """A peer's manifest, parsed (spec ``from_json_dict``: ``SpecManifestError`` naming
+    what is malformed), and every reason ``check_compatible`` refuses it on a side running
+    ``local`` (empty: compatible). The one gate of the ``Receiver``'s intake and of the
+    reference engine's decode (``manifest_refusals``)."""
+    m = manifest_from_json(obj)
+    return m, tuple(check_compatible(m, local).reasons)
+
+
 def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Attempt:
     """Check and reserve; raises the refusal (nothing kept)."""
     try:
-        m = manifest_from_json(header.get("manifest"))
+        m, why = manifest_gate(header.get("manifest"), rx.local)
     except SpecManifestError as e:
         raise ManifestError.from_spec(e) from None
-    verdict = check_compatible(m, rx.local)
-    reasons = list(verdict.reasons) if rx.manifest_gate else []
+    reasons = list(why) if rx.manifest_gate else []
     if m.request_id != rid:
         reasons.append(f"request_id: {m.request_id!r} on the channel of {rid!r}")
     if m.src_cp != 1:
@@ -245,9 +253,8 @@ def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Att
         alloc.quarantine(rid)  # nothing was written: free at once
         alloc.unquarantine_and_free(rid, m.epoch)
         raise
-    plan = sm.tp_reshard_plan(m.kv_heads, m.src_tp, g.tp)
-    ranks = [r for r in range(m.src_tp) if sm.tp_is_primary(m.kv_heads, m.src_tp, r)]
-    pieces = {r: [p for p in plan if p.src_rank == r] for r in ranks}
+    pieces = rank_pieces(m.kv_heads, m.src_tp, g.tp)  # the primaries' (``layers.source_of``)
+    ranks = list(pieces)
     stream = LayerStream(m.num_layers, ranks, len(m.sent_blocks)) if layers is not None else None
     ranked = header.get("ranked") is True
     a = Attempt(m, [*ex.prefix, *own], len(ex.prefix), src, ranks, pieces, staging, stream, ranked)

@@ -26,19 +26,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
+from refimpl.api.geometry import KVGeometry
 from refimpl.api.wire import SEAL as SEAL
 from refimpl.checksum import (
     Buffer,
     is_checksum,
     tensor_from_bytes,
 )
-from refimpl.engine.data import RankPools
 from refimpl.errors import ChecksumError, ChunkError
 from refimpl.memory.views import scatter_layer, write_bytes
 from refimpl.pool import PoolGeometry
+from refimpl.rankpools import HEADS_MAJOR, RankPools
 from spec import shardmap as sm
+from spec.manifest import Manifest
 
 Chunk = tuple[int, int, int, str]  # (layer, block_index, blocks, checksum), as a seal lists it
 
@@ -163,6 +167,59 @@ def _entry(c: object) -> bool:
         and all(type(x) is int and x >= 0 for x in c[:3])
         and is_checksum(c[3])
     )
+
+
+# ------------------------------------------------------------ where a chunk lands
+pool_geometry = lru_cache(maxsize=64)(KVGeometry.rank_pool_geometry)  # one per geometry
+
+
+@lru_cache(maxsize=64)
+def rank_pieces(kv_heads: int, src_tp: int, dst_tp: int) -> Mapping[int, tuple[sm.HeadPiece, ...]]:
+    """Each primary source rank's pieces of the TP reshard plan (read only; a replica
+    rank, which sends nothing the plan reads, is not in it)."""
+    plan = sm.tp_reshard_plan(kv_heads, src_tp, dst_tp)
+    ranks = [r for r in range(src_tp) if sm.tp_is_primary(kv_heads, src_tp, r)]
+    return MappingProxyType({r: tuple(p for p in plan if p.src_rank == r) for r in ranks})
+
+
+def source_of(
+    m: Manifest, dst_tp: int
+) -> tuple[PoolGeometry, Mapping[int, tuple[sm.HeadPiece, ...]]]:
+    """The sender's per-rank block geometry as the manifest states it, and the reshard
+    pieces of each of its primary ranks onto ``dst_tp`` ranks (one definition: the
+    ``Receiver``'s intake and the reference engine's decode both read chunks by it)."""
+    src = KVGeometry.from_manifest_source(m)
+    return pool_geometry(src), rank_pieces(m.kv_heads, m.src_tp, dst_tp)
+
+
+def land_shard(
+    dst: RankPools,
+    pieces: Sequence[sm.HeadPiece],
+    src_geometry: PoolGeometry,
+    payload: Buffer,
+    b: int,
+) -> None:
+    """Write one source rank's block bytes into block ``b`` of the destination ranks.
+
+    ``pieces`` are the reshard plan's pieces reading that source rank; the payload is in
+    the sender's layout, the destination is permuted on the fly (incident 3: the layout
+    is the manifest's, never assumed). Nothing is checked here: the caller verified the
+    bytes and asked the block table (``install_block``; the engine's ``DecodeReceiveChunk``,
+    whose write to blocks it does not hold is the mutants' damage, G_FOREIGN).
+    """
+    if (
+        len(pieces) == 1
+        and src_geometry == dst.geometry
+        and pieces[0].src_slice == pieces[0].dst_slice == slice(0, dst.geometry.kv_heads)
+    ):  # the same block on both sides: its bytes as they are (one memcpy where contiguous)
+        dst.pools[pieces[0].dst_rank].write_raw(b, payload)
+        return
+    shard = tensor_from_bytes(payload, src_geometry.dtype, src_geometry.block_shape)
+    shard = shard.permute(sm.layout_permutation(src_geometry.layout, HEADS_MAJOR))
+    for pc in pieces:
+        for li in range(dst.geometry.num_layers):
+            view = dst.hm_layer(pc.dst_rank, li, b)
+            view[:, pc.dst_slice].copy_(shard[li, :, pc.src_slice])
 
 
 def land_layer(

@@ -41,7 +41,7 @@ from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.handoff import Handoff, HandoffResult
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 from refimpl.tiers.host import HostTier, Kept
 from refimpl.tiers.moves import Reloaded, start_offload, start_reload
 from refimpl.tiers.transfer import Transfer

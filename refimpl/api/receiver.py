@@ -32,7 +32,7 @@ from typing import Any
 
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.install import ChunkIntake
+from refimpl.api.install import ChunkIntake, check_blocks
 from refimpl.api.intake import (
     Attempt,
     Expect,
@@ -52,15 +52,14 @@ from refimpl.api.switches import (
 from refimpl.api.tokens import read_kv, write_kv_layer
 from refimpl.api.unrevocable import quarantine as qr
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, Incarnated, State, channels
-from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
-    ChecksumError,
     DecodeFailedError,
     InUseError,
     OwnershipError,
     StaleError,
 )
+from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 from spec.manifest import Manifest
 
@@ -337,18 +336,11 @@ class Receiver(ChunkIntake, Incarnated):
             todo = [i for i in m.sent_blocks if i not in a.verified]
             if a.staging is not None:
                 ids = a.staging.alloc.blocks_of(rid)
-                sums = a.staging.checksums([ids[i - m.prefix_blocks] for i in todo])
+                where = [ids[i - m.prefix_blocks] for i in todo]
+                a.checks += check_blocks(a.staging, where, m, todo)
             else:
-                sums = self.pools.checksums(
-                    [a.target[a.prefix + i - m.prefix_blocks] for i in todo]
-                )
-            for i, got in zip(todo, sums, strict=True):
-                want = m.block_checksums[i - m.prefix_blocks]
-                if got != want:
-                    raise ChecksumError(
-                        f"block {i}: bytes hash to {got}, not the manifest's checksum {want}"
-                    )
-                a.checks += 1
+                where = [a.target[a.prefix + i - m.prefix_blocks] for i in todo]
+                a.checks += check_blocks(self.pools, where, m, todo)
             if a.staging is not None and m.sent_blocks:
                 self._unstage(a, [x for x in range(m.num_layers) if x not in a.unstaged])
             alloc.commit(rid, m.epoch)

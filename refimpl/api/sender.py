@@ -66,8 +66,8 @@ from refimpl.api.wire import (
 from refimpl.checksum import is_checksum
 from refimpl.chunks import Snapshot, build_manifest, freeze, release, send_chunks
 from refimpl.chunks import manifest_checksums as canonical_sums
-from refimpl.engine.data import RankPools
 from refimpl.errors import ChunkError, InUseError
+from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 from spec import shardmap as sm
 from spec.manifest import Manifest

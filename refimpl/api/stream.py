@@ -34,9 +34,9 @@ from refimpl.api.switches import STREAM_READS_AT_READY
 from refimpl.api.wire import CHUNK, MANIFEST, SEAL, Incarnations, State, channels, stamp
 from refimpl.checksum import byte_view, bytes_checksum, hasher
 from refimpl.chunks import Snapshot, build_manifest
-from refimpl.engine.data import RankPools
 from refimpl.errors import ChunkError
 from refimpl.memory.views import gather_layer, piece_bytes
+from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 from spec.manifest import LocalConfig, Manifest
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 
 
 def _runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:

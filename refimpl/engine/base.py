@@ -25,17 +25,18 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from refimpl.api.geometry import KVGeometry
+from refimpl.api.install import chunk_intact
+from refimpl.api.intake import manifest_gate
 from refimpl.blocks import BlockStatus
-from refimpl.checksum import bytes_checksum
 from refimpl.chunks import pin_name
-from refimpl.engine.data import RankPools, gen, token_chain
+from refimpl.engine.data import gen, token_chain
 from refimpl.engine.wire import Wire, channel, parse
 from refimpl.errors import OwnershipError
-from refimpl.pool import PoolGeometry
+from refimpl.rankpools import RankPools
 from refimpl.transport import Payload
-from spec import shardmap as sm
 from spec.config import Config
-from spec.manifest import LocalConfig, Manifest, RopeConfig, check_compatible, from_json_dict
+from spec.manifest import LocalConfig, Manifest, RopeConfig
 from spec.manifest import ManifestError as SpecManifestError
 from spec.mutants import MUTANTS
 from spec.state import (
@@ -180,8 +181,9 @@ class EngineBase:
             cp=1,
         )
         self.d_local = replace(self.p_local, layout=decode_layout, tp=c.dst_tp)
-        self.p_geo = PoolGeometry.of_local(self.p_local, sm.tp_local_heads(h, c.src_tp))
-        d_geo = PoolGeometry.of_local(self.d_local, sm.tp_local_heads(h, c.dst_tp))
+        # one rank's block shape on each side: the API's one geometry type, ``KVGeometry``
+        self.p_geo = KVGeometry.from_local_config(self.p_local).rank_pool_geometry()
+        d_geo = KVGeometry.from_local_config(self.d_local).rank_pool_geometry()
         m = self.m
         p_guards = set()
         if m & {"source_writes_while_frozen", "reload_during_store"}:
@@ -329,7 +331,7 @@ class EngineBase:
         refuses is HandoffBadManifest."""
         h = parse(text)
         kind: str = h["kind"]
-        if kind == "Chunk" and bytes_checksum(data) != h.get("checksum"):
+        if kind == "Chunk" and not chunk_intact(h, data):
             return "ChunkCorrupt"
         if kind == "Handoff" and self.manifest_refusals(text):
             return "HandoffBadManifest"
@@ -339,14 +341,12 @@ class EngineBase:
         """Every reason decode refuses the manifest of a Handoff (memoised by its text)."""
         v = self._verdicts.get(text)
         if v is None:
-            try:
-                m = from_json_dict(parse(text).get("manifest"))
+            try:  # the Receiver's gate (``refimpl.api.intake.manifest_gate``)
+                v = manifest_gate(parse(text).get("manifest"), self.d_local)[1]
             except SpecManifestError as e:  # the spec's class: refimpl's subclasses it
                 v = tuple(e.reasons)
             except StrictJSONError as e:  # not strict JSON (NaN, too deep): no manifest
                 v = (str(e),)
-            else:
-                v = check_compatible(m, self.d_local).reasons
             self._verdicts[text] = v
         return v
 

@@ -1,34 +1,22 @@
-"""Tensor helpers of the engine: deterministic KV, TP-sharded pools, block views, reshards.
+"""The engine's seeded test data: deterministic KV (``gen``), stable seeds and the
+prefix cache's content-hash chain (``token_chain``).
 
-Every pool keeps one TP rank's heads; the ranks of one worker share one block table
-(one ``BlockAllocator``), as TP workers do in vLLM. Shapes (H = all KV heads):
-
-    rank pool kv    [capacity, layers, 2, H/tp, block_size, head_dim]   heads_major
-                    [capacity, layers, 2, block_size, H/tp, head_dim]   tokens_major
-    full replica    [n, layers, 2, H, block_size, head_dim]             heads_major
-    token KV        [layers, 2, H, head_dim]                             one slot
-    chunk payload   bytes of one source rank's block, in the sender's layout
-
-Head placement comes from ``spec.shardmap`` (``tp_heads``, ``tp_reshard_plan``); axis
-orders from ``spec.shardmap.layout_permutation``. Nothing here decides protocol questions.
+The pools are ``refimpl.rankpools.RankPools`` (one per TP rank, one block table), the
+same type the API's ``Sender``/``Receiver`` hold; a chunk lands through the API's
+``refimpl.api.layers.land_shard``. ``RankPools`` is named here too for the modules that
+still import it from here (``refimpl/cluster/ends.py``, ``refimpl/testing/on_api``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from functools import lru_cache
+from collections.abc import Sequence
 
 import torch
 import xxhash
 
-from refimpl.blocks import BlockAllocator
-from refimpl.checksum import Buffer, block_checksum, byte_view, tensor_from_bytes
-from refimpl.memory.interface import BlockMemory
-from refimpl.pool import TORCH_DTYPES, KVPool, PoolGeometry
-from spec import shardmap as sm
-from spec.manifest import Manifest
+from refimpl.rankpools import RankPools
 
-HEADS_MAJOR = "heads_major"
+__all__ = ["RankPools", "gen", "seed_of", "token_chain"]
 
 
 def seed_of(*parts: object) -> int:
@@ -51,202 +39,3 @@ def token_chain(tokens: Sequence[int], block_size: int) -> list[str]:
         h = xxhash.xxh3_64_hexdigest((h + ":" + ",".join(map(str, blk))).encode())
         out.append(h)
     return out
-
-
-class RankPools:
-    """One worker's (or tier's) pools, one per TP rank, sharing one block table.
-
-    ``memory``: the ranks' memories when not kvown's own pools (an engine's registered
-    caches, ``refimpl.memory.register_kv_caches``); ``table``: the block table's class."""
-
-    def __init__(
-        self,
-        tp: int,
-        kv_heads: int,
-        geometry: PoolGeometry,
-        capacity: int,
-        *,
-        host: bool = False,
-        device: str | None = None,
-        disabled_guards: Iterable[str] = (),
-        memory: Sequence[BlockMemory] | None = None,
-        table: type[BlockAllocator] = BlockAllocator,
-    ) -> None:
-        self.tp, self.kv_heads, self.geometry = tp, kv_heads, geometry
-        self.guards, self._table = frozenset(disabled_guards), table
-        self.heads = [sm.tp_heads(kv_heads, tp, r) for r in range(tp)]
-        self.primaries = [r for r in range(tp) if sm.tp_is_primary(kv_heads, tp, r)]
-        self.pools: list[BlockMemory] = list(memory or ())
-        for _ in range(tp if memory is None else 0):
-            pool: BlockMemory
-            if device is not None:
-                pool = KVPool(capacity, geometry, device=device, pin_memory=False)
-            elif host:
-                pool = KVPool.host_pool(capacity, geometry)
-            else:
-                pool = KVPool.device_pool(capacity, geometry)
-            self.pools.append(pool)
-        self.reset()
-        # to_hm: a block of this layout -> heads_major (for a stacked [n, ...] tensor: +1)
-        self.to_hm = sm.layout_permutation(geometry.layout, HEADS_MAJOR)
-
-    def reset(self) -> None:
-        """Forget every block (a crash): one fresh allocator, zeroed memory (kvown's own;
-        an engine's registered memory is left as it is)."""
-        self.alloc = self._table(self.pools[0].capacity, disabled_guards=self.guards)
-        for pool in self.pools:
-            pool.allocator = self.alloc  # one block table for all TP ranks
-            pool.clear()
-
-    @property
-    def canonical(self) -> bool:
-        """One rank holding every head, heads_major: a block is already a full block."""
-        return self.tp == 1 and self.geometry.layout == HEADS_MAJOR
-
-    @property
-    def device(self) -> torch.device:
-        return self.pools[0].device
-
-    def hm_block(self, rank: int, b: int) -> torch.Tensor:
-        """View of block ``b`` on ``rank`` as heads_major [layers, 2, h, bs, head_dim]."""
-        return self.pools[rank].kv[b].permute(self.to_hm)
-
-    def hm_layer(self, rank: int, layer: int, b: int) -> torch.Tensor:
-        """View of layer ``layer`` of block ``b`` on ``rank``: [2, h, bs, head_dim]."""
-        return self.pools[rank].layer(layer)[b].permute([p - 1 for p in self.to_hm[1:]])
-
-    def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
-        """A copy of the full replica: [n, layers, 2, H, bs, head_dim] on CPU."""
-        g = self.geometry
-        out = torch.empty(
-            (len(block_ids), g.num_layers, g.num_fields, self.kv_heads, g.block_size, g.head_dim),
-            dtype=g.dtype,
-        )
-        if not block_ids:
-            return out
-        perm = (0, *(p + 1 for p in self.to_hm))
-        for r in self.primaries:
-            h = self.heads[r]
-            if self.device.type != "cpu":  # one batched read, one D2H copy
-                out[:, :, :, h.start : h.stop] = (
-                    self.pools[r].read_blocks(block_ids).permute(perm).cpu()
-                )
-                continue
-            for k, b in enumerate(block_ids):  # straight from the views: one copy
-                for li in range(g.num_layers):
-                    out[k, li, :, h.start : h.stop].copy_(self.hm_layer(r, li, b))
-        return out
-
-    def block_checksum(self, b: int) -> str:
-        """xxh3 of block ``b`` as one full heads_major block (the manifest's checksum)."""
-        return self.checksums([b])[0]
-
-    def checksums(self, block_ids: Sequence[int]) -> list[str]:
-        """The manifest's checksum of each block: xxh3 of the full heads_major block,
-        hashed in place when one rank already holds it in that layout, else layer by
-        layer on CPU (xxh3 streams: the same digest) through one reused buffer of a
-        layer of the blocks, gathered in one copy per layer and rank (no fresh copy of
-        whole blocks: a fresh buffer's first touch costs more than the copy)."""
-        if self.canonical and self.device.type == "cpu":
-            return [block_checksum(self.pools[0].block(b)) for b in block_ids]
-        if self.device.type != "cpu" or not block_ids:
-            return [block_checksum(full) for full in self.gather(block_ids)]
-        g, n = self.geometry, len(block_ids)
-        buf = torch.empty((n, g.num_fields, self.kv_heads, g.block_size, g.head_dim), dtype=g.dtype)
-        raw, per = byte_view(buf), buf[0].numel() * buf.element_size()
-        idx = torch.as_tensor(list(block_ids), dtype=torch.long)
-        hashes = [xxhash.xxh3_64() for _ in block_ids]
-        for li in range(g.num_layers):
-            for r in self.primaries:
-                hs, lv = self.heads[r], self.pools[r].layer(li).permute(self.to_hm)
-                if len(self.primaries) == 1:
-                    torch.index_select(lv, 0, idx, out=buf)
-                else:
-                    buf[:, :, hs.start : hs.stop] = lv.index_select(0, idx)
-            for k, h in enumerate(hashes):
-                h.update(raw[k * per : (k + 1) * per])
-        return [h.hexdigest() for h in hashes]
-
-    def write_full(self, holder: str, block_ids: Sequence[int], full: torch.Tensor) -> None:
-        """Write a full replica ``[n, layers, 2, H, bs, D]`` into the ranks (checked first)."""
-        self.alloc.check_write(holder, block_ids)
-        self.write_full_raw(block_ids, full)
-
-    def write_full_raw(self, block_ids: Sequence[int], full: torch.Tensor) -> None:
-        for r in range(self.tp):
-            h = self.heads[r]
-            for k, b in enumerate(block_ids):
-                for li in range(self.geometry.num_layers):
-                    self.hm_layer(r, li, b).copy_(full[k, li, :, h.start : h.stop])
-
-    def write_token(self, holder: str | None, b: int, slot: int, tok: torch.Tensor) -> None:
-        """Write one slot's KV ``[layers, 2, H, D]`` into block ``b`` of every rank.
-
-        ``holder`` None writes without asking the allocator (only a mutant does that).
-        """
-        if holder is not None:
-            self.alloc.check_write(holder, [b])
-        for r in range(self.tp):
-            h = self.heads[r]
-            for li in range(self.geometry.num_layers):
-                self.hm_layer(r, li, b)[:, :, slot].copy_(tok[li, :, h.start : h.stop])
-
-    def shard_bytes(self, rank: int, b: int) -> Buffer:
-        """Bytes of block ``b`` on ``rank`` (zero-copy on CPU, staged on CUDA)."""
-        return self.pools[rank].host_bytes([b])[0]
-
-
-def land_shard(
-    dst: RankPools,
-    pieces: Sequence[sm.HeadPiece],
-    src_geometry: PoolGeometry,
-    payload: Buffer,
-    b: int,
-) -> None:
-    """Write one source rank's block bytes into block ``b`` of the destination ranks.
-
-    ``pieces`` are the reshard plan's pieces reading that source rank; the payload is in
-    the sender's layout, the destination is permuted on the fly (incident 3: the layout
-    is the manifest's, never assumed).
-    """
-    if (
-        len(pieces) == 1
-        and src_geometry == dst.geometry
-        and pieces[0].src_slice == pieces[0].dst_slice == slice(0, dst.geometry.kv_heads)
-    ):  # the same block on both sides: its bytes as they are (one memcpy where contiguous)
-        dst.pools[pieces[0].dst_rank].write_raw(b, payload)
-        return
-    shard = tensor_from_bytes(payload, src_geometry.dtype, src_geometry.block_shape)
-    shard = shard.permute(sm.layout_permutation(src_geometry.layout, HEADS_MAJOR))
-    for pc in pieces:
-        for li in range(dst.geometry.num_layers):
-            view = dst.hm_layer(pc.dst_rank, li, b)
-            view[:, pc.dst_slice].copy_(shard[li, :, pc.src_slice])
-
-
-@lru_cache(maxsize=64)
-def _source_layout(
-    m_key: tuple[int, int, int, int, int, int, str, str],
-) -> tuple[PoolGeometry, tuple[tuple[sm.HeadPiece, ...], ...]]:
-    """The sender's per-rank block geometry and the reshard pieces per source rank."""
-    layers, fields, heads, src_tp, dst_tp, bs_hd, dtype, layout = m_key
-    bs, hd = divmod(bs_hd, 1 << 16)
-    geo = PoolGeometry(
-        layers, fields, sm.tp_local_heads(heads, src_tp), bs, hd, TORCH_DTYPES[dtype], layout
-    )
-    plan = sm.tp_reshard_plan(heads, src_tp, dst_tp)
-    return geo, tuple(tuple(pc for pc in plan if pc.src_rank == r) for r in range(src_tp))
-
-
-def source_layout(m: Manifest) -> tuple[PoolGeometry, tuple[tuple[sm.HeadPiece, ...], ...]]:
-    key = (
-        m.num_layers,
-        len(m.cache_fields),
-        m.kv_heads,
-        m.src_tp,
-        m.dst_tp,
-        (m.block_size << 16) | m.head_dim,
-        m.dtype,
-        m.layout,
-    )
-    return _source_layout(key)

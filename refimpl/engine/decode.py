@@ -9,13 +9,17 @@ write to the physical blocks named in its header (decode's Ready told prefill wh
   the chunk's checksum and installed only if they match (else the attempt is corrupt);
 - anything else: the bytes land, unchecked, in whatever those blocks hold now. This is
   the damage the mutants show (vllm #32255), and the ghost flag ``G_FOREIGN`` records it.
+
+The data plane is the ``Receiver``'s: ``manifest_gate``, ``source_of``, ``chunk_intact``,
+``land_shard`` (``refimpl.api``). Not ``install_block`` whole: it refuses a canonical block
+unlike the manifest at once (the spec: at ``DecodeValidate``) and never lands outside its
+attempt's reserved blocks, where a write here lands as ``dst`` says (G_FOREIGN).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from refimpl.checksum import bytes_checksum
+from refimpl.api.install import check_blocks, chunk_intact
+from refimpl.api.layers import land_shard, source_of
 from refimpl.engine.base import (
     PREFIX_CACHE,
     RX_COMMITTED,
@@ -26,7 +30,7 @@ from refimpl.engine.base import (
     NotEnabled,
     RankError,
 )
-from refimpl.engine.data import land_shard, source_layout, token_chain
+from refimpl.engine.data import token_chain
 from refimpl.engine.inflight import step_guard
 from refimpl.engine.prefill import PrefillActions
 from refimpl.engine.transfer_rules import may_fence, quarantine_over
@@ -53,12 +57,9 @@ class DecodeActions(PrefillActions):
         if not self.prefix_blocks:
             return 0
         chain = token_chain(tokens, self.d_local.block_size)
-        hit = 0
-        for mine, theirs in zip(self.prefix_chain, chain, strict=False):
-            if mine != theirs:
-                break
-            hit += 1
-        return hit
+        both = min(len(self.prefix_chain), len(chain))  # every pair of the two equal: all
+        pairs = zip(self.prefix_chain, chain, strict=False)
+        return next((k for k, (mine, theirs) in enumerate(pairs) if mine != theirs), both)
 
     def _room(self, i: int, need: int) -> bool:
         """Room on decode for request i's ``need`` blocks (and, with slots, its slot)."""
@@ -102,7 +103,7 @@ class DecodeActions(PrefillActions):
         if epoch <= x.dep or self.fenced(msg):
             raise StaleError(f"Handoff of epoch {epoch}; decode has seen epoch {x.dep}, or inc")
         text = self.wire.entries(ch)[k][0]
-        m = from_json_dict(self._header(text)["manifest"])  # the sender built it: parses
+        m = from_json_dict(parse(text)["manifest"])  # the sender built it: parses
         reasons = self.manifest_refusals(text)
         hit = self._prefix_hit(m.token_ids)
         need = m.num_blocks - hit
@@ -128,7 +129,7 @@ class DecodeActions(PrefillActions):
         if self.fenced(msg):
             raise self._ne("DecodeReject", i)
         text = self.wire.entries(ch)[k][0]
-        m = from_json_dict(self._header(text)["manifest"])
+        m = from_json_dict(parse(text)["manifest"])
         room = self._room(i, m.num_blocks - self._prefix_hit(m.token_ids))
         if self.req[i].status == RUNNING and room and not self.manifest_refusals(text):
             raise self._ne("DecodeReject", i)
@@ -138,13 +139,14 @@ class DecodeActions(PrefillActions):
         self.send(i, "Nack", epoch)
 
     def DecodeReceiveChunk(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
-        """A one-sided write lands: it goes wherever its header points, held or not."""
+        """A one-sided write lands wherever its header points, held or not (the Receiver's
+        check and landing; not ``install_block``: see the module's docstring)."""
         i, x = req, self.rx[req]
         ch, k = self.find(i, msg, epoch, idx)
         if not self.d_up or msg not in ("Chunk", "ChunkCorrupt", "ChunkUnstaged"):
             raise self._ne("DecodeReceiveChunk", i)
         text, data = self.wire.entries(ch)[k]
-        h = self._header(text)
+        h = parse(text)
         if self.fenced(msg):  # to a dead incarnation's registration: the write fails
             self.wire.take(ch, k)
             return
@@ -152,24 +154,25 @@ class DecodeActions(PrefillActions):
         # old registration maps a write of the sender's layout onto the new pool)
         manifest = x.manifest if x.manifest is not None else self.frozen_manifest[i]
         assert manifest is not None
-        geo, pieces = source_layout(manifest)
+        geo, pieces = source_of(manifest, self.D.tp)  # the Receiver's reading of the manifest
+        shard = pieces.get(h["rank"], ())  # a replica rank's heads: nothing to land
         if epoch == x.dep and x.fenced and self.wire.revocable:
             self.wire.take(ch, k)  # fails at the closed connection
             return
         if epoch == x.dep and x.phase in (RX_WAITING, RX_QUARANTINED):
-            ok = bytes_checksum(data) == h["checksum"]
-            if ok and x.phase == RX_WAITING:
+            ok = chunk_intact(h, data)  # hashed before a byte is written (spec: nothing
+            if ok and x.phase == RX_WAITING:  # of a corrupt chunk is installed)
                 self.D.alloc.check_write(self.rid(i), [h["dst"]])
             self.wire.take(ch, k)
             if ok:  # verified: install (resharded, relaid out)
-                land_shard(self.D, pieces[h["rank"]], geo, data, h["dst"])
+                land_shard(self.D, shard, geo, data, h["dst"])
             else:
                 x.corrupt = True  # nothing installed
             x.landed |= 1 << idx
             return
         self.wire.take(ch, k)
-        land_shard(self.D, pieces[h["rank"]], geo, data, h["dst"])  # unchecked, not ours
-        self.req[i].ghost |= G_FOREIGN
+        land_shard(self.D, shard, geo, data, h["dst"])  # unchecked, not ours (the Receiver
+        self.req[i].ghost |= G_FOREIGN  # refuses this by design: the mutants' damage)
 
     def DecodeReceiveDone(self, req: int, msg: str, epoch: int, idx: int = 0) -> None:
         i, x = req, self.rx[req]
@@ -221,13 +224,9 @@ class DecodeActions(PrefillActions):
     def _check_end_to_end(self, i: int) -> None:
         """Every installed block, reassembled from the decode ranks, hashes to the
         manifest's checksum (resharding and layout conversion included)."""
-        x = self.rx[i]
-        assert x.manifest is not None
-        hit = self.hit(i)
-        for k, b in enumerate(x.own):
-            want = x.manifest.block_checksums[hit + k - x.manifest.prefix_blocks]
-            if self.D.block_checksum(b) != want:
-                raise ChecksumError(f"r{i} block {hit + k} differs from the manifest")
+        x, hit = self.rx[i], self.hit(i)
+        assert x.manifest is not None  # the Receiver's end-to-end check (``check_blocks``)
+        check_blocks(self.D, x.own, x.manifest, [hit + k for k in range(len(x.own))])
 
     def DecodeCommit(self, req: int) -> None:
         """The commit point: decode becomes the one writer and tells prefill (Ack)."""
@@ -394,7 +393,3 @@ class DecodeActions(PrefillActions):
         if msg == "RankDone" and "stale_epoch_accepted" in self.m and x.phase == RX_WAITING:
             raise self._ne("DecodeDiscard", i)  # the mutant counts it instead
         self.wire.take(ch, k)
-
-    @staticmethod
-    def _header(text: str) -> dict[str, Any]:
-        return parse(text)

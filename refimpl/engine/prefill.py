@@ -8,8 +8,14 @@ names the same property the spec's refusal names.
 
 from __future__ import annotations
 
-from refimpl.checksum import bytes_checksum
-from refimpl.chunks import Snapshot, build_manifest, manifest_checksums, pin_name
+from refimpl.chunks import (
+    Snapshot,
+    build_manifest,
+    freeze,
+    manifest_checksums,
+    pin_name,
+    snapshot_bytes,
+)
 from refimpl.engine.base import (
     LoadStoreError,
     NotEnabled,
@@ -222,12 +228,15 @@ class PrefillActions(CopyBase):
         step_guard(self, i, "p", "freeze")
         rid, e = self.rid(i), self._next_epoch(r)
         blocks = self.P.alloc.blocks_of(rid)
-        self.P.alloc.incref(pin_name(rid, e), blocks)  # the snapshot: read-only until released
+        # the Sender's freeze: pinned (read-only until released), rank 0's bytes and sums
+        pin = freeze(self.P.pools[0], rid, e, blocks=blocks)
         self.frozen_truth[i] = self.truth[i]  # shared until the next write
-        r.payloads = [[self.P.shard_bytes(k, b) for b in blocks] for k in range(self.P.tp)]
-        r.checksums = [[bytes_checksum(p) for p in rank] for rank in r.payloads]
-        full = manifest_checksums(self.P, blocks, r.checksums[0])  # the API's convention
-        snap = Snapshot(rid, e, blocks, 0, full, ())
+        snaps = [(pin.payloads, pin.checksums)]
+        snaps += [snapshot_bytes(pool, blocks) for pool in self.P.pools[1:]]  # every rank's
+        r.payloads = [list(payloads) for payloads, _ in snaps]  # one rank's chunks each
+        r.checksums = [list(sums) for _, sums in snaps]
+        full = manifest_checksums(self.P, blocks, pin.checksums)  # the API's convention
+        snap = Snapshot(rid, e, blocks, 0, full, ())  # the Sender's one manifest builder
         m = build_manifest(snap, self.p_local, token_ids=self.tokens[i], dst_tp=c.dst_tp, dst_cp=1)
         self.send(i, "Handoff", e, manifest=m.to_json_dict())
         self.frozen_manifest[i] = m

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from refimpl.checksum import Buffer, byte_view, tensor_from_bytes
-from refimpl.engine.data import RankPools
 from refimpl.memory.engine_blocks import EngineBlocks
 from refimpl.memory.interface import BlockMemory
 from refimpl.memory.layouts import cross_view, layer_view, layout
 from refimpl.memory.views import write_bytes
 from refimpl.pool import PoolGeometry, check_block_source
+from refimpl.rankpools import RankPools
 
 if TYPE_CHECKING:
     from refimpl.api.geometry import KVGeometry

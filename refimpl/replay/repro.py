@@ -10,8 +10,9 @@ import torch
 
 from model_checks.explicit.trace import TraceError, replay
 from refimpl.engine import Engine
-from refimpl.engine.data import RankPools, gen
+from refimpl.engine.data import gen
 from refimpl.errors import OwnershipError
+from refimpl.rankpools import RankPools
 from refimpl.replay.common import (
     _NEVER,
     _PRIORITY,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.engine.data import RankPools
 from refimpl.errors import MissError
+from refimpl.rankpools import RankPools
 from refimpl.tiers.chunks import CHUNK_TOKENS, chunk_spans, prefix_keys
 from refimpl.tiers.files import TornFileError
 from refimpl.tiers.kvio import chunk_data, land_chunk

@@ -37,8 +37,8 @@ from refimpl.checksum import (
     hasher,
     writable_byte_view,
 )
-from refimpl.engine.data import RankPools
 from refimpl.memory.interface import BlockMemory
+from refimpl.rankpools import RankPools
 from refimpl.tiers.files import Header, Stopped, TornFileError
 
 TENSOR = "kv"

@@ -25,8 +25,8 @@ from typing import Any
 
 from refimpl.api.disk import DiskTier, Miss, Stored
 from refimpl.api.geometry import KVGeometry
-from refimpl.engine.data import RankPools
 from refimpl.errors import MissError
+from refimpl.rankpools import RankPools
 from refimpl.tiers.chunks import chunk_spans
 from refimpl.tiers.files import TornFileError
 from refimpl.tiers.kvio import chunk_data, direct

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 from refimpl.tiers.files import Header
 from spec.manifest import Manifest
 

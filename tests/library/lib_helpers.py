@@ -20,7 +20,7 @@ import torch
 
 from refimpl import pool as kvpool
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, write_kv
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 from refimpl.transport import InProcessTransport
 from spec.manifest import RopeConfig
 

@@ -14,8 +14,8 @@ import torch
 
 from refimpl.api import DiskTier, KVGeometry, ModelIdentity, Stored, offload, reload
 from refimpl.api.disk import Loaded, Miss
-from refimpl.engine.data import RankPools
 from refimpl.errors import CapacityError, MissError
+from refimpl.rankpools import RankPools
 from refimpl.tiers import files
 from spec.manifest import RopeConfig
 

@@ -11,7 +11,7 @@ from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.switches import RANK_RECEIVER_SWITCHES, READY_ON_OWN_INSTALL, check_switches
 from refimpl.api.wire import ABORT, State
-from refimpl.engine.data import RankPools
+from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 
 __all__ = ["RankReceiver"]

@@ -11,8 +11,8 @@ from refimpl.api.ranks.group import OFFER, Epochs, _Group, _Member, _pieces, sub
 from refimpl.api.sender import Sender
 from refimpl.api.switches import HEADS_OF_ANOTHER_RANK, RANK_SENDER_SWITCHES, check_switches
 from refimpl.api.wire import ABORT, State
-from refimpl.engine.data import RankPools
 from refimpl.memory.registered import head_slice
+from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 
 __all__ = ["RankSender"]

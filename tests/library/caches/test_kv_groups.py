@@ -11,8 +11,8 @@ import torch
 
 from refimpl.api import KVGeometry, ModelIdentity, Receiver, Sender, read_kv, write_kv
 from refimpl.api.serve.groups import Group, group_request, handoff_groups
-from refimpl.engine.data import RankPools
 from refimpl.errors import ManifestError
+from refimpl.rankpools import RankPools
 from refimpl.transport import InProcessTransport
 from spec.manifest import RopeConfig
 from tests.library.lib_helpers import held
