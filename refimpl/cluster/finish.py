@@ -45,6 +45,9 @@ def raw_baseline(r: Router) -> None:
         rep.raw_skipped = "--no-raw"
         return
     live = r.live_decodes()
+    if r.cfg.decode_tp > 1:
+        rep.raw_skipped = "decode TP > 1: the raw baseline is measured at decode TP 1"
+        return
     if not r.stats:
         rep.raw_skipped = "no handoff committed"
         return
@@ -69,10 +72,15 @@ def raw_baseline(r: Router) -> None:
 
 
 def shutdown(r: Router) -> None:
+    """Every live worker says bye; a decode worker's other ranks last, after its leader
+    (whose bye goes out after its last word to them: their blocks to give back)."""
     live = {w for w in r.workers if r.procs.alive(w)}
-    for w in live:
-        r.ch.send(w, "shutdown")
-    got = r.await_kind("bye", live, 2 * r.cfg.timeout_s + 5)
+    got: set[str] = set()
+    for phase in (lambda w: "r" not in w[1:], lambda w: "r" in w[1:]):
+        now = {w for w in live if phase(w)}
+        for w in now:
+            r.ch.send(w, "shutdown")
+        got |= r.await_kind("bye", now, 2 * r.cfg.timeout_s + 5)
     r.rep.unreported = sorted(live - got)
 
 

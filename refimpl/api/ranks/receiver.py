@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, sub_id
+from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, group_channel, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.switches import RANK_RECEIVER_SWITCHES, READY_ON_OWN_INSTALL, check_switches
-from refimpl.api.wire import ABORT, State
+from refimpl.api.wire import ABORT, State, channels
 from refimpl.engine.data import RankPools
 from refimpl.transport import Transport
 
@@ -92,6 +92,12 @@ class RankReceiver(_Member):
 
     def held(self) -> dict[str, tuple[int, ...]]:
         return self.rx.held()
+
+    def inboxes(self, request_id: str) -> list[str]:
+        """The channels this rank reads for the request (its group channel, its
+        sub-handoff's): what a transport fences once the request is over."""
+        sid = sub_id(request_id, self.rank)
+        return [group_channel(request_id, "d", self.rank), channels(sid).to_receiver]
 
     def poll(self, request_id: str) -> int:
         """The sub-handoff's messages and the group's; returns the messages read."""
