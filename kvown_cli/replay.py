@@ -31,7 +31,8 @@ from kvown_cli.usage import UsageError, one_line, refuse
 from spec.strict_json import StrictJSONError, loads_strict, short
 
 HELP = "replay a saved counterexample (kvown check --cex-dir) on the spec, step by step"
-MAX_BYTES = 64 << 20  # a counterexample is a few KB; a bigger file is not one
+MAX_BYTES = 16 << 20  # a counterexample is a few KB; a bigger file is not one (issue #34:
+# the strict reader holds about 4 copies of a bracket bomb at once, so 64 MiB went past 256 MB)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,8 +4,9 @@ The public handoff API (``refimpl.api``, re-exported here): ``KVGeometry`` (one 
 side's paged KV: layers, global and per-rank KV heads, head dim, block size, dtype, axis
 order, TP/CP, with converters to and from the manifest), ``ModelIdentity``, ``Sender`` and
 ``Receiver`` (built from pools, a geometry and a transport; TP, block-size and layout
-conversion built in), ``handoff()`` (the whole transfer in one call), ``offload``/``reload``
-(verified copies between tiers), ``channels`` and ``State``. Cache adapters for
+conversion built in), ``handoff()`` (the whole transfer in one call; ``Handoff`` in
+steps), ``offload``/``reload`` (verified copies between tiers; ``begin_offload``/
+``begin_reload`` in steps), ``channels`` and ``State``. Cache adapters for
 transformers, vLLM and SGLang layouts live in ``refimpl.adapters``.
 
 The data path under it, each piece usable on its own: ``blocks`` (torch-free block
@@ -39,6 +40,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category
 
 _API = (
     "Channels",
+    "Handoff",
     "HandoffResult",
     "KVGeometry",
     "ModelIdentity",
@@ -46,6 +48,8 @@ _API = (
     "Receiver",
     "Sender",
     "State",
+    "begin_offload",
+    "begin_reload",
     "channels",
     "handoff",
     "offload",

@@ -67,8 +67,8 @@ def freeze(
     ``checksums``: the writer's own per-block checksums, computed when it wrote the
     blocks (a real engine does it in the kernel that fills a block), so that freezing
     does not read the whole KV again. They are not trusted further than that: the
-    receiver hashes every chunk before installing it, so a stale one fails the transfer
-    (``ChecksumError``), it never installs wrong bytes.
+    receiver hashes every chunk before counting it, so a stale one fails the transfer
+    (``ChecksumError``, every reserved block given back): wrong bytes are never read.
     """
     held = pool.allocator.blocks_of(request_id)
     if blocks is None:

@@ -34,7 +34,11 @@ forgotten past ``max_fences``).
 Mooncake transfer batch): a write once posted lands or fails on its own, and neither side
 can take it back (``spec/behaviours/irrevocable.py``). A receiver must then hold the
 destination until the writer is known to have quiesced; ``abort`` stays the environment's
-(a crash), never a way to stop a write.
+(a crash), never a way to stop a write. The writer knows it has from its batch's status:
+``writes_pending(channel, epoch)`` counts its writes (messages with a payload) of
+``epoch`` on ``channel`` that have neither landed nor failed (RDMA completions, NIXL's
+``getXferStatus``); a ``Sender`` says Quiesced only once it is 0. A transport with
+``revocable = False`` must have it.
 """
 
 from __future__ import annotations
@@ -280,6 +284,13 @@ class InProcessTransport:
 
     def in_flight(self, channel: str) -> int:
         return len(self._queues.get(channel, ())) + (channel in self._held)
+
+    def writes_pending(self, channel: str, epoch: int) -> int:
+        """Writes (messages with a payload) of ``epoch`` on ``channel`` not landed yet: a
+        write lands when the side that reads the channel polls it."""
+        held = self._held.get(channel)
+        queued = [*self._queues.get(channel, ()), *([held] if held is not None else [])]
+        return sum(1 for text, data in queued if len(data) and epoch_of(json.loads(text)) == epoch)
 
     def sizes(self) -> dict[str, int]:
         """What this transport keeps per channel (queues, reordered messages, pending

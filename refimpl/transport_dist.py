@@ -20,6 +20,11 @@ frame uncopied; others are copied once into the send thread's reused buffer. A p
 frame is received into a reused buffer (``Slabs``: a fresh one costs a page fault per
 page on first touch) that goes back only once no message cut from it is referenced.
 
+``revocable=False`` is ``InProcessTransport``'s: a write sent cannot be taken back (the
+Receiver quarantines an attempt it gives up while writes may land); ``writes_pending``
+counts a channel's writes of an attempt not handed to the peer yet (the Sender's batch
+status before it says Quiesced).
+
 ``send`` queues them and returns (it never waits for the peer): one thread per peer sends
 its batches in order with blocking ``dist.send``, and one thread per peer receives with
 blocking ``dist.recv`` (gloo's ``irecv`` cannot be polled: its ``is_completed`` turns true
@@ -53,7 +58,6 @@ import json
 import queue
 import threading
 import time
-import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -63,6 +67,7 @@ import torch.distributed as dist
 
 from refimpl.checksum import byte_view, tensor_from_bytes
 from refimpl.transport import Inbox, Message, Payload, epoch_of
+from refimpl.transport_slabs import Slabs
 from spec.manifest import MAX_INT_DIGITS, MAX_JSON_DEPTH
 from spec.strict_json import StrictJSONError, loads_strict
 
@@ -89,12 +94,18 @@ class DistTransport:
         peers: Sequence[int] | None = None,
         device: str | torch.device = "cpu",
         group: Any = None,
+        revocable: bool = True,
         **caps: int,
     ) -> None:
         """``route``: channel -> the group rank it goes to. ``peers``: the ranks that may
-        send here or be sent to (default every other rank of the group). ``caps``: the
-        inbox's bounds (``Inbox``: max_channels, max_messages, max_bytes, max_fences)."""
+        send here or be sent to (default every other rank of the group). ``revocable``:
+        as ``InProcessTransport``'s (False: a write once sent cannot be taken back, so a
+        Receiver quarantines; ``writes_pending`` is the Sender's batch status). ``caps``:
+        the inbox's bounds (``Inbox``: max_channels, max_messages, max_bytes, max_fences)."""
         self.route, self.group, self.device = route, group, torch.device(device)
+        self.revocable = revocable
+        self._pending: Counter[tuple[str, int]] = Counter()  # writes not sent, per attempt
+        self._keys: dict[int, deque[tuple[str, int] | None]] = {}  # per peer, in send order
         self.me = dist.get_rank(group)
         world = dist.get_world_size(group)
         self.peers = [p for p in (peers if peers is not None else range(world)) if p != self.me]
@@ -126,7 +137,13 @@ class DistTransport:
         n = memoryview(payload).nbytes
         entry = {"ch": channel, "h": header, "n": n}
         text = json.dumps(entry, allow_nan=False, separators=(",", ":"))  # raises here
-        self._outq[dst].put((text, payload, n))
+        e = epoch_of(header)
+        key = (channel, e) if n and e is not None else None  # a write of attempt e
+        with self._lock:  # keys in the order the send thread takes the messages
+            self._keys.setdefault(dst, deque()).append(key)
+            if key is not None:
+                self._pending[key] += 1
+            self._outq[dst].put((text, payload, n))
         self.stats["sent"] += 1
         self.stats["bytes_sent"] += n
 
@@ -147,6 +164,23 @@ class DistTransport:
         with self._lock:
             return self._inbox.fence(channel, epoch)
 
+    def writes_pending(self, channel: str, epoch: int) -> int:
+        """Writes (messages with a payload) of ``epoch`` on ``channel`` not handed to the
+        peer yet (its ``dist.send`` has not returned; a link that failed fails them)."""
+        with self._lock:
+            return self._pending.get((channel, epoch), 0)
+
+    def _sent(self, peer: int, k: int | None) -> None:
+        """``k`` messages to ``peer`` left (None: the link failed, every one is over)."""
+        with self._lock:
+            keys = self._keys.get(peer, deque())
+            for _ in range(len(keys) if k is None else k):
+                key = keys.popleft()
+                if key is not None:
+                    self._pending[key] -= 1
+                    if self._pending[key] <= 0:
+                        del self._pending[key]
+
     def sizes(self) -> dict[str, int]:
         """What the inbox keeps (channels, messages, bytes, fences): all bounded."""
         with self._lock:
@@ -158,16 +192,20 @@ class DistTransport:
         q, item = self._outq[peer], None
         try:
             while (item := q.get() if item is None else item) is not None:
+                k = 0
                 if isinstance(item, list):  # frames as they are (a close frame)
                     frames, item = item, None
                 else:
                     batch, item = _gather(q, item)
                     frames = _frames(batch, lambda n: self._staging(peer, n))
                     self.stats["batches"] += 1  # messages sent / batches: how well they batch
+                    k = len(batch)
                 for t in frames:
                     dist.send(t.to(self.device), peer, self.group, tag=TAG)
+                self._sent(peer, k)
         except Exception as e:  # the link is gone: the protocol's timeouts take over
             self.errors.append(f"send to {peer}: {type(e).__name__}: {e}")
+            self._sent(peer, None)
 
     def _staging(self, peer: int, n: int) -> torch.Tensor:
         """``n`` bytes of ``peer``'s send buffer (only its send thread uses it, and only
@@ -287,44 +325,6 @@ class DistTransport:
             th.join(max(0.0, end - time.monotonic()))
         if alive := [th.name for th in self._threads if th.is_alive()]:
             raise TimeoutError(f"DistTransport.close: still waiting after {timeout_s}s: {alive}")
-
-
-class _Lease:
-    """Held by every view of one receive buffer: when the last view is gone, so is it."""
-
-    __slots__ = ("buf", "__weakref__")
-
-    def __init__(self, buf: torch.Tensor) -> None:
-        self.buf = buf
-
-
-class Slabs:
-    """Receive buffers by size, reused: one goes back once no view of it is left (its
-    lease's end), and at most ``keep`` bytes of idle ones are kept."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep, self.kept = keep, 0
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> tuple[torch.Tensor, memoryview]:
-        """A buffer of ``n`` bytes and its read-only view (the one way to its bytes)."""
-        with self._lock:
-            free = self._free.get(n)
-            buf = free.pop() if free else None
-            if buf is not None:
-                self.kept -= n
-        if buf is None:
-            buf = torch.empty(n, dtype=torch.uint8)
-        lease = _Lease(buf)
-        weakref.finalize(lease, self._give, buf)
-        return buf, byte_view(buf, owner=lease)
-
-    def _give(self, buf: torch.Tensor) -> None:
-        with self._lock:
-            if self.kept + buf.numel() <= self.keep:
-                self._free.setdefault(buf.numel(), []).append(buf)
-                self.kept += buf.numel()
 
 
 def _gather(q: queue.SimpleQueue[Any], first: Any) -> tuple[list[Any], Any]:

@@ -327,6 +327,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
     "handoff_crash",
     "offload_contend",
+    "offload_crash",  # a reload that fills the pool exactly (PrefillReloadBegin's bound)
     "prefix_share",
     "handoff_two",
     "async_handoff",
@@ -342,7 +343,9 @@ DEFAULT_SUITE: tuple[str, ...] = (
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: behaviours/worlds
-DEEP_SUITE: tuple[str, ...] = tuple(c.name for c in NEW_WORLDS if c.name not in TOO_BIG)
+DEEP_SUITE: tuple[str, ...] = tuple(
+    c.name for c in NEW_WORLDS if c.name not in TOO_BIG and c.name not in DEFAULT_SUITE
+)
 DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED, *STREAM_DEEP)  # + composed
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 

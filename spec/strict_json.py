@@ -73,12 +73,16 @@ def _skeleton(text: str) -> bytes:
     read as outside, and json names the error)."""
     raw = text.encode("utf-8", "replace")
     raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # no escaped quote is left
-    # translate by slices: it allocates its whole input's length for the result, and a
-    # 90 MB header would then cost 3 copies of itself at once instead of 2
-    parts = (
-        raw[i : i + _SLICE].translate(None, _NOT_STRUCTURAL) for i in range(0, len(raw), _SLICE)
-    )
-    skel = b"".join(parts).replace(b'""', b"")  # most strings: gone
+    # translate by slices into one growing buffer: a whole-input translate allocates its
+    # input's length at once, and ``b"".join`` of the slices holds them all beside the
+    # result (a megabyte of brackets cost 3 copies of itself at once; now 2)
+    acc = bytearray()
+    for i in range(0, len(raw), _SLICE):
+        acc += raw[i : i + _SLICE].translate(None, _NOT_STRUCTURAL)
+    del raw
+    skel = bytes(acc)
+    del acc
+    skel = skel.replace(b'""', b"")  # most strings: gone
     return _STRING.sub(b"", skel) if b'"' in skel else skel  # those holding ,:[]{}
 
 
@@ -154,7 +158,9 @@ def _shape(text: str, max_depth: int, max_items: int | None) -> None:
         if items > max_items:
             raise StrictJSONError(f"more than {max_items} members and elements ({items})")
     if deep:
-        d = _depth(_brackets(skel), max_depth)
+        brackets = _brackets(skel)
+        del skel  # a skeleton of brackets is as long as its document: one copy at a time
+        d = _depth(brackets, max_depth)
         if d is not None and d > max_depth:
             raise StrictJSONError(f"nested deeper than {max_depth} levels")
         # None: the brackets do not balance, and json names where it breaks

@@ -15,12 +15,11 @@ check itself reports them.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from model_checks.conformance.jsonline import LogError
+from model_checks.conformance.jsonline import LogError, loads_line
 
 __all__ = ["GIVEN_UP_FRONT", "declares_world", "prescan"]
 
@@ -53,8 +52,8 @@ def _objects(lines: Iterable[tuple[int, bytes | str]]) -> Iterable[dict[str, Any
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
-            except (ValueError, UnicodeDecodeError, RecursionError):
+                obj = loads_line(_n, raw)  # the one strict reader, the check's own limits
+            except LogError:
                 continue
             if isinstance(obj, dict):
                 yield obj

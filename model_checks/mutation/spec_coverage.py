@@ -29,6 +29,7 @@ import spec
 from model_checks.explicit.explore import explore
 from model_checks.mutation.operators import Mutant
 from spec.config import get_config
+from spec.strict_json import StrictJSONError, loads_strict
 
 SPEC_DIR = Path(spec.__file__).resolve().parent
 
@@ -72,11 +73,9 @@ def covered_lines(
 ) -> tuple[dict[str, set[int]], bool]:
     """(lines executed per file, whether they came from the cache)."""
     cache = Path(tempfile.gettempdir()) / f"kvown-spec-coverage-{_key(root, files, configs)}.json"
-    try:
-        data = json.loads(cache.read_text())
-        return {f: set(data[f]) for f in files}, True
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    got = _read_cache(cache, files)
+    if got is not None:
+        return got, True
     hit = measure(root, files, configs)
     part = cache.with_suffix(f".{os.getpid()}.part")  # whole or absent: two runs may race
     try:
@@ -85,6 +84,31 @@ def covered_lines(
     except OSError:
         part.unlink(missing_ok=True)
     return hit, False
+
+
+MAX_CACHE_BYTES = 16 << 20  # line numbers of a few files: a few KB
+
+
+def _read_cache(cache: Path, files: Sequence[str]) -> dict[str, set[int]] | None:
+    """The cached lines of ``files``, or None (recompute) for a cache that is absent,
+    unreadable or not what ``covered_lines`` writes. It lies in the shared temporary
+    folder, so it is read as untrusted (the one strict reader, a size cap): a deep or huge
+    file planted there raised RecursionError or took memory before (issue #34)."""
+    try:
+        with open(cache, "rb") as fh:
+            raw = fh.read(MAX_CACHE_BYTES + 1)
+        data = loads_strict(raw, max_bytes=MAX_CACHE_BYTES, max_depth=2, max_int_digits=9)
+    except (OSError, StrictJSONError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, set[int]] = {}
+    for f in files:
+        lines = data.get(f)
+        if not isinstance(lines, list) or not all(type(n) is int for n in lines):
+            return None
+        out[f] = set(lines)
+    return out
 
 
 def _spans(source: str) -> list[tuple[int, int]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,12 +32,11 @@ from typing import Any
 import z3
 
 from model_checks.explicit.trace import Step, replay
-from model_checks.symbolic.actions import encodable
 from model_checks.symbolic.core import A, N, O, Z
 from model_checks.symbolic.encoding import Encoding
 from model_checks.symbolic.finite import FCtx, FState
 from model_checks.symbolic.invariants import STRENGTHENING
-from model_checks.symbolic.tracer.predicate import step_part
+from model_checks.symbolic.tracer.predicate import ActionRead, step_part, step_part_at
 from model_checks.symbolic.tracer.symstate import TraceError
 from spec.actions import decode_args, encode_args
 from spec.config import Config, get_config
@@ -47,14 +47,10 @@ from spec.state import World
 from spec.steps import STEP_PREDS, check_step
 
 SAFETY_IDS = tuple(p.id for p in SAFETY)
-# Mutants the z3 encodings do not mirror: on a config the encoding does not take
-# (restarts), or whose step changes another request than the acting one (the encodings'
-# rules change only the acting request's fields): explicit explorer only.
-UNENCODED_MUTANTS = tuple(
-    n
-    for n, m in MUTANTS.items()
-    if not encodable(get_config(m.configs[0])) or n == "slot_reused_unfenced"
-)
+# Mutants the z3 encodings do not mirror: the one whose step changes another request than
+# the acting one (the encodings' rules change only the acting request's fields): explicit
+# explorer only.
+UNENCODED_MUTANTS = ("slot_reused_unfenced",)
 SAFETY_MUTANTS = tuple(
     n
     for n, m in MUTANTS.items()
@@ -133,7 +129,7 @@ def bmc(
         flag = z3.Bool(f"bad@{k}")
         bad = [_bad(enc, p, states[k]) for p in props]
         if k:  # the last step breaks a transition predicate (spec/steps.py)
-            bad += [_bad_step(enc, p, states[k - 1], states[k]) for p in props]
+            bad += [_bad_step(enc, p, states[k - 1], states[k], sels[k - 1]) for p in props]
         solver.add(z3.Implies(flag, O(*bad)))
         verdict = solver.check(flag)
         res.bound = k
@@ -171,22 +167,64 @@ def _bad(enc: Encoding, prop: str, s: FState) -> Z:
 
 
 @functools.cache
-def _step_parts(prop: str) -> tuple[Any, ...]:
-    """The transition predicates of ``prop`` that read the two states only, traced
-    (``tracer.predicate.step_part``); those that read the action are the explorer's."""
-    return tuple(step_part(fn) for pid, fn in STEP_PREDS if pid == prop)
+def _step_parts(prop: str) -> tuple[tuple[Any, Any], ...]:
+    """The transition predicates of ``prop``: (spec predicate, its trace over the two
+    states, ``tracer.predicate.step_part``)."""
+    return tuple((fn, step_part(fn)) for pid, fn in STEP_PREDS if pid == prop)
 
 
-def _bad_step(enc: Encoding, prop: str, s: FState, t: FState) -> Z:
-    """A step from ``s`` to ``t`` breaks one of ``prop``'s transition predicates."""
+def _bad_step(enc: Encoding, prop: str, s: FState, t: FState, sel: Z) -> Z:
+    """The step from ``s`` to ``t`` (instance ``sel`` of ``enc.subs``) breaks one of
+    ``prop``'s transition predicates. One that reads the action is traced per action
+    instance on template states (``_by_instance``) and renamed onto this step."""
     x0, x1 = FCtx(enc, s), FCtx(enc, t)
     out = []
-    for f in _step_parts(prop):
+    for fn, f in _step_parts(prop):
         try:
             out.append(N(f(x0, x1)))
-        except TraceError:  # it reads the action, or more than the tracer follows
             continue
+        except ActionRead:
+            inst = _by_instance(enc, fn, sel)
+        except TraceError:  # more than the tracer follows: the explorer's
+            continue
+        if inst is not None and inst[3] is not False:
+            a, b, tsel, term = inst
+            pairs = [(a.v[k], s.v[k]) for k in a.v] + [(b.v[k], t.v[k]) for k in b.v]
+            out.append(z3.substitute(term, *pairs, (tsel, sel)))
     return O(*out)
+
+
+_Term = tuple[FState, FState, Z, Z]  # template states, selector, the broken predicate
+_BY_INSTANCE: weakref.WeakKeyDictionary[Encoding, dict[Any, _Term | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _by_instance(enc: Encoding, fn: Any, sel: Z) -> _Term | None:
+    """``fn`` (a transition predicate that reads the action) broken by the step taken,
+    over template states and selector: for each action instance, the selector at one of
+    its parts and the predicate traced with that instance's name, slot and argument.
+    None where the tracer does not follow it (the explorer's alone)."""
+    memo = _BY_INSTANCE.setdefault(enc, {})
+    if fn in memo:
+        return memo[fn]
+    memo[fn] = None
+    try:
+        a, b = enc.state(f"stp_a_{fn.__name__}"), enc.state(f"stp_b_{fn.__name__}")
+        tsel = z3.BitVec(f"stp_sel_{fn.__name__}", sel.size())
+        x0, x1 = FCtx(enc, a), FCtx(enc, b)
+        at: dict[Any, list[int]] = {}
+        for idx, u in enumerate(enc.subs):
+            at.setdefault(u.inst, []).append(idx)
+        out = []
+        for inst, idxs in at.items():
+            ok = step_part_at(fn, inst.name, inst.i, inst.arg)(x0, x1)
+            if ok is not True:
+                out.append(A(O(*(tsel == j for j in idxs)), N(ok)))
+    except TraceError:
+        return None
+    term = memo[fn] = (a, b, tsel, O(*out))
+    return term
 
 
 def _trace(enc: Encoding, model: Any, sels: list[Z]) -> list[Step]:

@@ -71,7 +71,14 @@ GLOBALS: tuple[str, ...] = ("faults", "p_up", "d_up", "pfx", "pfx_ref", "pfx_ok"
 HOST_FIELDS: tuple[str, ...] = ("hk",)
 HOST_GLOBALS: tuple[str, ...] = ("hc", "hc_hl", "hc_pin", "hc_late", "hc_bad")
 TURN_FIELDS: tuple[str, ...] = ("tn", "ti", "tdv", "tc")
-EXT_FIELDS = HOST_FIELDS + TURN_FIELDS
+# Streamed offers (``Config.layers``, spec/stream/layers.py): the layer registers.
+STREAM_FIELDS: tuple[str, ...] = ("lay", "cpy", "fs", "inl", "rdy")
+# Restarts (``Config.restarts``, spec/behaviours/restarts.py): the workers' incarnations
+# and the decode incarnation a request's writes target; a message code carries its own.
+RESTART_FIELDS: tuple[str, ...] = ("rinc",)
+RESTART_GLOBALS: tuple[str, ...] = ("p_inc", "d_inc")
+EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + STREAM_FIELDS + RESTART_FIELDS
+EXT_GLOBALS = HOST_GLOBALS + RESTART_GLOBALS
 BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
 
@@ -83,6 +90,7 @@ class Msg:
     kind: int
     e: Z
     i: Z
+    inc: Z = 0  # the incarnation (spec.state.msg_inc)
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,7 @@ class NetOp:
     e: Z = 0
     i: Z = 0
     when: Z = True
+    inc: Z = 0
 
 
 @dataclass
@@ -172,6 +181,10 @@ class NetView:
         """No message of the request in flight at all (``not r.net``)."""
         raise NotImplementedError
 
+    def same(self, other: NetView) -> Z:
+        """The same messages in flight as ``other`` (``a.net == b.net``, two states)."""
+        raise NotImplementedError
+
 
 @dataclass
 class RV:
@@ -206,6 +219,12 @@ class RV:
     ti: Z = 0
     tdv: Z = 0
     tc: Z = 0
+    lay: Z = 0  # streamed offers (spec/stream/layers.py)
+    cpy: Z = 0
+    fs: Z = 0
+    inl: Z = 0
+    rdy: Z = 0
+    rinc: Z = 0  # restarts
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -240,6 +259,8 @@ class Params:
     host_cache: Z = 0  # Config.host_cache (spec/behaviours/host_cache.py)
     turns: Z = False  # Config.turns (spec/behaviours/turns.py)
     max_turns: Z = 1
+    layers: Z = 0  # Config.layers (spec/stream/layers.py)
+    restarts: Z = 0  # Config.restarts (spec/behaviours/restarts.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -269,6 +290,8 @@ class Params:
             host_cache=c.host_cache,
             turns=c.turns,
             max_turns=c.max_turns,
+            layers=c.layers,
+            restarts=c.restarts,
         )
 
 
@@ -288,6 +311,8 @@ class Ctx:
     hc_pin: Z = 0
     hc_late: Z = 0
     hc_bad: Z = False
+    p_inc: Z = 0  # RESTART_GLOBALS: the workers' incarnations
+    d_inc: Z = 0
 
     def views(self) -> list[RV] | None:
         """Every request's view, where the domain has a fixed number (None: unbounded)."""

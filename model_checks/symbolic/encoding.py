@@ -1,18 +1,15 @@
 """The spec's transition system in z3, for one finite config: <init, trans, bad>.
 
 System.  A ``Config`` (and a set of mutants, by the spec's names) fixes the number of
-requests and the message codes that can ever exist: epochs 1..max_attempts, chunk
-indices below src_tp*blocks, Ready carrying 0 or the prefix, RankDone a source rank
-(corrupt codes only with the "corrupt" fault, bad manifests only with "mismatch").
+requests and the message codes that can ever exist (``finite.possible_codes``).
 
-Model.  A symbolic state (``FState``, ``z3_finite``) holds, per request, the 18 scalar
-``Req`` fields, one count per possible message code (the multiset ``Req.net``), and the
-globals ``faults, p_up, d_up, pfx, pfx_ref``: bit-vectors (signed, ``auto_bits`` wide;
-``bits=0`` gives unbounded ints instead) and Booleans.
-The actions are the traced ones of ``actions.PER_REQ`` (``symbolic.trace``; same names as
-the spec), instantiated per (action, request slot, argument): the argument is the message
-code for actions that consume one, the worker for ``EnvCrash``; these ``Inst`` labels
-are exactly the explorer's edge labels.
+Model.  A symbolic state (``FState``) holds, per request, the scalar ``Req`` fields of
+the config's behaviours, one count per possible message code (the multiset ``Req.net``),
+and the globals: bit-vectors (signed, ``auto_bits`` wide; ``bits=0``: ints) and Booleans.
+The actions are the traced ones (``actions``: same names as the spec), instantiated per
+(action, request slot, argument): the argument is the message code for actions that
+consume one, the worker for ``EnvCrash``, ``EnvRestart``; these ``Inst`` labels are
+exactly the explorer's edge labels.
 
 - ``action(inst, s, t)``: that instance's transition with an explicit frame (every
   variable of ``t`` is defined: changed, or equal to ``s``);
@@ -33,7 +30,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, EnvCrash, encodable
+from model_checks.symbolic.actions import GLOBAL, GLOBAL_FNS, PER_REQ, WORKER
 from model_checks.symbolic.core import (
     BV_FIELDS,
     EQ,
@@ -42,7 +39,10 @@ from model_checks.symbolic.core import (
     HOST_FIELDS,
     HOST_GLOBALS,
     ITE,
+    RESTART_FIELDS,
+    RESTART_GLOBALS,
     RV,
+    STREAM_FIELDS,
     TURN_FIELDS,
     A,
     Go,
@@ -55,6 +55,7 @@ from model_checks.symbolic.core import (
     same,
 )
 from model_checks.symbolic.finite import (
+    PIN_GLOBALS,
     FCtx,
     FNet,
     FState,
@@ -68,6 +69,7 @@ from model_checks.symbolic.finite import (
     possible_codes,
 )
 from model_checks.symbolic.props import ZPROPS, finite_holds
+from model_checks.symbolic.tracer.worker import trace_worker
 from spec.actions import ACTIONS
 from spec.config import Config
 from spec.state import (
@@ -78,6 +80,7 @@ from spec.state import (
     msg,
     msg_epoch,
     msg_idx,
+    msg_inc,
     msg_kind,
 )
 
@@ -95,20 +98,16 @@ class Encoding:
         split: bool = True,
         instances: bool = True,
     ) -> None:
-        if not encodable(c):
-            raise ValueError(
-                f"config {c.name!r}: restarts (Config.restarts), the shared host cache"
-                " (Config.host_cache) and turns (Config.turns) are not in the z3 encoding;"
-                " check it with the explicit explorer (kvown check --config NAME)"
-            )
         self.c, self.m = c, frozenset(mutants)
         self.params = Params.of(c)
         self.codes = possible_codes(c)
         self.width = max(1, c.src_tp * c.blocks)
         self.bits = auto_bits(c) if bits is None else bits
         ext = (HOST_FIELDS if c.host_cache else ()) + (TURN_FIELDS if c.turns else ())
+        ext += (STREAM_FIELDS if c.layers else ()) + (RESTART_FIELDS if c.restarts else ())
         self.fields = FIELDS + ext  # the request fields held as variables
         self.globs = GLOBALS + (HOST_GLOBALS if c.host_cache else ())
+        self.globs += RESTART_GLOBALS if c.restarts else ()
         self.split = split
         self._eq_cache: dict[tuple[str, Key, Any], Z] = {}
         self._tmpl_step: tuple[FState, FState, Z, Z] | None = None
@@ -154,7 +153,7 @@ class Encoding:
         }
         for i in range(self.c.n_reqs):
             for a in ACTIONS.values():
-                if a.arg == "req" and a.name in PER_REQ:  # not the UNENCODED ones
+                if a.arg == "req":
                     yield Inst(a.name, i, 0)
             for code in self.codes:
                 for name in by_kind[msg_kind(code)]:
@@ -164,6 +163,9 @@ class Encoding:
         if "crash" in self.c.fault_kinds:
             yield Inst("EnvCrash", 0, 0)
             yield Inst("EnvCrash", 0, 1)
+        if self.c.restarts:
+            yield Inst("EnvRestart", 0, 0)
+            yield Inst("EnvRestart", 0, 1)
 
     def _pin_values(self, f: str) -> list[Any]:
         c = self.c
@@ -175,6 +177,8 @@ class Encoding:
             return sorted({0, c.prefix})
         if f == "pfx":
             return [False, True]
+        if f in ("p_inc", "d_inc", "rinc"):
+            return list(range(c.restarts + 1))
         raise ValueError(f"{f}: no pin values (a message code that depends on it)")
 
     def _split(self, k: Inst) -> list[Sub]:
@@ -187,7 +191,7 @@ class Encoding:
         return [*(Sub(k, pc) for pc in combos), Sub(k, (), tuple(combos))]
 
     def _pin_guard(self, s: FState, i: int, pins: Pins) -> Z:
-        return A(*(s[("g", f) if f == "pfx" else ("r", i, f)] == v for f, v in pins))
+        return A(*(s[("g", f) if f in PIN_GLOBALS else ("r", i, f)] == v for f, v in pins))
 
     def effects(self, u: Inst | Sub, s: FState) -> list[Case]:
         """The mutually exclusive cases of an instance (or a pinned part of one) from
@@ -198,10 +202,7 @@ class Encoding:
         view = self.view(s, k.i)
         pin = self._pin_guard(s, k.i, u.pins)
         for f, v in u.pins:
-            if f == "pfx":
-                x.pfx = v
-            else:
-                setattr(view, f, v)
+            setattr(x if f in PIN_GLOBALS else view, f, v)
         if u.rest:
             pin = N(O(*(self._pin_guard(s, k.i, pc) for pc in u.rest)))
         return [
@@ -211,15 +212,15 @@ class Encoding:
         ]
 
     def _effects(self, k: Inst, x: FCtx, view: RV, s: FState) -> list[Case]:
-        if k.name == "EnvCrash":
-            return self._crash(x, s, k.arg)
+        if k.name in WORKER:
+            return self._worker(k.name, x, s, k.arg)
         if k.name in GLOBAL:
             fn = GLOBAL_FNS[k.name]
             return [(g, self._changes(x, s, 0, go), lb) for g, go, lb in fn(x).cases()]
         a = ACTIONS[k.name]
         m = None
         if a.arg == "msg":
-            m = Msg(msg_kind(k.arg), msg_epoch(k.arg), msg_idx(k.arg))
+            m = Msg(msg_kind(k.arg), msg_epoch(k.arg), msg_idx(k.arg), msg_inc(k.arg))
         rules = PER_REQ[k.name](x, view, m)
         present = s[("n", k.i, k.arg)] >= 1 if m is not None else True
         out = []
@@ -235,7 +236,8 @@ class Encoding:
         out = []
         for op in go.net:
             if op.op in ("send", "add") and isinstance(op.e, int) and isinstance(op.i, int):
-                if msg(op.kind, op.e, op.i) not in self.codes:
+                inc = op.inc if isinstance(op.inc, int) else 0
+                if msg(op.kind, op.e, op.i, inc) not in self.codes:
                     up = (x.d_up if op.kind in TO_DECODE else x.p_up) if op.op == "send" else True
                     out.append(N(A(op.when, up)))
         return A(*out)
@@ -254,7 +256,7 @@ class Encoding:
     def _net(self, x: FCtx, s: FState, i: int, ops: tuple[NetOp, ...]) -> dict[Key, Z]:
         ch: dict[Key, Z] = {}
         for code in self.codes:
-            kind, e, idx = msg_kind(code), msg_epoch(code), msg_idx(code)
+            kind, e, idx, inc = msg_kind(code), msg_epoch(code), msg_idx(code), msg_inc(code)
             v0 = v = s[("n", i, code)]
             for op in ops:
                 if op.op == "drop":
@@ -263,7 +265,7 @@ class Encoding:
                     continue
                 if op.kind != kind:
                     continue
-                hit = A(op.when, EQ(op.e, e), EQ(op.i, idx))
+                hit = A(op.when, EQ(op.e, e), EQ(op.i, idx), EQ(op.inc, inc))
                 if op.op == "send":
                     hit = A(hit, x.d_up if kind in TO_DECODE else x.p_up)
                 if hit is False:
@@ -273,8 +275,8 @@ class Encoding:
                 ch[("n", i, code)] = v
         return ch
 
-    def _crash(self, x: FCtx, s: FState, worker: int) -> list[Case]:
-        cr = EnvCrash(x, worker)
+    def _worker(self, name: str, x: FCtx, s: FState, worker: int) -> list[Case]:
+        cr = trace_worker(name, x, worker)
         if cr.cond is False:
             return []
         ch: dict[Key, Z] = {("g", k): v for k, v in cr.glob.items()}
@@ -285,7 +287,7 @@ class Encoding:
             for code in self.codes:
                 if msg_kind(code) not in cr.keep:
                     ch[("n", i, code)] = 0
-        return [(cr.cond, ch, "EnvCrash#0")]
+        return [(cr.cond, ch, f"{name}#0")]
 
     # -- the transition system ----------------------------------------------------------
     def action(self, k: Inst, s: FState, t: FState) -> Z:

@@ -36,6 +36,7 @@ from spec.state import (
     msg,
     msg_epoch,
     msg_idx,
+    msg_inc,
     msg_kind,
 )
 
@@ -86,6 +87,9 @@ class Sub:
     rest: tuple[Pins, ...] = ()
 
 
+PIN_GLOBALS = ("pfx", "p_inc", "d_inc")  # the globals a message code may depend on
+
+
 def pin_fields(enc: Encoding, s: FState, k: Inst) -> tuple[str, ...]:
     """The fields whose values decide which message codes instance ``k`` sends, takes or
     drops: the variables of ``s`` (``k``'s request, and ``pfx``) in the epochs and indices
@@ -97,19 +101,20 @@ def pin_fields(enc: Encoding, s: FState, k: Inst) -> tuple[str, ...]:
     if fn is None:
         return ()
     m = (
-        Msg(msg_kind(k.arg), msg_epoch(k.arg), msg_idx(k.arg))
+        Msg(msg_kind(k.arg), msg_epoch(k.arg), msg_idx(k.arg), msg_inc(k.arg))
         if ACTIONS[k.name].arg == "msg"
         else None
     )
     ops = [op for b in fn(FCtx(enc, s), enc.view(s, k.i), m).branches if b.go for op in b.go.net]
     used: set[int] = set()
-    todo = [t for op in ops for t in (op.e, op.i, op.when) if isinstance(t, z3.ExprRef)]
+    todo = [t for op in ops for t in (op.e, op.i, op.inc, op.when) if isinstance(t, z3.ExprRef)]
     while todo:
         t = todo.pop()
         if t.num_args() == 0:
             used.add(t.get_id())
         todo.extend(t.children())
-    keys = [("r", k.i, f) for f in enc.fields] + [("g", "pfx")]
+    keys: list[Key] = [("r", k.i, f) for f in enc.fields]
+    keys += [("g", g) for g in PIN_GLOBALS if g in enc.globs]
     return tuple(key[-1] for key in keys if s[key].get_id() in used)
 
 
@@ -128,6 +133,9 @@ def possible_codes(c: Config) -> tuple[int, ...]:
         chunk_kinds += (M_CHUNK_UNSTAGED,) if c.identity else ()
         out |= {msg(k, e, i) for k in chunk_kinds for i in range(c.src_tp * c.blocks)}
         out |= {msg(M_DONE, e, rank) for rank in range(c.src_tp)}
+    # restarts: each code of every incarnation (a control message its sender's, a write
+    # the decode incarnation it targets: spec/behaviours/restarts.py)
+    out = {code | inc << 24 for code in out for inc in range(c.restarts + 1)}
     return tuple(sorted(out))
 
 
@@ -193,6 +201,12 @@ class FNet(NetView):
     def empty(self) -> Z:
         return A(*(self.s[("n", self.i, code)] == 0 for code in self.enc.codes))
 
+    def same(self, other: NetView) -> Z:
+        if not isinstance(other, FNet) or other.enc is not self.enc:
+            raise TypeError("messages of two encodings compared")
+        n, m = ("n", self.i), ("n", other.i)
+        return A(*(self.s[(*n, k)] == other.s[(*m, k)] for k in self.enc.codes))
+
     def no_chunks(self, e: Z) -> Z:
         return A(
             *(
@@ -224,8 +238,15 @@ class FCtx(Ctx):
         return range(self.enc.c.n_reqs)
 
     def used_p(self) -> Z:
-        b, z = self.num(self.c.blocks), self.num(0)
-        return z3.Sum(*(ITE(self.s[("r", i, "p")] != NONE, b, z) for i in self._reqs()))
+        """``spec.common.used_p``: a streamed offer that gave its source back (``fs``,
+        where the encoding holds it) holds no prefill block."""
+        b, z, s = self.num(self.c.blocks), self.num(0), self.s
+        fs = "fs" in self.enc.fields
+        held = (
+            A(s[("r", i, "p")] != NONE, N(s[("r", i, "fs")] != 0) if fs else True)
+            for i in self._reqs()
+        )
+        return z3.Sum(*(ITE(h, b, z) for h in held))
 
     def used_h(self) -> Z:
         """``spec.common.used_h``: the requests' swap copies, and the shared host cache's

@@ -23,7 +23,7 @@ from model_checks.symbolic.core import RV, A, Ctx, O, Z
 from model_checks.symbolic.finite import FCtx
 from model_checks.symbolic.tracer.predicate import prop_glob, prop_msg, prop_req
 from spec.properties import SAFETY, Pred
-from spec.state import M_CHUNK_UNSTAGED, msg_epoch, msg_idx, msg_kind
+from spec.state import M_CHUNK_UNSTAGED, msg_epoch, msg_idx, msg_inc, msg_kind
 
 __all__ = ["MSG_KINDS", "SUPPORT", "ZPROPS", "ZProp", "finite_holds"]
 
@@ -49,12 +49,12 @@ class ZProp:
         """``req``, and whether the predicate reads the request's messages at all."""
         return prop_req(self.pred, x, r)
 
-    def msg(self, x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
-        return prop_msg(self.pred, x, r, kind, e, i)
+    def msg(self, x: Ctx, r: RV, kind: int, e: Z, i: Z, inc: Z = 0) -> Z:
+        return prop_msg(self.pred, x, r, kind, e, i, inc)
 
-    def msg_part(self, x: Ctx, r: RV, kind: int, e: Z, i: Z, req: Z) -> Z | None:
+    def msg_part(self, x: Ctx, r: RV, kind: int, e: Z, i: Z, req: Z, inc: Z = 0) -> Z | None:
         """``msg``, or None where it is ``req`` itself (a message that changes nothing)."""
-        t = self.msg(x, r, kind, e, i)
+        t = self.msg(x, r, kind, e, i, inc)
         if (
             t is True
             or t is req
@@ -71,7 +71,7 @@ def finite_holds(enc: Any, zp: ZProp, s: Any) -> Z:
     """``zp`` at the state ``s`` of the finite encoding ``enc`` (``encoding.Encoding``,
     which caches it on its template state): the global scope, every request's scope,
     and a message scope for every code a request may hold (traced once per kind at
-    symbolic epoch and index, then renamed per code)."""
+    symbolic epoch, index and incarnation, then renamed per code)."""
     x = FCtx(enc, s)
     parts = [zp.glob(x)]
     for i in range(enc.c.n_reqs):
@@ -81,13 +81,15 @@ def finite_holds(enc: Any, zp: ZProp, s: Any) -> Z:
         if not reads:  # the predicate never looks at the request's messages
             continue
         e, j = enc.scalar(f"msg_e@{s.tag}"), enc.scalar(f"msg_i@{s.tag}")
+        n = enc.scalar(f"msg_n@{s.tag}") if enc.c.restarts else 0
         for kind in sorted(zp.msg_kinds & {msg_kind(code) for code in enc.codes}):
-            ok = zp.msg_part(x, r, kind, e, j, req)
+            ok = zp.msg_part(x, r, kind, e, j, req, n)
             if ok is None:
                 continue
             for code in enc.codes:
                 if msg_kind(code) == kind:
                     at = ((e, enc.num(msg_epoch(code))), (j, enc.num(msg_idx(code))))
+                    at += ((n, enc.num(msg_inc(code))),) if enc.c.restarts else ()
                     term = z3.substitute(ok, *at) if isinstance(ok, z3.ExprRef) else ok
                     parts.append(O(s[("n", i, code)] == 0, term))
     return A(*parts)

@@ -35,7 +35,6 @@ from model_checks.symbolic.actions import (
     GLOBAL,
     GLOBAL_FNS,
     PER_REQ,
-    UNENCODED,
     EnvCrash,
 )
 from model_checks.symbolic.core import (
@@ -253,7 +252,7 @@ class UModel:
         host cache and turns (``FINITE_ONLY``) are not in it: the proofs cover the worlds
         without them (INVARIANTS.md)."""
         for name, a in ACTIONS.items():
-            if name in UNENCODED or name in FINITE_ONLY:
+            if name in FINITE_ONLY:
                 continue
             if a.arg == "msg":
                 yield from (UAction(name, kind=k) for k in sorted(a.msgs))

@@ -2,8 +2,9 @@
 
 ``KVGeometry`` (one description of a side's paged KV, with converters), ``ModelIdentity``
 (model, adapter, quantization, RoPE), ``Sender`` and ``Receiver`` (model-agnostic ends:
-pools + geometry + transport), ``handoff()`` (the whole transfer in one call),
-``offload``/``reload`` (verified copies between tiers), ``channels`` (the two channel names
+pools + geometry + transport), ``handoff()`` (the whole transfer in one call;
+``Handoff`` the same in steps), ``offload``/``reload`` (verified copies between tiers;
+``begin_offload``/``begin_reload`` the same in steps), ``channels`` (the two channel names
 of a request, for fault injection), ``State``, and ``write_kv``/``read_kv`` (contiguous
 per-token KV <-> a request's blocks, batched, asking the allocator; ``write_kv_layer``
 one layer as prefill computes it). ``Sender.offer(..., layers=L)`` + ``send_layer`` and
@@ -21,8 +22,8 @@ wait on or cancel.
 
 from refimpl.api.disk import DiskTier, Stored
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.handoff import HandoffResult, handoff
-from refimpl.api.offload import offload, reload
+from refimpl.api.handoff import Handoff, HandoffResult, handoff
+from refimpl.api.offload import begin_offload, begin_reload, offload, reload
 from refimpl.api.receiver import Received, Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.tokens import read_kv, write_kv, write_kv_layer
@@ -30,6 +31,7 @@ from refimpl.api.wire import Channels, State, channels
 
 __all__ = [
     "Channels",
+    "Handoff",
     "HandoffResult",
     "KVGeometry",
     "ModelIdentity",
@@ -37,6 +39,8 @@ __all__ = [
     "Receiver",
     "Sender",
     "State",
+    "begin_offload",
+    "begin_reload",
     "channels",
     "handoff",
     "offload",

@@ -1,5 +1,6 @@
 """The API's part of the spec's state (``spec.state.Req``), read from real ends.
 
+``tier_part`` reads a request's offload/reload (``refimpl.api.offload``) and host copy.
 ``sender_part(senders, rid, per_rank)`` reads the Senders of one request, one per prefill
 TP rank, and ``receiver_part(rx, rid, per_rank)`` the decode side's Receiver; each returns
 the ``Req`` fields it owns (the router's status, the messages in flight and the globals
@@ -12,6 +13,9 @@ end.
     ps      no attempt / a final one IDLE; OFFERED AWAIT_READY; SENDING with every layer
             and seal out AWAIT_ACK (SENDING before that: some layer not computed yet)
     sent    items sent in the phase (chunks and seals, rank-major): all of them once sealed
+    nack    a Nack the Senders read while their writes were pending (``Sender._resume``):
+            the spec's Nack still in the net, not taken by ``PrefillResume`` yet (its
+            code, 0 if none)
     p       (with ``held``) no blocks NONE; an attempt in progress COMPLETE (the source
             is the attempt's, read-only); else WRITABLE
     d       decode: no attempt NONE; RECEIVING with nothing landed RESERVED, else FILLING;
@@ -25,7 +29,7 @@ end.
             still to land (a manifest refused at intake leaves no attempt: the spec's
             DecodeReject, dfl 0, dep its epoch); the engine's ``fail`` DF_FAILED (|
             DF_FENCED while chunks were still to land). On an unrevocable transport
-            (``intake.quarantine``) an attempt given up while chunks were still to land is
+            (``unrevocable.quarantine``) an attempt given up while chunks were still to land is
             QUARANTINED (landed: with the writes that landed since), never DF_FENCED,
             until the writer's Quiesced; a late bad write adds DF_CORRUPT
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from refimpl.api.handoff import Handoff
 from refimpl.api.intake import chunks_left
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
@@ -50,14 +55,16 @@ from spec.state import (
     DF_MISMATCH,
     FILLING,
     IDLE,
+    M_NACK,
     NONE,
     QUARANTINED,
     RESERVED,
     SENDING,
     WRITABLE,
+    msg,
 )
 
-__all__ = ["RankDisagreement", "receiver_part", "sender_part"]
+__all__ = ["RankDisagreement", "receiver_part", "sender_part", "tier_part"]
 
 TIMEOUT_REASON = "timeout"  # the reason the decode side gives its own timeout's abort
 
@@ -76,25 +83,54 @@ def sender_part(senders: Sequence[Sender], rid: str, per_rank: int) -> dict[str,
     for s in senders:
         o = _offer(s, rid)
         if o is None:
-            views.append((0, IDLE, 0, 0))
+            views.append((0, IDLE, 0, 0, 0))
             continue
+        nack = 0 if o.nacked is None else msg(M_NACK, o.epoch, 0, o.nacked[2])
         if o.state.final:
-            views.append((o.epoch, IDLE, 0, o.rinc))
+            views.append((o.epoch, IDLE, 0, o.rinc, nack))
         elif o.state is State.OFFERED:
-            views.append((o.epoch, AWAIT_READY, 0, o.rinc))
+            views.append((o.epoch, AWAIT_READY, 0, o.rinc, nack))
         elif o.stream is not None and o.stream.sealed:
-            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1), o.rinc))
+            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1), o.rinc, nack))
         else:
-            views.append((o.epoch, SENDING, 0, o.rinc))
+            views.append((o.epoch, SENDING, 0, o.rinc, nack))
     if len(set(views)) > 1:
         raise RankDisagreement(f"{rid!r}: the prefill ranks' attempts differ: {views}")
-    ep, ps, sent, rinc = views[0] if views else (0, IDLE, 0, 0)
-    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc}
+    ep, ps, sent, rinc, nack = views[0] if views else (0, IDLE, 0, 0, 0)
+    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc, "nack": nack}
 
 
 def prefill_replica(held: bool, live: bool) -> int:
     """p from whether the request holds blocks and an attempt is in progress."""
     return NONE if not held else COMPLETE if live else WRITABLE
+
+
+def tier_part(
+    move: tuple[str, Handoff] | None, host_held: bool, device_held: bool, per_rank: int
+) -> dict[str, int]:
+    """h, hl, gl and, while a move is in progress, p of a request with a host tier:
+    ``move`` its offload or reload (``refimpl.api.offload.begin_offload``/``begin_reload``,
+    a ``Handoff``) as ("offload" | "reload", handoff), ``host_held``/``device_held``
+    whether it holds blocks in the host pools / the device pools. A move's blocks are
+    copied (``hl``/``gl``) once its Sender sent their chunks (all at once, on the ready).
+
+        h   an offload in progress FILLING; else the host pools hold it COMPLETE; else NONE
+        hl  an offload's blocks copied; a host copy's every block; else 0
+        gl  a reload's blocks copied, else 0
+        p   an offload in progress: COMPLETE while the device blocks are held (read-only:
+            the offload's snapshot), NONE once freed; a reload in progress FILLING (its
+            device blocks reserved, the request's only at the commit)"""
+    out = {"h": COMPLETE if host_held else NONE, "hl": per_rank if host_held else 0, "gl": 0}
+    if move is None or move[1].final:
+        return out
+    kind, h = move
+    o = _offer(h.sender, h.request_id)
+    sent = per_rank if o is not None and o.chunks else 0
+    if kind == "offload":
+        out.update(h=FILLING, hl=sent, p=COMPLETE if device_held else NONE)
+    else:
+        out.update(gl=sent, p=FILLING)
+    return out
 
 
 def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:

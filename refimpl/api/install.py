@@ -4,19 +4,28 @@
 A whole-block chunk (``install_block``) or one (rank, layer) of a streamed offer, that
 layer of every sent block (``install_layer``): rank and block index (or layer and sent
 blocks) from the header (else ``ChunkError``, RankAgreement for an unknown rank), the
-payload size, xxh3(payload) == the header's checksum (else
-``ChecksumError`` naming block and rank), a canonical block against the manifest's
-checksum, then the install (into the target block, or the staging copy), and only once
-it returned is the chunk counted. Each raises the refusal and changes nothing; the
-``Receiver`` ends the attempt on it. A duplicate is counted and changes nothing.
+payload size, xxh3 of the bytes == the header's checksum (else ``ChecksumError`` naming
+block and rank), a canonical block against the manifest's checksum, and only then is the
+chunk counted. Where the chunk lands as it is (the same block on both sides, CPU,
+contiguous pieces: ``copy_hashed``), it is copied into its reserved target blocks and
+hashed there, piece by piece while each is in cache: one read of the payload, as a
+registered-memory WRITE lands before its completion is checked. Reserved blocks are
+not the engine's to read (a layer is ready, the request's blocks owned, only once every
+chunk of it is counted), and a chunk that fails its check ends the attempt, which gives
+back every block it reserved: its bytes are never read. Elsewhere (resharded, permuted,
+staged, on a device) the payload is hashed first, then written. Each raises the refusal
+and counts nothing; the ``Receiver`` ends the attempt on it. A duplicate (or a run
+overlapping a landed one) is refused before any byte of it is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from refimpl.api import wire
+from refimpl.api.geometry import KVGeometry
 from refimpl.api.intake import Attempt, send_quietly
 from refimpl.api.layers import land_layer_blocks
 from refimpl.api.switches import LAYER_READY_ON_STAGING
@@ -24,9 +33,21 @@ from refimpl.api.wire import NACK, channels
 from refimpl.checksum import bytes_checksum
 from refimpl.engine.data import RankPools, land_shard
 from refimpl.errors import ChecksumError, ChunkError, OwnershipError
-from refimpl.memory.views import scatter_layer
+from refimpl.memory.views import Landing, copy_hashed, landing, scatter_layer
 from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
+
+HASH_AS_LANDED = True  # False: hash each chunk, then copy it (the old order; benchmarks)
+
+
+_pool_geometry = lru_cache(maxsize=64)(KVGeometry.rank_pool_geometry)  # one per geometry
+
+
+def _kv(pool: Any) -> Any:
+    try:
+        return pool.kv
+    except TypeError:  # registered per-layer caches: no one tensor of whole blocks
+        return None
 
 
 def where(a: Attempt, header: Mapping[str, Any]) -> tuple[int, int]:
@@ -39,17 +60,38 @@ def where(a: Attempt, header: Mapping[str, Any]) -> tuple[int, int]:
     return rank, idx
 
 
-def _check(header: Mapping[str, Any], payload: Payload, want: int, what: str) -> str:
+def _sized(payload: Payload, want: int, what: str) -> None:
     if not isinstance(payload, bytes | bytearray | memoryview) or len(payload) != want:
         n = len(payload) if isinstance(payload, bytes | bytearray | memoryview) else payload
         raise ChunkError(f"{what}: {n!r:.40} bytes, expected {want}")
-    actual = bytes_checksum(payload)
+
+
+def _against(header: Mapping[str, Any], actual: str, what: str, landed: bool = False) -> str:
     if actual != header.get("checksum"):
+        where = " as they landed (in reserved blocks, not counted)" if landed else ""
         raise ChecksumError(
-            f"{what}: bytes do not hash to the header's checksum "
+            f"{what}: bytes{where} do not hash to the header's checksum "
             f"({actual} != {header.get('checksum')!r:.40})"
         )
     return actual
+
+
+def _landing(a: Attempt, pools: RankPools, rank: int, layer: int) -> Landing | None:
+    """Where source rank ``rank``'s chunks of ``layer`` (-1: whole blocks) are copied as
+    they are and hashed as they landed (``copy_hashed``): the same block on both sides,
+    one destination rank, contiguous pieces on CPU; else None (the chunk is hashed, then
+    written: resharded, permuted, staged or on a device). Kept per attempt."""
+    if not HASH_AS_LANDED or a.staging is not None:
+        return None
+    pieces, key = a.pieces[rank], (rank, layer)
+    if key not in a.spans:
+        whole, view = slice(0, pools.geometry.kv_heads), None
+        same = len(pieces) == 1 and _pool_geometry(a.src) == pools.geometry
+        if same and pieces[0].src_slice == pieces[0].dst_slice == whole:
+            pool = pools.pools[pieces[0].dst_rank]
+            view = _kv(pool) if layer < 0 else pool.layer(layer)
+        a.spans[key] = None if view is None else landing(view)
+    return a.spans[key]
 
 
 def install_block(
@@ -61,22 +103,27 @@ def install_block(
     if (rank, idx) in a.landed:
         a.duplicates += 1
         return
-    actual = _check(
-        header, payload, a.src.rank_pool_geometry().block_bytes, f"block {idx} (rank {rank})"
-    )
+    src, what = _pool_geometry(a.src), f"block {idx} (rank {rank})"
     canonical = m.src_tp == 1 and m.layout == sm.LAYOUTS[0]
+    j, rid = idx - m.prefix_blocks, m.request_id  # j: index among the sent blocks
+    b = a.target[a.prefix + j] if a.staging is None else -1
+    span = _landing(a, pools, rank, -1)
+    _sized(payload, src.block_bytes, what)
+    if span is not None:  # copied into the reserved block, hashed there, then counted
+        pools.alloc.check_write(rid, [b])
+        actual = _against(header, copy_hashed(span, [b], payload), what, landed=True)
+    else:
+        actual = _against(header, bytes_checksum(payload), what)
     expected = m.block_checksums[idx - m.prefix_blocks]
     if canonical and actual != expected:
         raise ChecksumError(
             f"block {idx}: bytes hash to {actual}, not the manifest's checksum {expected}"
         )
-    j, rid = idx - m.prefix_blocks, m.request_id  # j: index among the sent blocks
     if a.staging is not None:
         a.staging.pools[rank].write_block_bytes(rid, a.staging.alloc.blocks_of(rid)[j], payload)
-    else:
-        b = a.target[a.prefix + j]
+    elif span is None:
         pools.alloc.check_write(rid, [b])
-        land_shard(pools, a.pieces[rank], a.src.rank_pool_geometry(), payload, b)
+        land_shard(pools, a.pieces[rank], src, payload, b)
     a.landed.add((rank, idx))  # counted only once the install returned
     a.checks += 1
     if canonical and a.staging is None and len(a.pieces[rank]) == 1:
@@ -88,8 +135,8 @@ def install_layer(
 ) -> int | None:
     """One (rank, layer) of a streamed offer for a run of sent blocks (``block_index`` and
     the ``blocks`` after it; every sent block unless the sender splits its layers): their
-    layer pieces in block order. Returns the layer (None: a duplicate). Rank, layer, run,
-    size and checksum are checked before any byte is written."""
+    layer pieces in block order. Returns the layer (None: a duplicate). Rank, layer, run
+    and size are checked before any byte is written, the checksum before it is counted."""
     m, s = a.m, a.stream
     assert s is not None
     rank, idx = where(a, header)
@@ -109,18 +156,24 @@ def install_layer(
         return None
     if seen:
         raise ChunkError(f"layer {layer} (rank {rank}): blocks {idx}+{count} overlap a landed run")
-    per = a.src.rank_pool_geometry().block_bytes // m.num_layers
+    src = _pool_geometry(a.src)
     what = f"layer {layer} (rank {rank}) of blocks {idx}+{count}"
-    checksum = _check(header, payload, per * count, what)
+    _sized(payload, src.block_bytes // m.num_layers * count, what)
     rid, view = m.request_id, memoryview(payload).cast("B")
+    targets = a.target[a.prefix + j0 : a.prefix + j0 + count]
+    span = _landing(a, pools, rank, layer)
+    if span is not None:  # copied into the reserved blocks, hashed there, then counted
+        pools.alloc.check_write(rid, targets)
+        checksum = _against(header, copy_hashed(span, targets, view), what, landed=True)
+    else:
+        checksum = _against(header, bytes_checksum(view), what)
     if a.staging is not None:
         staged = a.staging.alloc.blocks_of(rid)[j0 : j0 + count]
         a.staging.alloc.check_write(rid, staged)
         scatter_layer(a.staging.pools[rank].layer(layer), staged, view)  # own layout
-    else:
-        targets = a.target[a.prefix + j0 : a.prefix + j0 + count]
+    elif span is None:
         pools.alloc.check_write(rid, targets)
-        land_layer_blocks(pools, a.pieces[rank], a.src.rank_pool_geometry(), view, targets, layer)
+        land_layer_blocks(pools, a.pieces[rank], src, view, targets, layer)
     s.landed_chunk(rank, j0, count, layer, checksum)  # counted once installed
     a.checks += 1
     return layer

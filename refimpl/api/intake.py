@@ -13,31 +13,9 @@ a run of sent blocks (all of them unless the sender splits it), and every source
 says that each source rank is its own ``Sender`` (one process per rank), so the replies
 go to every source rank's channel.
 
-Writes that cannot be taken back (spec ``Config.revocable=False``; the section at the
-end: ``revocable``, ``give_back``, ``quarantine``, ``on_quarantined``, ``release``,
-``quiesced``). A
-transport says so with ``revocable = False`` (one-sided RDMA writes, a NIXL or
-Mooncake batch: ``refimpl.transport``; ``spec/behaviours/irrevocable.py``). Then:
-
-- the ``Receiver`` that gives up an attempt while some of its chunks have not landed
-  (an abort, its timeout, a bad chunk or manifest, the engine's ``fail``) cannot fence
-  the writer's writes: it keeps the attempt's blocks *quarantined* (never reused, never
-  read; ``Receiver.held()`` still names them, ``quarantined()`` lists them, ``forget``
-  keeps them) until the
-  writer says ``Quiesced`` (the sender's abort of that epoch: every write it issued has
-  landed or failed), and only then frees them (the spec's ``DecodeAbort`` quarantine and
-  ``DecodeReclaim``; never ``DecodeAbortFenced``). A second ``Receiver.abort`` of the
-  quarantined attempt frees them too: the engine's longer quarantine timer, past the
-  sender's own timeout and the transport's bound on a write's lifetime (the spec's
-  second ``DecodeTimeout``). A write that lands meanwhile is recorded, never installed.
-- the ``Sender`` whose attempt the receiver nacked tells it ``Quiesced`` (the spec's
-  ``PrefillResume``; the spec lets it only once none of its writes of the attempt is in
-  flight, and the tour delivers the nack only then: a Sender that waits for its
-  transport's completions before it says so is not built yet).
-
-Bug switch ``free_quarantine_early`` (``switches``): the Receiver frees a
-quarantined attempt's blocks at once, before Quiesced (the spec's
-``free_on_cancel_in_flight``): a late write lands in blocks another request may own.
+Writes that cannot be taken back (spec ``Config.revocable=False``): an attempt given up
+while a write may still land is quarantined till its writers' Quiesced
+(``refimpl.api.unrevocable.quarantine``); a manifest that comes meanwhile waits (``on_manifest``).
 """
 
 from __future__ import annotations
@@ -49,19 +27,17 @@ from typing import TYPE_CHECKING, Any
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry
 from refimpl.api.layers import LayerStream
-from refimpl.api.switches import FREE_QUARANTINE_EARLY
-from refimpl.api.wire import ABORT, CHUNK, NACK, READY, State, channels
-from refimpl.checksum import bytes_checksum
+from refimpl.api.wire import ABORT, NACK, READY, State
 from refimpl.engine.data import RankPools
 from refimpl.errors import (
     CancelledError,
     CapacityError,
-    ChecksumError,
     ChunkError,
     InUseError,
     ManifestError,
     OwnershipError,
 )
+from refimpl.memory.views import Landing
 from spec import shardmap as sm
 from spec.manifest import Manifest, check_compatible
 from spec.manifest import ManifestError as SpecManifestError
@@ -100,6 +76,8 @@ class Attempt:
     checks: int = 0  # checksum comparisons that passed (per chunk, per block end to end)
     staged: int = 0  # bytes of the staging copy (0 without one)
     unstaged: set[int] = field(default_factory=set)  # layers copied from staging to targets
+    spans: dict[tuple[int, int], Landing | None] = field(default_factory=dict)  # (dst rank,
+    # layer or -1 for whole blocks) -> where chunks land as they are (``install._landing``)
 
 
 def newer(header: Mapping[str, Any], a: Attempt | None, fenced: int = 0) -> bool:
@@ -117,6 +95,12 @@ def on_manifest(rx: Receiver, rid: str, header: Mapping[str, Any], a: Attempt | 
     and answered ``ready``, else refused with a ``nack`` alone and its epoch fenced;
     an older one (or a copy of a refused one) is dropped unread."""
     if not newer(header, a, rx._fenced.get(rid, 0)):
+        return
+    late = rx._late.get(rid)
+    if late is not None and late.held:  # the spec's DecodeReserve/Reject wait for d none:
+        old = late.manifest.get("manifest") if late.manifest is not None else None
+        if late.manifest is None or newer(header, None, wire.epoch_of(old or {}) or 0):
+            late.manifest = dict(header)  # taken once the quarantine is over (``deferred``)
         return
     if not rx.pools.alloc.blocks_of(rid):  # an ended attempt whose blocks are gone:
         rx._att.pop(rid, None)  # this one replaces its record (else it is refused,
@@ -291,85 +275,3 @@ def chunks_left(a: Attempt) -> int:
         )
     )
     return len(a.ranks) * len(a.m.sent_blocks) - whole
-
-
-@dataclass
-class Late:
-    """Writes of a quarantined attempt that landed after it ended (never installed)."""
-
-    epoch: int
-    chunks: set[tuple[int, int]] = field(default_factory=set)  # (rank, block index)
-    corrupt: bool = False  # one of them did not hash to its header's checksum
-    held: bool = True  # its blocks are still quarantined
-
-
-def quarantine(rx: Receiver, a: Attempt, err: OwnershipError) -> bool:
-    """On an unrevocable transport, keep ``a``'s blocks quarantined while a write may
-    still land (its bad chunk, if ``err`` is one, has landed); True if it did."""
-    if revocable(rx.transport) or FREE_QUARANTINE_EARLY in rx.mutants:
-        return False
-    if chunks_left(a) <= (1 if isinstance(err, ChecksumError) else 0):
-        return False  # every write has landed: nothing can land in the blocks any more
-    rid = a.m.request_id
-    rx.pools.alloc.quarantine(rid)
-    rx._late[rid] = Late(a.m.epoch)  # noqa: SLF001 - the Receiver's own record
-    return True
-
-
-def give_back(rx: Receiver, a: Attempt, err: OwnershipError) -> None:
-    """The blocks of ``a``, which ``err`` ended, go back to the pool and its channel is
-    voided (its chunks in flight dropped, its epoch fenced); or, on an unrevocable
-    transport while a write may still land, they stay quarantined and the channel open
-    (its late writes and the writer's Quiesced must arrive: ``release`` fences it)."""
-    if quarantine(rx, a, err):
-        return
-    rid, alloc = a.m.request_id, rx.pools.alloc
-    alloc.quarantine(rid)  # reserved blocks: no reader, no reuse yet
-    alloc.unquarantine_and_free(rid, a.m.epoch)  # installs are synchronous: all done
-    rx.transport.abort(channels(rid).to_receiver)
-    wire.fence(rx.transport, channels(rid).to_receiver, a.m.epoch)  # late chunks too
-
-
-def on_quarantined(rx: Receiver, rid: str, header: dict[str, Any], payload: Any) -> bool:
-    """A message for a quarantined attempt: a late write (recorded) or the writer's
-    Quiesced (the blocks are free); True if it was one (handled)."""
-    late = rx._late.get(rid)  # noqa: SLF001
-    if late is None or not late.held or wire.epoch_of(header) != late.epoch:
-        return False
-    kind = header.get("type")
-    if kind == CHUNK:
-        rank, idx = header.get("rank"), header.get("block_index")
-        if type(rank) is int and type(idx) is int:
-            late.chunks.add((rank, idx))
-            late.corrupt |= bytes_checksum(bytes(payload)) != header.get("checksum")
-        return True
-    if kind == ABORT:
-        release(rx, rid)
-        return True
-    return False
-
-
-def drop_late(rx: Receiver, rid: str) -> None:
-    """Forget ``rid``'s quarantine record, unless its blocks are still quarantined."""
-    late = rx._late.get(rid)  # noqa: SLF001
-    if late is not None and not late.held:
-        del rx._late[rid]  # noqa: SLF001
-
-
-def release(rx: Receiver, rid: str) -> None:
-    """Free a quarantined attempt's blocks (Quiesced, or the longer quarantine timer)."""
-    late = rx._late.get(rid)  # noqa: SLF001
-    if late is not None and late.held:
-        rx.pools.alloc.unquarantine_and_free(rid, late.epoch)
-        late.held = False
-        wire.fence(rx.transport, channels(rid).to_receiver, late.epoch)  # late duplicates
-
-
-def quiesced(transport: Any, rid: str, epoch: int, inc: int, reasons: list[str]) -> None:
-    """The Sender's Quiesced for ``epoch`` of ``rid`` (an abort header), on an
-    unrevocable transport only (a revocable one took its writes back)."""
-    if revocable(transport):
-        return
-    header: dict[str, Any] = {"type": ABORT, "request_id": rid, "epoch": epoch, "reasons": reasons}
-    wire.stamp(header, inc)
-    send_quietly(transport, channels(rid).to_receiver, header)

@@ -7,17 +7,19 @@ computes each layer (``Sender.send_layer``, the shape of a KV connector's
 ``{"chunks": [[layer, block_index, blocks, checksum], ...]}``, each checksum the
 xxh3-64 of that chunk's payload (``refimpl.checksum``, the one convention).
 
-The receiver checks each chunk's payload against its header's checksum before any byte
-of it is written, installs it, and records (layer, run, checksum). Before the commit,
-every source rank's installed chunks must be exactly the ones its seal lists, checksums
-included (``verify``, else ``ChecksumError``), and every (rank, block, layer) must have
-landed: each byte is hashed once per side, and the seal commits the attempt to the list
-of chunk checksums. Their landing (heads resharded, axes permuted) is not hashed again,
-unlike the whole-block path's end-to-end check of every non-canonical block.
-``layer_ready(layer)`` says that every sent block of every source rank has that layer
-installed: the decode side may wait on it (``wait_for_layer_load``), but the blocks are
-still RESERVED: the request owns them only once the seals matched and the attempt
-committed. A failure at any point gives back every block, landed layers included.
+The receiver checks each chunk against its header's checksum before counting it (its
+payload hashed, then written; or, where it lands as it is, written into the reserved
+blocks and hashed there: ``refimpl.api.install``), and records (layer, run, checksum).
+Before the commit, every source rank's installed chunks must be exactly the ones its
+seal lists, checksums included (``verify``, else ``ChecksumError``), and every (rank,
+block, layer) must have landed: each byte is hashed once per side, and the seal commits
+the attempt to the list of chunk checksums. Their landing (heads resharded, axes
+permuted) is not hashed again, unlike the whole-block path's end-to-end check of every
+non-canonical block. ``layer_ready(layer)`` says that every sent block of every source
+rank has that layer installed: the decode side may wait on it (``wait_for_layer_load``),
+but the blocks are still RESERVED: the request owns them only once the seals matched and
+the attempt committed. A failure at any point gives back every block, landed layers
+included.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ geometries agree (else through reused staging, one copy), verifies every block, 
 commits (``Reloaded``: the blocks, the tokens hit); a bad block gives every reserved
 block back (``MissError``). ``free_host`` unpublishes the chunks read.
 
+``begin_offload`` / ``begin_reload`` (host pools) are the same in steps, a ``Handoff`` the
+engine rounds, aborts or reads (the one-call forms run one to its end).
+
 ``offload_async`` / ``reload_async`` return a ``Transfer`` (``refimpl.tiers.transfer``):
 the I/O on a thread, the blocks owned by the transfer (pinned, or reserved) until the
 engine's ``poll``/``wait`` settles it on its own thread; ``cancel`` leaves nothing
@@ -30,12 +33,12 @@ half-installed. ``offload``/``reload`` to a tier are the same transfer run in pl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import overload
 
 from refimpl.api.disk import DiskTier, Stored
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.handoff import HandoffResult, handoff
+from refimpl.api.handoff import Handoff, HandoffResult
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.engine.data import RankPools
@@ -50,7 +53,7 @@ def _tier_identity(g: KVGeometry) -> ModelIdentity:
     return ModelIdentity("local-tier", RopeConfig(10000.0, max(2, g.head_dim - g.head_dim % 2)))
 
 
-def _move(
+def _begin(
     src: RankPools,
     src_geometry: KVGeometry,
     dst: RankPools,
@@ -61,21 +64,66 @@ def _move(
     free_source: bool,
     decode_room: int = 0,
     epoch: int = 1,
-    model: ModelIdentity | None = None,
-) -> HandoffResult:
+    mutants: Iterable[str] = (),
+) -> Handoff:
     t = InProcessTransport()
-    model = model or _tier_identity(src_geometry)
-    tx = Sender(src, src_geometry, t, model)
+    model = _tier_identity(src_geometry)
+    tx = Sender(src, src_geometry, t, model, mutants=mutants)
     rx = Receiver(dst, dst_geometry, t, model)
-    return handoff(
-        tx,
-        rx,
-        request_id,
-        token_ids,
-        epoch=epoch,
-        decode_room=decode_room,
+    return Handoff(
+        tx, rx, request_id, token_ids, epoch=epoch, decode_room=decode_room,
         free_source=free_source,
-    )
+    )  # fmt: skip
+
+
+def begin_offload(
+    device: RankPools,
+    device_geometry: KVGeometry,
+    host: RankPools,
+    host_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    free_device: bool = False,
+    epoch: int = 1,
+    mutants: Iterable[str] = (),
+) -> Handoff:
+    """``offload`` to host pools in steps (``Handoff``): the device blocks are frozen
+    (read-only) from now on; ``round()`` until ``final``, then ``result()``; ``abort``
+    (a failed store, a cancel) frees the host blocks and thaws the device ones.
+
+    In the spec's vocabulary: this call is ``PrefillOffloadBegin``; the round that sends
+    the chunks ``PrefillOffloadCopy`` of every block, the round that commits them on the
+    host and frees the device blocks (``free_device``) ``PrefillOffloadCommit``; an
+    ``abort`` ``EnvStoreFail`` (or a cancel's ``PrefillQuiesce``). ``mutants``: the
+    offload's Sender's bug switches (``refimpl.api.switches``), for demonstrations."""
+    return _begin(
+        device, device_geometry, host, host_geometry, request_id, token_ids,
+        free_source=free_device, epoch=epoch, mutants=mutants,
+    )  # fmt: skip
+
+
+def begin_reload(
+    host: RankPools,
+    host_geometry: KVGeometry,
+    device: RankPools,
+    device_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    decode_room: int = 0,
+    free_host: bool = True,
+    epoch: int = 1,
+) -> Handoff:
+    """``reload`` from host pools in steps (``Handoff``): the request's device blocks are
+    reserved at the first round (nobody reads them until the commit); ``abort`` gives
+    them back and keeps the host copy. The spec's ``PrefillReloadBegin`` (this call and
+    the round that reserves and sends), ``PrefillReloadCommit`` (the round that
+    verifies and commits them, then frees the host copy, ``free_host``)."""
+    return _begin(
+        host, host_geometry, device, device_geometry, request_id, token_ids,
+        free_source=free_host, decode_room=decode_room, epoch=epoch,
+    )  # fmt: skip
 
 
 @overload
@@ -127,16 +175,10 @@ def offload(
         ).wait()  # fmt: skip
     if host_geometry is None:
         raise ValueError("offload: host_geometry is None; only a DiskTier takes none")
-    return _move(
-        device,
-        device_geometry,
-        host,
-        host_geometry,
-        request_id,
-        token_ids,
-        free_source=free_device,
-        epoch=epoch,
-    )
+    return begin_offload(
+        device, device_geometry, host, host_geometry, request_id, token_ids,
+        free_device=free_device, epoch=epoch,
+    ).run()  # fmt: skip
 
 
 @overload
@@ -192,17 +234,10 @@ def reload(
         ).wait()  # fmt: skip
     if host_geometry is None:
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
-    return _move(
-        host,
-        host_geometry,
-        device,
-        device_geometry,
-        request_id,
-        token_ids,
-        free_source=free_host,
-        decode_room=decode_room,
-        epoch=epoch,
-    )
+    return begin_reload(
+        host, host_geometry, device, device_geometry, request_id, token_ids,
+        decode_room=decode_room, free_host=free_host, epoch=epoch,
+    ).run()  # fmt: skip
 
 
 def _no_geometry(g: KVGeometry | None, what: str) -> None:

@@ -21,7 +21,7 @@ the transport reports gone (``DistTransport.failed``) ends the attempt with its 
 At the end: every canonical block (all heads, heads_major) hashes to the manifest's
 checksum (else ``ChecksumError``), then commit (RESERVED -> OWNED) and ``ack``. Any
 failure after the reservation aborts: the reserved blocks go back to the pool (or stay
-quarantined: ``intake.give_back``), chunks in flight are dropped, the sender is nacked.
+quarantined: ``quarantine.give_back``), chunks in flight are dropped, the sender is nacked.
 """
 
 from __future__ import annotations
@@ -36,14 +36,9 @@ from refimpl.api.install import ChunkIntake
 from refimpl.api.intake import (
     Attempt,
     Expect,
-    Late,
     aborting_ranks,
-    drop_late,
     early_abort,
-    give_back,
     on_manifest,
-    on_quarantined,
-    release,
     send_quietly,
     tos,
 )
@@ -55,6 +50,7 @@ from refimpl.api.switches import (
     check_switches,
 )
 from refimpl.api.tokens import read_kv, write_kv_layer
+from refimpl.api.unrevocable import quarantine as qr
 from refimpl.api.wire import ABORT, ACK, CHUNK, MANIFEST, NACK, Incarnated, State, channels
 from refimpl.engine.data import RankPools
 from refimpl.errors import (
@@ -124,7 +120,7 @@ class Receiver(ChunkIntake, Incarnated):
         self._aborted: dict[str, tuple[int, list[str]]] = {}  # aborts before the manifest
         self._fenced: dict[str, int] = {}  # the newest epoch refused at intake
         self._ends: dict[str, str] = {}  # requests the scheduler ended (``end``), why
-        self._late: dict[str, Late] = {}  # quarantined attempts (``intake.quarantine``)
+        self._late: dict[str, qr.Late] = {}  # quarantined attempts (``quarantine``)
         self.max_records = max_records
 
     # ------------------------------------------------------------ queries
@@ -181,7 +177,7 @@ class Receiver(ChunkIntake, Incarnated):
         return {**out, **self.quarantined()}
 
     def quarantined(self) -> dict[str, tuple[int, ...]]:
-        """Blocks of ended attempts a write may still land in (``intake.quarantine``)."""
+        """Blocks of ended attempts a write may still land in (``quarantine``)."""
         return {r: self.pools.alloc.quarantined(r) for r, q in self._late.items() if q.held}
 
     def records(self) -> dict[str, int]:
@@ -240,7 +236,7 @@ class Receiver(ChunkIntake, Incarnated):
             kind = header.get("type")
             a = self._att.get(request_id)
             live = a is not None and not a.state.final
-            if on_quarantined(self, request_id, header, payload):
+            if qr.on_quarantined(self, request_id, header, payload):
                 continue  # a quarantined attempt's late write, or its writer's Quiesced
             if kind == MANIFEST and not live:
                 on_manifest(self, request_id, header, a)
@@ -251,7 +247,7 @@ class Receiver(ChunkIntake, Incarnated):
             elif kind == CHUNK:
                 self._on_chunk(a, header, payload)
                 if a.state.final:  # the chunk ended it (a bad checksum): it has landed
-                    on_quarantined(self, request_id, header, payload)
+                    qr.on_quarantined(self, request_id, header, payload)
             elif kind == SEAL and a.stream is not None and self._ours(a, header):
                 try:
                     a.stream.seal(header)
@@ -261,13 +257,13 @@ class Receiver(ChunkIntake, Incarnated):
                 reasons = wire.reasons_of(header)  # every other rank hears it, with why
                 told = aborting_ranks(msgs, a) if a.ranked else None  # not those that said it
                 self._fail(a, CancelledError(f"sender aborted: {reasons}"), skip=told)
-                release(self, request_id)  # its writes are over (the spec's Quiesced)
+                qr.quiesce(self, request_id, header)  # its writes are over (the spec's Quiesced)
             elif kind == ABORT:
                 self._ours(a, header)  # another attempt's: fenced (or the ranks disagree)
             else:
                 a.stale += 1
-        a = self._att.get(request_id)
-        ended = request_id in self._ends  # StickyEnd: no verify, no commit
+        qr.deferred(self, request_id)  # a manifest that waited on a quarantine now over
+        a, ended = self._att.get(request_id), request_id in self._ends  # StickyEnd
         if a is not None and a.state is State.RECEIVING and not ended and self._complete(a):
             self._finish(a)
         elif (
@@ -280,7 +276,7 @@ class Receiver(ChunkIntake, Incarnated):
 
     def abort(self, request_id: str, reason: str = "cancelled") -> None:
         """End the attempt here (cancel, timeout, peer gone): give back every block."""
-        release(self, request_id)
+        qr.release(self, request_id)
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             self._fail(a, CancelledError(f"{request_id!r} aborted by the receiver: {reason}"))
@@ -305,7 +301,7 @@ class Receiver(ChunkIntake, Incarnated):
         a = self._att.get(request_id)
         if a is not None and not a.state.final:
             raise InUseError(f"{request_id!r} is still {a.state.value}; abort it first")
-        drop_late(self, request_id)  # (a quarantine stays until its Quiesced or abort)
+        qr.drop_late(self, request_id)  # (a quarantine stays until its Quiesced or abort)
         for d in (self._att, self._errors, self._expect, self._ended, self._aborted):
             d.pop(request_id, None)
         self._fenced.pop(request_id, None)
@@ -329,7 +325,7 @@ class Receiver(ChunkIntake, Incarnated):
             if (a := self._att.get(old)) is None or a.state.final:
                 for d in (self._att, self._errors, self._aborted, self._fenced, self._ends):
                     d.pop(old, None)
-                drop_late(self, old)
+                qr.drop_late(self, old)
 
     # ------------------------------------------------------------ the end
     def _finish(self, a: Attempt) -> None:
@@ -382,7 +378,7 @@ class Receiver(ChunkIntake, Incarnated):
         """Give back every block of the attempt, drop what is in flight, tell the sender
         (every rank but those in ``skip``; ``None``: nobody)."""
         rid = a.m.request_id
-        give_back(self, a, err)  # or, unrevocable, quarantined till the writer's Quiesced
+        qr.give_back(self, a, err)  # or, unrevocable, quarantined till the writer's Quiesced
         a.state, a.error, a.staging = State.ABORTED, err, None
         self._ended_now(rid)
         if skip is not None:

@@ -24,6 +24,12 @@ rank agrees with the others). A rank that hears the receiver answer a newer epoc
 its own ends its attempt and tells the others (``RankAgreement``, naming rank and
 epochs); one rank's ``abort`` reaches every sibling rank and the receiver with its reason;
 ``forget(rid)`` drops an ended offer's record (memory stays bounded by the live ones).
+
+Nacked or aborted on a transport whose writes cannot be taken back (``revocable =
+False``), the Sender ends the attempt (and says so: its ``Quiesced``) only once none of
+its writes of the attempt is pending at the transport (``writes_pending``: they all
+landed or failed); till then its state and pins stay and a later ``poll`` ends it
+(``refimpl.api.unrevocable.ends``; bug switches ``quiesced_at_nack``, ``quiesced_at_abort``).
 """
 
 from __future__ import annotations
@@ -31,9 +37,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.intake import quiesced, send_quietly
+from refimpl.api.intake import revocable
 from refimpl.api.stream import Buffers, LayerOffers, _Offer
-from refimpl.api.switches import SENDER_SWITCHES, STALE_INCARNATION_ACCEPTED, check_switches
+from refimpl.api.switches import (
+    RELEASE_BEFORE_INSTALL,
+    SENDER_SWITCHES,
+    STALE_INCARNATION_ACCEPTED,
+    check_switches,
+)
+from refimpl.api.unrevocable.ends import AttemptEnds
 from refimpl.api.wire import (
     ABORT,
     ACK,
@@ -49,7 +61,6 @@ from refimpl.api.wire import (
     inc_of,
     peer_failed,
     reasons_of,
-    revoke,
     stamp,
 )
 from refimpl.checksum import is_checksum
@@ -62,7 +73,7 @@ from spec import shardmap as sm
 from spec.manifest import Manifest
 
 
-class Sender(LayerOffers, Incarnated):
+class Sender(LayerOffers, Incarnated, AttemptEnds):
     """The source side: offers a request's KV, sends chunks on ``ready``, releases at the end."""
 
     def __init__(
@@ -85,6 +96,12 @@ class Sender(LayerOffers, Incarnated):
         new Sender with the next one, from the engine's membership): every message
         carries it, and the receiver refuses an older one's (``peer_restarted``)."""
         self.mutants = check_switches(mutants, SENDER_SWITCHES, "Sender")
+        if not revocable(transport) and not callable(getattr(transport, "writes_pending", None)):
+            raise ValueError(
+                f"Sender: {type(transport).__name__} has revocable=False but no "
+                "writes_pending(channel, epoch): a nacked Sender could not tell when its "
+                "writes are over (refimpl.transport)"
+            )
         stale_ok = STALE_INCARNATION_ACCEPTED in self.mutants
         self.inc = Incarnations(incarnation, "Sender", stale_ok)
         if rank is None:
@@ -134,7 +151,8 @@ class Sender(LayerOffers, Incarnated):
         """Drop an ended offer's record (a later offer starts at epoch 1 unless told)."""
         o = self._offers.get(request_id)
         if o is not None and not o.state.final:
-            raise InUseError(f"{request_id!r} is still {o.state.value}; abort it first")
+            wait = "its end waits for its writes: poll it" if o.aborting or o.nacked else ""
+            raise InUseError(f"{request_id!r} is still {o.state.value}; {wait or 'abort it first'}")
         self._offers.pop(request_id, None)
 
     # ------------------------------------------------------------ commands
@@ -162,7 +180,7 @@ class Sender(LayerOffers, Incarnated):
         ``checksums``: the writer's xxh3-64 of each of ``blocks`` (``refimpl.checksum``,
         taken when prefill wrote them), so the offer does not read the KV to hash it; a
         whole-block offer of canonical blocks only (one rank, heads_major). Not trusted
-        further: the receiver hashes every chunk before installing it, so a stale one
+        further: the receiver hashes every chunk before counting it, so a stale one
         fails the handoff (``ChecksumError``, nothing kept), never installs other bytes.
         """
         if self.rank is not None and epoch is None:
@@ -270,8 +288,8 @@ class Sender(LayerOffers, Incarnated):
         for header, _ in msgs:
             if not isinstance(header, dict) or self.inc.stale(request_id, header):
                 continue  # not a header, or a dead receiver's: ignored (named if stale)
-            if o is None or o.state.final:
-                continue  # one after the end: ignored
+            if o is None or o.state.final or o.aborting is not None:
+                continue  # one after the end (or while an abort waits for writes): ignored
             kind, e = header.get("type"), epoch_of(header)
             if self.rank is not None and e is not None and e > o.epoch:
                 self._disagree(o, e, kind == READY)  # the others are at a newer attempt
@@ -286,6 +304,8 @@ class Sender(LayerOffers, Incarnated):
                         self._flush(o)
                     else:
                         self._send_chunks(o)
+                        if o.free_source and RELEASE_BEFORE_INSTALL in self.mutants:
+                            self.pools.alloc.free(request_id)  # the bug: before the ack
                 except Exception as err:  # the transport refused a send: end, say why
                     self.abort(request_id, f"send failed: {type(err).__name__}: {err}")
             elif kind == ACK and o.state is State.SENDING:
@@ -294,52 +314,17 @@ class Sender(LayerOffers, Incarnated):
                     self.pools.alloc.free(request_id)
             elif kind in (NACK, ABORT):
                 final = State.REFUSED if o.state is State.OFFERED else State.ABORTED
-                self._end(o, final, reasons_of(header))
-                if kind == NACK:  # unrevocable: the receiver holds the blocks till told
-                    quiesced(self.transport, request_id, o.epoch, self.inc.own, o.reasons)
+                if kind == NACK:  # its writes must be over before it says so (below)
+                    o.nacked = (final, reasons_of(header), inc_of(header) or 0)
+                    continue
+                self._heard_abort(o, final, reasons_of(header))
+        if o is not None:
+            self._settle(o)  # a nack or an abort that waited for its writes
         rx = channels(request_id).to_receiver
         if o is not None and not o.state.final and (why := peer_failed(self.transport, [rx])):
             self._end(o, State.ABORTED, [f"the receiver's process is gone: {why}"])
             self._tell(o.request_id, o.epoch, o.reasons)  # the sibling ranks hear it too
         return len(msgs)
-
-    def abort(self, request_id: str, reason: str = "cancelled") -> None:
-        """End the attempt here (cancel, timeout): drop the pins, tell the receiver (and,
-        one rank of several, every sibling rank: they end with this rank's reason)."""
-        o = self._offers.get(request_id)
-        if o is None or o.state.final:
-            return
-        why = [reason if self.rank is None else f"rank {self.rank} aborted: {reason}"]
-        self._end(o, State.ABORTED, why)
-        if self.rank is None:  # chunks in flight are void (a rank's channel is shared)
-            self.transport.abort(channels(request_id).to_receiver)
-        else:  # this rank's own chunks in flight, where the transport can revoke them
-            revoke(self.transport, channels(request_id).to_receiver, o.epoch, self.rank)
-        self._tell(o.request_id, o.epoch, why)
-
-    def _tell(self, rid: str, epoch: int, reasons: list[str]) -> None:
-        """An abort at ``epoch`` to the receiver and to every sibling rank (best effort:
-        a channel the transport cannot reach is skipped, the others still hear)."""
-        ch, header = channels(rid), {"type": ABORT, "request_id": rid, "epoch": epoch}
-        stamp(header, self.inc.own)
-        tos = [ch.to_receiver]
-        if self.rank is not None:
-            tos += [ch.to_rank(s) for s in range(self.geometry.tp) if s != self.rank]
-            header["rank"] = self.rank
-        for to in tos:
-            send_quietly(self.transport, to, {**header, "reasons": reasons})
-
-    def _disagree(self, o: _Offer, epoch: int, live: bool) -> None:
-        """This rank offered ``o.epoch`` but the receiver (or a sibling) speaks of the
-        newer ``epoch``: the ranks disagree on the attempt. End it here with both epochs
-        named; if the receiver's attempt is live, abort it too (every rank hears)."""
-        why = [
-            f"[RankAgreement] rank {self.rank} offered epoch {o.epoch} of "
-            f"{o.request_id!r}, but the attempt the others run is epoch {epoch}"
-        ]
-        self._end(o, State.ABORTED, why)
-        if live:
-            self._tell(o.request_id, epoch, why)
 
     def _replies(self, rid: str) -> str:
         return channels(rid).to_sender if self.rank is None else channels(rid).to_rank(self.rank)
@@ -360,7 +345,7 @@ class Sender(LayerOffers, Incarnated):
     def _end(self, o: _Offer, state: State, reasons: list[str]) -> None:
         for r, snap in zip(self.pools.primaries, o.snaps, strict=False):  # none if streamed
             release(self.pools.pools[r], snap)
-        o.snaps, o.state, o.reasons = [], state, reasons
+        o.snaps, o.state, o.reasons, o.nacked = [], state, reasons, None
         if o.stream is not None:
             o.stream.end(acked=state is State.DONE)  # an ended attempt's copies go at once
         fence(self.transport, self._replies(o.request_id), o.epoch)  # its late replies too

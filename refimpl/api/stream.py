@@ -198,6 +198,10 @@ class _Offer:
     bytes_sent: int = 0
     stream: Stream | None = None
     rinc: int = 0  # the incarnation of the receiver whose Ready it took: its writes' target
+    nacked: tuple[State, list[str], int] | None = None  # a nack read while its writes were
+    # pending: (the end it gives, its reasons, its sender's incarnation); ``api.unrevocable.ends``
+    aborting: list[str] | None = None  # an abort waiting for its writes (its reasons)
+    told: State | None = None  # a sibling rank's abort: the end it gives (then Quiesced)
 
 
 class LayerOffers:

@@ -2,6 +2,9 @@
 tour or a test can show that it is caught (a mutant). Never for serving.
 
     Sender(..., mutants={"stream_reads_at_ready"})
+    Sender(..., mutants={"quiesced_at_nack"})
+    Sender(..., mutants={"quiesced_at_abort"})
+    begin_offload(..., mutants={"release_before_install"})
     Receiver(..., mutants={"layer_ready_on_staging"})
     Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
@@ -29,10 +32,28 @@ own heads committed, without waiting for every other decode rank's install.
 decode rank the slice of its neighbour's heads (decode rank d gets rank d + 1's, the
 last rank the first's); both ends check and seal the same wrong bytes.
 
+``quiesced_at_nack`` (NoReuseUnderIO / FrozenSnapshot, an unrevocable transport; the
+spec's ``batch_status_subset`` taken to none of the batch): a nacked ``Sender`` says
+Quiesced at once, while writes of the attempt are still pending at the transport; the
+Receiver frees its quarantine on it and a write still lands in the freed blocks.
+
+``quiesced_at_abort`` (NoReuseUnderIO, an unrevocable transport; the spec refuses
+``PrefillTimeout`` while a write of the attempt is in flight): a ``Sender`` whose
+``abort`` (a cancel, a timeout, a sibling rank's) comes while writes of the attempt are
+still pending at the transport ends at once: it drops its pins (the engine may reuse the
+source blocks a write still reads) and says Quiesced (its abort) to the receiver, which
+frees its quarantine while a write is still in flight.
+
+``release_before_install`` (NothingLost / PublishAfterCommit; the spec's mutant of the
+same name): a ``Sender`` with ``free_source`` frees the request's source blocks as soon as
+its chunks and seals are sent, not at the receiver's ack; an offload
+(``refimpl.api.offload.begin_offload``, ``free_device``) then frees the device copy
+before the host copy is committed, so a store that fails leaves no copy at all.
+
 ``free_quarantine_early`` (NoReuseUnderIO, an unrevocable transport; the spec's
 ``free_on_cancel_in_flight``): a ``Receiver`` that gives up an attempt whose writes may
 still land frees its blocks at once instead of quarantining them until the writer's
-Quiesced (``refimpl.api.intake``).
+Quiesced (``refimpl.api.unrevocable``).
 """
 
 from __future__ import annotations
@@ -42,7 +63,18 @@ from collections.abc import Iterable
 STREAM_READS_AT_READY = "stream_reads_at_ready"
 LAYER_READY_ON_STAGING = "layer_ready_on_staging"
 STALE_INCARNATION_ACCEPTED = "stale_incarnation_accepted"
-SENDER_SWITCHES = frozenset({STREAM_READS_AT_READY, STALE_INCARNATION_ACCEPTED})
+QUIESCED_AT_NACK = "quiesced_at_nack"
+QUIESCED_AT_ABORT = "quiesced_at_abort"
+RELEASE_BEFORE_INSTALL = "release_before_install"
+SENDER_SWITCHES = frozenset(
+    {
+        STREAM_READS_AT_READY,
+        STALE_INCARNATION_ACCEPTED,
+        QUIESCED_AT_NACK,
+        QUIESCED_AT_ABORT,
+        RELEASE_BEFORE_INSTALL,
+    }
+)
 FREE_QUARANTINE_EARLY = "free_quarantine_early"
 RECEIVER_SWITCHES = frozenset(
     {LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED, FREE_QUARANTINE_EARLY}

@@ -110,6 +110,14 @@ def revoke(transport: object, channel: str, epoch: int, rank: int) -> None:
         f(channel, epoch, rank)
 
 
+def writes_pending(transport: object, channel: str, epoch: int) -> int:
+    """A sender's writes of ``epoch`` on ``channel`` that have neither landed nor failed
+    (the transport's ``writes_pending``: its batch status); 0 on a transport that does
+    not say (a revocable one: the receiver's fence or abort ends them)."""
+    f = getattr(transport, "writes_pending", None)
+    return int(f(channel, epoch)) if f is not None else 0
+
+
 def peer_failed(transport: object, tos: list[str]) -> str:
     """Why the process one of ``tos`` routes to failed, if the transport detects it
     (``DistTransport.failed``: its link broke); "" otherwise."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -55,6 +55,9 @@ from refimpl.cluster.link import RAW_TAG, Link, is_link_message
 from refimpl.cluster.worker import Base, WorkerArgs, proc_name
 from refimpl.errors import CapacityError
 from refimpl.model import PagedKV
+
+if TYPE_CHECKING:
+    from refimpl.blocks import BlockAllocator
 
 VOID = 1 << 62  # a fence above every epoch: a finished request's late chunks go
 
@@ -96,7 +99,6 @@ class DecodeWorker(Base):
         )  # fmt: skip
         p, d = a.prefill_tp, a.decode_tp
         self.ranks = rank_route(range(p), range(p, p + d), self.spec.kv_heads)
-        self.alloc = self.own.alloc
         self.pending: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
         self.stores: dict[str, PagedKV] = {}  # a rank's ready requests (its heads' KV)
@@ -107,6 +109,11 @@ class DecodeWorker(Base):
         self.prefill_down = False
         self.raw_posted: set[int] = set()
         self.raw_sizes: list[list[int]] | None = None
+
+    @property
+    def alloc(self) -> BlockAllocator:
+        """This decode rank's own pool's allocator (its heads' blocks: ``decode_end``)."""
+        return self.own.alloc
 
     def route(self, channel: str) -> str:
         return channel_proc(self.ranks, self.a.prefill_tp, f"d{self.a.rank}", channel)

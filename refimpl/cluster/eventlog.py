@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from model_checks.conformance import Verdict, check_text
+from model_checks.conformance.jsonline import LogError, loads_line
 
 GLOBAL_ACTIONS = frozenset({"EnvCrash"})
 
@@ -99,35 +99,38 @@ class ProcLog:
         self._f.close()
 
 
+def _records(path: str | Path) -> list[dict[str, Any]]:
+    """The well-formed event records of one process's log, each line read by the one strict
+    reader under the event-log format's limits (``loads_line``): a torn last line of a
+    killed process, a line that is not strict JSON or too long, and a record whose
+    ``action``, ``proc``, ``lc`` or ``seq`` is missing or of the wrong type are skipped
+    (``merge`` sorts on them). An unreadable file has none."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError:
+        return []
+    out: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        try:
+            rec = loads_line(n, line)
+        except LogError:
+            continue
+        if isinstance(rec, dict) and all(type(rec.get(k)) is t for k, t in _FIELDS):
+            out.append(rec)
+    return out
+
+
+_FIELDS = (("action", str), ("proc", str), ("lc", int), ("seq", int))
+
+
 def last_clock(path: str | Path) -> int:
     """The largest ``lc`` in a (possibly dead) process's log; 0 if none."""
-    best = 0
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        try:
-            best = max(best, int(json.loads(line).get("lc", 0)))
-        except (ValueError, AttributeError):
-            continue  # a torn last line of a killed process
-    return best
+    return max((int(r["lc"]) for r in _records(path)), default=0)
 
 
 def read_events(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Every complete event line of the given logs (a torn last line is skipped)."""
-    out: list[dict[str, Any]] = []
-    for p in paths:
-        if not os.path.exists(p):
-            continue
-        for line in Path(p).read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and "action" in rec:
-                out.append(rec)
-    return out
+    """Every complete event record of the given logs (``_records``)."""
+    return [rec for p in paths for rec in _records(p)]
 
 
 def merge(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from refimpl.cluster import eventlog
+from refimpl.cluster.worker import CLOSE_WAIT
 from refimpl.cluster.workload import reference_tokens
 from spec.mutants import MUTANTS
 
@@ -76,11 +77,14 @@ def shutdown(r: Router) -> None:
     (whose bye goes out after its last word to them: their blocks to give back)."""
     live = {w for w in r.workers if r.procs.alive(w)}
     got: set[str] = set()
-    for phase in (lambda w: "r" not in w[1:], lambda w: "r" in w[1:]):
+    # Phase 1: the prefill ranks drain what is in flight before their bye (at most
+    # CLOSE_WAIT timeouts: ``Base.begin_close``), the decode leaders say bye at once.
+    # Phase 2: the decode leaders' other ranks, which also say bye at once.
+    for phase, waits in ((lambda w: "r" not in w[1:], CLOSE_WAIT + 1), (lambda w: "r" in w[1:], 2)):
         now = {w for w in live if phase(w)}
         for w in now:
             r.ch.send(w, "shutdown")
-        got |= r.await_kind("bye", now, 2 * r.cfg.timeout_s + 5)
+        got |= r.await_kind("bye", now, waits * r.cfg.timeout_s + 5)
     r.rep.unreported = sorted(live - got)
 
 

@@ -22,7 +22,8 @@ always sorts after them (the clock a message carries is the one at ``flush``). `
 files an arrived control message's API messages under their channels (``Inbox``: bounded
 and fenced, the one rule of ``refimpl.transport``); ``poll``/``abort``/``fence`` are the
 API's. A peer's message is checked before use: a batch that is not a list of
-``[str, object, int]`` whose sizes add up is dropped and counted (``stats["malformed"]``).
+``[str, object, int]`` whose sizes add up, or whose tag is not one ``flush`` gives
+(``0 <= tag < RAW_TAG``), is dropped and counted (``stats["malformed"]``).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class Link:
             and type(total) is int
             and isinstance(tag, int)
             and type(tag) is int
+            and 0 <= tag < RAW_TAG  # a gloo tag past 2^31 raised TypeError out of irecv
             and 0 <= total <= MAX_BATCH_BYTES
             and all(_item_ok(x) for x in kv)
             and sum(x[2] for x in kv) == total

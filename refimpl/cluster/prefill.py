@@ -1,8 +1,8 @@
-"""A prefill TP rank: one ``refimpl.api.ranks`` ``RankSender`` per decode worker, over
-its own heads. Rank 0 is the leader: it speaks for the prefill worker of the spec
-(admit, run, the offer, Ready, Ack, Nack, timeouts, cancels); every rank offers the same
-attempt (its epoch from ``Epochs`` over the router's store) and sends each decode rank
-its slice when that rank's ready reaches it. The API conversation rides ``link.Link``.
+"""A prefill TP rank: one ``refimpl.api.ranks`` ``RankSender`` per decode worker, over its
+own heads. Rank 0 is the leader: it speaks for the prefill worker of the spec (admit, run,
+the offer, Ready, Ack, Nack, timeouts, cancels); every rank offers the same attempt (its
+epoch from ``Epochs`` over the router's store) and sends each decode rank its slice when
+that rank's ready reaches it. The API conversation rides ``link.Link``.
 
 Per request, on the leader (``phase``):
 
@@ -14,17 +14,15 @@ Per request, on the leader (``phase``):
     (gone)       Ack (every decode rank installed, and with decode TP > 1 the decode
                  leader's "commit"): PrefillRelease, every rank drops the request
 
-A Nack resumes the source (PrefillResume) and, once, retries with the next epoch. No
-word from decode in time, or decode died: PrefillTimeout, the request fails (fail
-closed). A cancel before the offer ends it here (ClientCancel, PrefillQuiesce); after
-it, decode's word decides: on the Ack it goes on to decode, on a Nack it ends here.
-
-A crash of any rank is the prefill worker's crash (spec ``EnvCrash``): every rank stops,
-drops what it holds, and comes back as the new incarnation (``restart_self``).
-
-Mutant ``release_before_install``: every rank frees its source blocks once its chunks
-are sent, before the Ack; the leader logs what its allocator holds (``observed.p``).
-"""
+A Nack resumes the source (PrefillResume) and, once, retries with the next epoch. No word
+from decode in time, or decode died: PrefillTimeout, the request fails (fail closed). A
+cancel before the offer ends it here (ClientCancel, PrefillQuiesce); after it, decode's
+word decides: on the Ack it goes on to decode, on a Nack it ends here. A crash of any rank
+is the prefill worker's crash (spec ``EnvCrash``): every rank stops, drops what it holds,
+and comes back as the new incarnation (``restart_self``). At the router's shutdown a rank
+says bye once nothing is in flight (``settled``; at most ACK_WAIT or CLOSE_WAIT timeouts).
+Mutant ``release_before_install``: every rank frees its source blocks once its chunks are
+sent, before the Ack; the leader logs what its allocator holds (``observed.p``)."""
 
 from __future__ import annotations
 
@@ -36,9 +34,9 @@ import torch
 from refimpl.api import State
 from refimpl.api.ranks import Epochs, RankSender, rank_route
 from refimpl.cluster.control import Message
-from refimpl.cluster.ends import channel_proc, prefill_end, rank_sender
+from refimpl.cluster.ends import channel_proc, held, prefill_end, rank_sender
 from refimpl.cluster.link import RAW_TAG, Link, base_rid, is_link_message, rid_of
-from refimpl.cluster.worker import Base, WorkerArgs, proc_name
+from refimpl.cluster.worker import CLOSE_WAIT, Base, WorkerArgs, proc_name
 from refimpl.errors import OwnershipError
 
 MAX_ATTEMPTS = 2
@@ -88,8 +86,6 @@ class PrefillWorker(Base):
         self.ended: set[str] = set()  # requests this leader is done with
         self.decided: set[str] = set()  # the decode leader committed them (decode TP > 1)
 
-    alloc = property(lambda self: self.w.rp.alloc)
-
     def route(self, channel: str) -> str:
         worker = self.dest.get(base_rid(rid_of(channel)), "d0")
         return channel_proc(self.ranks, self.a.prefill_tp, worker, channel)
@@ -100,8 +96,8 @@ class PrefillWorker(Base):
         if is_link_message(m):
             self.link.deliver(m)
             return
-        if kind == "shutdown":
-            self.on_shutdown(m)
+        if kind == "shutdown":  # the leader's open requests end first, then every rank's
+            self.begin_close(ACK_WAIT if self.leader else CLOSE_WAIT)
             return
         if kind == "dead":
             self.learned(m)
@@ -273,8 +269,7 @@ class PrefillWorker(Base):
         self.maybe_handoff(r)
 
     def on_commit(self, m: Message) -> None:
-        """Decode TP > 1: the decode leader logged its commit (the ranks' own Acks come
-        before it: the release waits for this word, to follow the commit in the log)."""
+        """Decode TP > 1: the decode leader logged its commit; the release may follow."""
         if m["rid"] in self.offered:
             self.decided.add(m["rid"])
 
@@ -355,7 +350,8 @@ class PrefillWorker(Base):
         if self.leader and not self.down:
             now = self.now()
             for r in list(self.reqs.values()):
-                if r.phase in ("await_ready", "await_ack") and now >= r.deadline:
+                late = now >= r.deadline or (self.closing is not None and now >= self.closing)
+                if r.phase in ("await_ready", "await_ack") and late:
                     self.event("PrefillTimeout", r.rid)
                     d, t = r.decode, self.a.timeout_s
                     gone = f"decode worker {d} died"
@@ -398,3 +394,7 @@ class PrefillWorker(Base):
         t = self.txs.get(d) or rank_sender(self.w, a.rank, self.link, dst_tp=a.decode_tp,
                                            epochs=self.epochs, inc=self.ch.inc)  # fmt: skip
         return self.txs.setdefault(d, t)
+
+    def settled(self) -> bool:
+        """No request open on the leader, no offer or block on any rank."""
+        return not self.reqs and not self.offered and held(self.alloc) == 0

@@ -19,9 +19,9 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,10 +30,20 @@ from refimpl.cluster.ends import held
 from refimpl.cluster.eventlog import ProcLog
 from refimpl.cluster.pairs import Frames, Pairs
 from refimpl.cluster.workload import ModelSpec
+from spec.manifest import MAX_INT_DIGITS
+from spec.strict_json import StrictJSONError, loads_object, short
+
+if TYPE_CHECKING:
+    from refimpl.blocks import BlockAllocator
+    from refimpl.demo.handoff import Worker
 
 ROUTER = "router"
 POLL_IDLE_S = 0.001
 BEAT_EVERY_S = 0.1
+# After the router's "shutdown" a worker may take this many timeouts to finish what is in
+# flight before its bye (``Base.begin_close``); the router waits for the byes past it.
+CLOSE_WAIT = 4
+MAX_ARGS_BYTES = 1 << 20  # the router's arguments to a worker (a few hundred bytes)
 RENDEZVOUS_S = 60.0  # a pair group's creation waits this long for a (re)starting peer
 
 
@@ -75,7 +85,24 @@ class WorkerArgs:
 
     @classmethod
     def from_json(cls, text: str) -> WorkerArgs:
-        return cls(**json.loads(text))
+        """The router's arguments, read by the one strict reader (``loads_object``): an
+        unknown or missing field is a StrictJSONError naming it, like malformed JSON."""
+        d = loads_object(
+            text, prefix="worker arguments", max_bytes=MAX_ARGS_BYTES, max_depth=8,
+            max_int_digits=MAX_INT_DIGITS, what="worker arguments",
+        )  # fmt: skip
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise StrictJSONError(f"worker arguments: unknown field {short(unknown[0])}")
+        missing = [f.name for f in fields(cls) if f.name not in d and _required(f)]
+        if missing:
+            raise StrictJSONError(f"worker arguments: missing field {missing[0]!r}")
+        return cls(**d)
+
+
+def _required(f: Any) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
 
 
 def proc_name(role: str, rank: int, drank: int = 0) -> str:
@@ -125,6 +152,8 @@ def decode_names(n: int) -> list[str]:
 class Base:
     """What a prefill rank and a decode worker share."""
 
+    w: Worker  # the role's model pools (``ends``)
+
     def __init__(self, a: WorkerArgs) -> None:
         self.a = a
         self.spec = ModelSpec(**a.model)
@@ -139,6 +168,7 @@ class Base:
         )
         self.timeout = timedelta(seconds=a.timeout_s)
         self.stop = False
+        self.closing: float | None = None  # when the bye is due at the latest (``begin_close``)
         start_heartbeat(a.store_host, a.store_port, a.name, BEAT_EVERY_S, a.timeout_s)
         self.backlog: list[Message] = []  # read while waiting for one reply, handled next
         self.dead: set[str] = set()  # peers the router declared dead
@@ -216,8 +246,35 @@ class Base:
             for m in msgs:
                 self.handle(m)
             busy = self.step()
-            if not msgs and not busy:
+            if self.closing is not None and (self.settled() or self.now() >= self.closing):
+                self.close()
+            elif not msgs and not busy:
                 time.sleep(POLL_IDLE_S)
+
+    def begin_close(self, waits: float) -> None:
+        """The router's "shutdown": the loop goes on until nothing is in flight here
+        (``settled``: an Ack or a sibling's drop may still be on its way, delayed), at most
+        ``waits`` timeouts, then ``close`` (issue #34: the bye came first, and a rank
+        reported the last request's blocks, whose drop was still delayed, as leaked)."""
+        if self.closing is None:
+            self.closing = self.now() + waits * self.a.timeout_s
+
+    @property
+    def alloc(self) -> BlockAllocator:
+        return self.w.rp.alloc
+
+    def settled(self) -> bool:
+        """Nothing in flight on this worker: it may say bye (``begin_close``)."""
+        return True
+
+    def close(self) -> None:
+        """The bye: the allocator's integrity and the blocks it still holds."""
+        integrity: str | None = None
+        try:
+            self.alloc.check_integrity()
+        except Exception as e:  # noqa: BLE001 (reported to the router as text)
+            integrity = str(e)
+        self.bye(held(self.alloc), integrity)
 
     def handle(self, m: Message) -> None:
         raise NotImplementedError
@@ -227,14 +284,10 @@ class Base:
         return False
 
     def on_shutdown(self, m: Message) -> None:
-        """The router ends the run: the allocator's integrity and what it still holds."""
-        alloc = getattr(self, "alloc")  # noqa: B009 (each role's own)
-        integrity: str | None = None
-        try:
-            alloc.check_integrity()
-        except Exception as e:  # noqa: BLE001 (reported to the router as text)
-            integrity = str(e)
-        self.bye(held(alloc), integrity)
+        """The router ends the run. A decode rank's own timeouts end what it holds: its
+        bye is at once (``close`` after this loop turn, the messages that came with the
+        shutdown handled first); a prefill rank drains first (``PrefillWorker``)."""
+        self.begin_close(0)
 
     def bye(self, held: int, integrity: str | None) -> None:
         self.report(
@@ -246,7 +299,11 @@ class Base:
 
 
 def main(argv: list[str]) -> int:
-    a = WorkerArgs.from_json(argv[1])
+    try:
+        a = WorkerArgs.from_json(argv[1] if len(argv) > 1 else "")
+    except StrictJSONError as e:
+        print(f"kvown worker: {e}", file=sys.stderr)
+        return 2
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: every thread's stack
     torch.set_num_threads(1)
     w: Base

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from refimpl.checksum import Buffer, copy_bytes_into, tensor_from_bytes
+from refimpl.checksum import Buffer, copy_bytes_into, hasher, tensor_from_bytes
+
+PIECE = 1 << 19  # bytes copied, then hashed where they landed while in cache (L2: 2 MiB)
 
 
 def piece_bytes(lv: torch.Tensor) -> int:
@@ -77,6 +79,37 @@ def scatter_layer(lv: torch.Tensor, blocks: Sequence[int], payload: Buffer) -> N
     idx = torch.as_tensor(list(blocks), dtype=torch.long, device=lv.device)
     data = tensor_from_bytes(payload, lv.dtype, (len(blocks), *lv.shape[1:])).to(lv.device)
     lv.index_copy_(0, idx, data)
+
+
+Landing = tuple[memoryview, int, int]  # a writable span from block 0, its stride, capacity
+
+
+def landing(lv: torch.Tensor) -> Landing | None:
+    """Where ``copy_hashed`` writes into a layer view (``lv``, or ``kv`` for whole blocks):
+    a writable byte span from block 0, the stride between blocks and their count, on CPU
+    where each block's piece is one contiguous byte range; else None (the caller hashes,
+    then writes). One per view is enough: callers keep it for the chunks that follow."""
+    raw = rows(lv)
+    if raw is None or raw.device.type != "cpu":
+        return None
+    return _span(raw), raw.stride(0), raw.shape[0]
+
+
+def copy_hashed(span: Landing, blocks: Sequence[int], payload: Buffer) -> str:
+    """Copy the pieces in ``payload`` (block order) into ``blocks`` of a ``landing`` span,
+    and return the xxh3-64 (``refimpl.checksum``) of the bytes as they landed, in block
+    order: each piece of at most ``PIECE`` bytes is hashed right after it is written,
+    from cache (one read of the payload from memory, not two)."""
+    (dst, stride, capacity), src = span, memoryview(payload).cast("B")
+    if not blocks or not all(type(b) is int and 0 <= b < capacity for b in blocks):
+        raise ValueError(f"copy_hashed: blocks {list(blocks)!r:.60} not in [0, {capacity})")
+    per, h = src.nbytes // len(blocks), hasher()
+    for j, b in enumerate(blocks):
+        for k in range(0, per, PIECE):
+            at, n = b * stride + k, min(PIECE, per - k)
+            dst[at : at + n] = src[j * per + k : j * per + k + n]
+            h.update(dst[at : at + n])
+    return str(h.hexdigest())
 
 
 def write_bytes(out: torch.Tensor, payload: Buffer) -> None:

@@ -134,6 +134,17 @@ def test_a_missing_file_is_bad_input(capsys: pytest.CaptureFixture[str], tmp_pat
     assert rc == 2 and "error" in json.loads(out) and err.startswith("error: kvown replay")
 
 
+def test_a_file_past_16_mib_is_refused_on_its_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A counterexample is a few KB: the cap is 16 MiB, not 64 (the reader holds about four
+    copies of a bracket bomb at once: 60 MB took 328 MB of RSS, past issue #34's 256)."""
+    path = tmp_path / "cex.json"
+    path.write_bytes(b"[" * ((16 << 20) + 1))
+    rc, out, err = kvown(capsys, "replay", str(path))
+    assert rc == 2 and "longer than the cap of 16777216 bytes" in err, err
+
+
 def test_check_trace_given_a_counterexample_points_to_replay(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from refimpl.cluster.control import (
     KEEP_REFUSALS,
@@ -17,6 +18,7 @@ from refimpl.cluster.control import (
     Channel,
     read_message,
 )
+from refimpl.cluster.link import Link
 from spec.manifest import MAX_JSON_DEPTH
 from spec.strict_json import StrictJSONError
 from tests.refimpl.test_hostile_headers import HOSTILE
@@ -127,3 +129,45 @@ def test_a_kv_message_carrying_a_manifest_of_the_deepest_allowed_shape_is_read()
     too_deep = {**msg, "kv": [["0>d", {"type": "manifest", "m": {"rope": [deepest]}}, 0]]}
     with pytest.raises(StrictJSONError):
         read_message(json.dumps(too_deep))
+
+
+class RecordingPairs:
+    """The data plane's pairs, recording each receive posted (none completes)."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, int, int]] = []
+
+    def irecv(self, peer: str, buf: torch.Tensor, tag: int) -> None:
+        self.posted.append((peer, buf.numel(), tag))
+        return None
+
+
+GOOD_KV = [["kv:r1>rx", {"type": "manifest", "epoch": 1}, 4]]
+HOSTILE_KV = [
+    ("tag past a gloo int", {"kv": GOOD_KV, "nbytes": 4, "tag": 1 << 40}),
+    ("tag negative", {"kv": GOOD_KV, "nbytes": 4, "tag": -1}),
+    ("tag a bool", {"kv": GOOD_KV, "nbytes": 4, "tag": True}),
+    ("nbytes a float", {"kv": GOOD_KV, "nbytes": 4.0, "tag": 1}),
+    ("nbytes past the batch bound", {"kv": GOOD_KV, "nbytes": 1 << 40, "tag": 1}),
+    ("sizes do not add up", {"kv": GOOD_KV, "nbytes": 5, "tag": 1}),
+    ("kv not a list", {"kv": {"a": 1}, "nbytes": 4, "tag": 1}),
+    ("item header a string", {"kv": [["kv:r1>rx", "{}", 4]], "nbytes": 4, "tag": 1}),
+    ("item size negative", {"kv": [["kv:r1>rx", {}, -4]], "nbytes": -4, "tag": 1}),
+    ("item too short", {"kv": [["kv:r1>rx", {}]], "nbytes": 0, "tag": 1}),
+]
+
+
+@pytest.mark.parametrize(("name", "msg"), HOSTILE_KV, ids=[c[0] for c in HOSTILE_KV])
+def test_a_hostile_batch_is_dropped_before_any_receive_is_posted(name: str, msg: dict) -> None:
+    """``Link.deliver`` on a peer's ``kv`` message read from the control channel: a batch
+    gloo cannot take (a tag past 2^31 raised TypeError out of ``irecv``, ending the worker)
+    or whose shape is wrong is counted as malformed, no receive is posted, nothing filed;
+    the next sound batch is received."""
+    ch, _store, _ = _channel()
+    pairs = RecordingPairs()
+    link = Link(ch, pairs, lambda c: "d0", lambda work: True)  # type: ignore[arg-type]
+    link.deliver({"kind": "kv", "src": "p0", "lc": 1, **msg})
+    assert link.stats["malformed"] == 1 and pairs.posted == []
+    assert link.poll("kv:r1>rx") == []
+    link.deliver({"kind": "kv", "src": "p0", "lc": 2, "kv": GOOD_KV, "nbytes": 4, "tag": 1})
+    assert pairs.posted == [("p0", 4, 1)] and link.stats["malformed"] == 1

@@ -4,6 +4,7 @@ reachable-step shortcut, one mutant judged end to end through the CLI."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,25 @@ def test_mutants_on_lines_no_config_executes_are_not_run(pool: dict[str, object]
     assert reserve and reserve <= skip
     assert copy and not copy & skip
     assert 0 < len(skip) < len(ms)
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [b"[" * 100_000, b'{"f": ' + b"9" * 5000 + b"}", b'{"f": NaN}', b"[1]"]
+    + [b'{"f": [true]}', b"\xff"],
+    ids=["deep", "huge int", "NaN", "a list", "bools", "not UTF-8"],
+)
+def test_a_planted_coverage_cache_is_a_miss_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: bytes
+) -> None:
+    """The cache lies in the shared temporary folder: whatever another program left at its
+    name is read by the strict reader and, if it is not what ``covered_lines`` writes,
+    the lines are measured again (a deep file raised RecursionError out of kvown mutate)."""
+    from model_checks.mutation import spec_coverage as sc
+
+    monkeypatch.setattr(sc.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(sc, "measure", lambda root, files, configs: {"f": {3}})
+    cache = tmp_path / f"kvown-spec-coverage-{sc._key(ROOT, ['f'], ['c'])}.json"
+    cache.write_bytes(planted)
+    assert sc.covered_lines(ROOT, ["f"], ["c"]) == ({"f": {3}}, False)
+    assert sc.covered_lines(ROOT, ["f"], ["c"]) == ({"f": {3}}, True)  # rewritten whole

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from model_checks.symbolic.actions import encodable
 from model_checks.symbolic.agree import (
     TINY,
     Checker,
@@ -37,7 +36,7 @@ def test_tiny_config_every_state_and_edge(name: str) -> None:
     _clean(rep)
 
 
-ENCODED = sorted(n for n, c in CONFIGS.items() if encodable(c))  # restarts: explicit only
+ENCODED = sorted(CONFIGS)  # every world is in the finite encoding
 
 
 @pytest.mark.by_encoding
@@ -83,12 +82,20 @@ def test_a_divergence_is_caught() -> None:
     assert rep.mismatches and "DecodeAbort" in rep.mismatches[0].detail
 
 
-# (the unbounded model keeps the shared host cache's and the turns' fields at 0: those
+# (the unbounded model keeps the shared host cache's, the turns', the streamed offers' and
+# the restarts' fields at 0: those
 # worlds are the finite encoding's, above)
 UNBOUNDED = [
     n
     for n in ENCODED
-    if not (CONFIGS[n].identity or CONFIGS[n].slots or CONFIGS[n].host_cache or CONFIGS[n].turns)
+    if not (
+        CONFIGS[n].identity
+        or CONFIGS[n].slots
+        or CONFIGS[n].host_cache
+        or CONFIGS[n].turns
+        or CONFIGS[n].layers
+        or CONFIGS[n].restarts
+    )
 ]
 # The suite's sample of the unbounded agreement (about 300 CPU s for all 21 worlds): one
 # world for each feature the unbounded model branches on. TP 2 -> 1 and lost messages

@@ -32,11 +32,7 @@ from spec.properties import PROPERTIES
 def test_scope() -> None:
     assert set(SAFETY_MUTANTS) | set(LIVENESS_MUTANTS) | set(UNENCODED_MUTANTS) == set(MUTANTS)
     assert set(UNENCODED_MUTANTS) == {
-        "stale_incarnation_accepted",  # restarts: the incarnations are not in z3
-        "restart_keeps_pool",
         "slot_reused_unfenced",  # its step changes another request than the acting one
-        "stream_reads_at_ready",  # streamed offers (spec/stream): not encoded in z3 yet
-        "layer_ready_on_staging",
     }
     assert set(LIVENESS_MUTANTS) == {
         "zero_block_never_done",

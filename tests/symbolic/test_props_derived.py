@@ -24,12 +24,14 @@ from spec.config import CONFIGS
 from spec.properties import SAFETY
 from spec.state import World
 
-# worlds whose behaviours reach every scope (TP 2 ranks and the shared host cache in the
-# suite; crashes, the decode-side prefix, async steps, turns, content identity, decode
-# ranks and retraction nightly)
+# worlds whose behaviours reach every scope (TP 2 ranks, the shared host cache and the
+# messages' incarnations (restarts) in the suite; crashes, the decode-side prefix, async
+# steps, turns, content identity, decode ranks, retraction and layers nightly)
 WORLDS = (
     "handoff_tp2to1",
     "host_cache_store",
+    "restart_handoff",
+    pytest.param("stream_one", marks=pytest.mark.nightly),
     pytest.param("turns_two", marks=pytest.mark.nightly),
     pytest.param("identity_prefix", marks=pytest.mark.nightly),
     pytest.param("prefix_crash", marks=pytest.mark.nightly),

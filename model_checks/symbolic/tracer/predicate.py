@@ -22,7 +22,17 @@ from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
 from model_checks.symbolic.tracer.trace import SymConfig, _symbolic, sym_req, sym_world
 
-__all__ = ["conj_glob", "conj_req", "conj_slot", "over_reqs", "per_req", "req_of", "traced_pred"]
+__all__ = [
+    "conj_glob",
+    "conj_req",
+    "conj_slot",
+    "over_reqs",
+    "per_req",
+    "req_of",
+    "step_part",
+    "step_part_at",
+    "traced_pred",
+]
 
 WorldPred = Callable[[Any, Any], Any]  # spec: (World, Config) -> bool
 ReqPred = Callable[[Any, Any], Any]  # spec: (World, Req) -> bool
@@ -103,6 +113,14 @@ def step_part(fn: Any) -> Callable[[Ctx, Ctx], Z]:
     every request: a request the step left alone is the same before and after, where
     the predicates hold (they judge what a step changes)."""
 
+    return step_part_at(fn, _ACTION, _ACTION, _ACTION)
+
+
+def step_part_at(fn: Any, name: Any, i: Any, arg: Any) -> Callable[[Ctx, Ctx], Z]:
+    """``step_part`` for one action instance (``name``, slot ``i``, argument ``arg``,
+    concrete): the predicates that read the action (``stale_changes_nothing``: a
+    message of an older epoch or incarnation changes nothing) judged for that step."""
+
     def f(x0: Ctx, x1: Ctx) -> Z:
         v0, v1 = x0.views(), x1.views()
         if v0 is None or v1 is None:
@@ -110,7 +128,7 @@ def step_part(fn: Any) -> Callable[[Ctx, Ctx], Z]:
         pre = sym_world(x0, tuple(sym_req(r) for r in v0))
         post = sym_world(x1, tuple(sym_req(r) for r in v1))
         c = SymConfig(x1)
-        return traced_pred(lambda: fn(pre, _ACTION, _ACTION, _ACTION, post, c), x1)
+        return traced_pred(lambda: fn(pre, name, i, arg, post, c), x1)
 
     return f
 
@@ -165,14 +183,15 @@ def prop_req(pred: WorldPred, x: Ctx, r: RV) -> tuple[Z, bool]:
     return _holds(pred, x, (_alone(r, net),)), net.read
 
 
-def prop_msg(pred: WorldPred, x: Ctx, r: RV, kind: int, e: Z, i: Z) -> Z:
+def prop_msg(pred: WorldPred, x: Ctx, r: RV, kind: int, e: Z, i: Z, inc: Z = 0) -> Z:
     """``pred`` on the world of request ``r`` alone with one message in flight, of ``kind``
-    with epoch ``e`` and index ``i``. A safety predicate is a conjunction over the
-    requests and their messages (a global part read through the pool helpers, then per
-    request, then per message), so the state satisfies it exactly when the global part,
-    every request's part and every message's part hold (tests/symbolic/test_props_derived
-    checks the split on the explored states of every default world)."""
-    msg = S.SymMsg(kind, S.lift(e), S.lift(i))
+    with epoch ``e``, index ``i`` and incarnation ``inc``. A safety predicate is a
+    conjunction over the requests and their messages (a global part read through the pool
+    helpers, then per request, then per message), so the state satisfies it exactly when
+    the global part, every request's part and every message's part hold
+    (tests/symbolic/test_props_derived checks the split on the explored states of every
+    default world)."""
+    msg = S.SymMsg(kind, S.lift(e), S.lift(i), S.lift(inc))
     return _holds(pred, x, (_alone(r, _Messages((msg,))),))
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import z3
 
-from model_checks.symbolic.core import RV, Ctx, NetOp, NetView, Z
+from model_checks.symbolic.core import RV, Ctx, N, NetOp, NetView, Z
 
 
 class TraceError(Exception):
@@ -227,6 +227,8 @@ class Landed:
         raise TraceError("landed | something other than 1 << idx")
 
     def _full(self, o: Any) -> Any:
+        if isinstance(o, Landed):  # two states' sets (a transition predicate)
+            return self.t == o.t
         if not isinstance(o, Full) or o.hit is None:
             raise TraceError("landed compared with something other than full_chunks")
         return _ctx().lfull(self.t, raw(o.hit))
@@ -288,6 +290,8 @@ class RMask:
         raise TraceError("rmask & something other than 1 << rank")
 
     def _full(self, o: Any) -> Any:
+        if isinstance(o, RMask):  # two states' masks (a transition predicate)
+            return self.t == o.t
         if isinstance(o, Full) and o.hit is None:
             return self.t == _ctx().rfull()
         if isinstance(o, int) and o == 0:
@@ -312,11 +316,12 @@ class RMask:
 
 @dataclass(frozen=True)
 class SymMsg:
-    """A message code: concrete kind, epoch and index terms (incarnation 0)."""
+    """A message code: concrete kind, epoch, index and incarnation terms."""
 
     kind: int
     e: Any
     i: Any = 0
+    inc: Any = 0
 
     def __hash__(self) -> int:
         raise TraceError("a symbolic message used as a dict key")
@@ -347,6 +352,15 @@ class SymNet:
 
     def __len__(self) -> int:
         raise TraceError("a request's messages counted (use spec.common's helpers)")
+
+    def __eq__(self, other: object) -> Any:
+        """Two requests' messages as they were (a transition predicate's before/after)."""
+        if not isinstance(other, SymNet) or self.ops or other.ops:
+            raise TraceError("a request's messages compared after a change to them")
+        return lift(self.view.same(other.view))
+
+    def __ne__(self, other: object) -> Any:
+        return lift(N(raw(self.__eq__(other))))
 
     def __hash__(self) -> int:
         raise TraceError("a request's messages used as a dict key")

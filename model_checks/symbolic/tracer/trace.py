@@ -31,9 +31,9 @@ import z3
 
 from model_checks.symbolic.core import (
     EXT_FIELDS,
+    EXT_GLOBALS,
     FIELDS,
     GLOBALS,
-    HOST_GLOBALS,
     RV,
     A,
     Branch,
@@ -50,7 +50,6 @@ from spec import common, state, steps
 from spec.actions import ACTIONS
 from spec.behaviours import decode_ranks, host_cache, slots
 from spec.common import Refused
-from spec.config import Config
 from spec.state import CHUNKS, Req, World
 
 
@@ -62,26 +61,34 @@ def _ctx() -> Ctx:
 
 
 def _msg(kind: Any, epoch: Any, idx: Any = 0, inc: Any = 0) -> S.SymMsg:
-    if not isinstance(kind, int) or not (isinstance(inc, int) and inc == 0):
-        raise S.TraceError("a message of symbolic kind or incarnation")
-    return S.SymMsg(kind, epoch, idx)
+    if not isinstance(kind, int):
+        raise S.TraceError("a message of symbolic kind")
+    return S.SymMsg(kind, epoch, idx, inc)
+
+
+# a code's parts, concrete (``_symbolic`` rebinds spec.state's own names while tracing)
+_CODE_PARTS = (state.msg_kind, state.msg_epoch, state.msg_idx, state.msg_inc)
 
 
 def _as_msg(code: Any) -> S.SymMsg:
     if isinstance(code, S.SymMsg):
         return code
     if isinstance(code, int):
-        return S.SymMsg(state.msg_kind(code), state.msg_epoch(code), state.msg_idx(code))
+        return S.SymMsg(*(f(code) for f in _CODE_PARTS))
     raise S.TraceError(f"not a message: {code!r}")
 
 
 def _op(op: str, code: Any) -> NetOp:
     m = _as_msg(code)
-    return NetOp(op, m.kind, S.raw(m.e), S.raw(m.i))
+    return NetOp(op, m.kind, S.raw(m.e), S.raw(m.i), inc=S.raw(m.inc))
 
 
 def _send(w: World, net: S.SymNet, code: Any) -> S.SymNet:
-    return net.then(_op("send", code))
+    """``spec.common.send``: a control message carries its sender's incarnation."""
+    m = _as_msg(code)
+    if m.kind not in CHUNKS:
+        m = S.SymMsg(m.kind, m.e, m.i, w.d_inc if m.kind in state.TO_PREFILL else w.p_inc)
+    return net.then(_op("send", m))
 
 
 def _take(net: S.SymNet, code: Any) -> S.SymNet:
@@ -135,7 +142,7 @@ _SYMBOLIC: dict[Any, Any] = {
     state.msg_kind: lambda code: code.kind if isinstance(code, S.KindOf) else _as_msg(code).kind,
     state.msg_epoch: lambda code: _as_msg(code).e,
     state.msg_idx: lambda code: _as_msg(code).i,
-    state.msg_inc: lambda code: 0,
+    state.msg_inc: lambda code: _as_msg(code).inc,
     common.send: _send,
     common.take: _take,
     common.add: _add,
@@ -211,14 +218,12 @@ class SymConfig:
             return S.lift(getattr(self._p, name))
         if name == "dst_tp":
             raise S.TraceError("Config.dst_tp read (the encodings have dst_full)")
-        if name in ("restarts", "layers"):
-            return Config.__dataclass_fields__[name].default
         raise S.TraceError(f"config field {name!r} has no symbolic value")
 
 
-_WORLD_FIXED: dict[str, Any] = {"p_inc": 0, "d_inc": 0}
+_WORLD_FIXED: dict[str, Any] = {}
 _RFIELDS = FIELDS + EXT_FIELDS
-_GFIELDS = GLOBALS + HOST_GLOBALS
+_GFIELDS = GLOBALS + EXT_GLOBALS
 _REQ_FIXED = {f: Req._field_defaults[f] for f in Req._fields if f not in _RFIELDS and f != "net"}
 
 
@@ -267,7 +272,7 @@ def _changed(x: Ctx, names: tuple[str, ...], old: Any, new: Any, held: Any) -> d
         v, v0 = getattr(new, f), getattr(old, f)
         if v is v0:
             continue
-        if f in EXT_FIELDS or f in HOST_GLOBALS:
+        if f in EXT_FIELDS or f in EXT_GLOBALS:
             const = getattr(held, f)
             if not isinstance(const, z3.ExprRef):
                 if isinstance(v, (int, bool)) and v == const:
@@ -320,7 +325,7 @@ def _cache_key(name: str, x: Ctx, r: RV | None, a: Msg | None) -> tuple[Any, Any
     ins = [getattr(x, g) for g in _GFIELDS]
     if r is not None:
         ins += [getattr(r, f) for f in _RFIELDS]
-    msg_in = () if a is None else (a.kind, _k(a.e), _k(a.i))
+    msg_in = () if a is None else (a.kind, _k(a.e), _k(a.i), _k(a.inc))
     net_in = () if net is None else (net.s.tag, net.i)
     return enc, (name, x.m, msg_in, net_in, tuple(_k(v) for v in ins), ins)
 
@@ -347,7 +352,7 @@ def _trace(name: str, x: Ctx, r: RV | None, a: Msg | None) -> Rules:
     with _symbolic(x):
         w0 = _world(x, r)
         c = SymConfig(x)
-        arg: Any = 0 if a is None else S.SymMsg(a.kind, S.lift(a.e), S.lift(a.i))
+        arg: Any = 0 if a is None else S.SymMsg(a.kind, S.lift(a.e), S.lift(a.i), S.lift(a.inc))
         m = x.m
         for lits, out in paths(lambda: fn(w0, c, m, 0, arg)):  # type: ignore[arg-type]
             cond = A(*lits)

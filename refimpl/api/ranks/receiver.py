@@ -184,6 +184,13 @@ class RankReceiver(_Member):
             self.rx.abort(sid, reasons[0] if reasons else "aborted")
         self._end_group(rid, g, reasons, tell)
 
+    def crash(self) -> None:
+        """Lose everything (this rank's process crashed, as ``Receiver.crash``): attempts
+        forgotten, the rank's pools reset."""
+        self.rx.crash()
+        self._g.clear()
+        self._early.clear()
+
     def forget(self, request_id: str) -> None:
         """Drop an ended attempt's records here (the Receiver's too)."""
         g = self._g.get(request_id)

@@ -248,6 +248,19 @@ class RankSender(_Member):
             tx.abort(sub_id(rid, d), reasons[0] if reasons else "aborted")
         self._end_group(rid, g, reasons, tell)
 
+    def crash(self) -> None:
+        """Lose everything (this rank's process crashed, as ``Sender.crash``): attempts
+        forgotten, the rank's pools and its sub-handoffs' copies reset. The ranks left
+        hear it from the engine (``abort`` with the reason) or the transport
+        (``failed``)."""
+        for tx, _, sp in self._subs.values():
+            tx.crash()
+            if sp is not None:
+                sp.reset()
+        self.pools.reset()
+        for d in (self._g, self._blocks, self._early):
+            d.clear()
+
     def forget(self, request_id: str) -> None:
         """Drop an ended attempt's records here (its sub-handoffs' too)."""
         g = self._g.get(request_id)

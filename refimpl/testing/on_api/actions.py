@@ -97,6 +97,19 @@ class ApiActions:
     def sender_view(self, i: int) -> dict[str, int]:
         raise NotImplementedError  # ``ApiSubject.sender_view``
 
+    def tier_busy(self, i: int) -> None:
+        """Refuses a write or a free of the device copy while a move holds it
+        (``on_api/worlds/offload.py``)."""
+
+    def host_free(self, i: int) -> bool:
+        return True  # no host copy and no move (``on_api/worlds/offload.py``)
+
+    def quiesce_tier(self, i: int) -> None:
+        """An ended request's moves stop and its host copy goes (``worlds/offload.py``)."""
+
+    def crash_tier(self) -> None:
+        """The prefill process's host memory is gone (``on_api/worlds/offload.py``)."""
+
     def _message(self, i: int, code: int) -> Logical:
         lm = self.net.find(self.rid(i), code, self.c.blocks, self.bad_manifest)
         if lm is None:
@@ -108,6 +121,10 @@ class ApiActions:
         the router's, which the Senders do not see): a reply for an ended request is
         dropped unread (``PrefillDiscard``); the Receiver has heard of the end
         (``tell_ends``) and refuses a manifest for it by itself (``DecodeReject``)."""
+        if name == "PrefillResume" and self.p_up and self.sender_view(i).get("nack") == code:
+            for s in self.tx:  # read early (``early_nack``): its writes have landed now
+                s.poll(self.rid(i))
+            return
         lm = self._message(i, code)
         up = self.d_up if lm.to_d else self.p_up
         if not up:
@@ -123,6 +140,30 @@ class ApiActions:
             for s in self.tx:
                 s.poll(rid)
             self.after_reply(i, name)
+
+    def early_nack(self, i: int, code: int) -> bool:
+        """The environment delivers the Nack ``code`` to the Senders while writes of its
+        attempt are still in flight (delivery order is free): a stutter, the spec's Nack
+        stays unconsumed (a Sender reads it and waits: ``sender_part``'s ``nack``) until
+        ``PrefillResume`` once they landed (``on_api.tour``). False if read already."""
+        if self.p_up and self.sender_view(i).get("nack") == code:
+            return False
+        lm = self._message(i, code)
+        self._need(self.p_up and not lm.to_d, "not a reply to a live prefill")
+        self.net.deliver(lm)
+        for s in self.tx:
+            s.poll(self.rid(i))
+        return True
+
+    def early_abort(self, i: int, reason: str) -> bool:
+        """The engine aborts request ``i``'s attempt while writes of it are in flight (its
+        clock is free): a stutter, the Senders keep the attempt and its pins, and say
+        nothing, until ``PrefillTimeout``/``PrefillQuiesce`` once they landed
+        (``on_api.early``). True: given."""
+        self._need(self.p_up and self._live(i), "no attempt in progress")
+        for s in self.tx:
+            s.abort(self.rid(i), reason)
+        return True
 
     def after_reply(self, i: int, name: str) -> None:
         """The scheduler's part after a reply reached the Senders (on_api/worlds/streamed.py)."""
@@ -143,6 +184,7 @@ class ApiActions:
         self._need(self.p_up and self.st[i] == QUEUED, "not queued")
         rid = self.rid(i)
         self._need(not self.pp[0].alloc.blocks_of(rid), "holds blocks")
+        self._need(self.host_free(i), "a host copy is reloaded instead")
         for p in self.pp:  # the first refuses (CapacityError) before any allocates
             p.alloc.allocate(rid, self.c.blocks)
         self.st[i] = PREFILLING
@@ -168,6 +210,7 @@ class ApiActions:
     def _PrefillDecodeStep(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING, "not running")
+        self.tier_busy(i)
         if self._live(i):  # the scheduler reads the Sender: an attempt reads these blocks
             raise OwnershipError(f"{rid}: an attempt is in progress", prop="FrozenSnapshot")
         self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
@@ -178,6 +221,7 @@ class ApiActions:
     def _PrefillFinish(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING and not self._live(i), "not finishable")
+        self._need(self.host_free(i), "a host copy or a move")
         self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no prefill replica")
         for p in self.pp:
             p.alloc.free(rid)
@@ -187,6 +231,7 @@ class ApiActions:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] == RUNNING and not self._live(i), "not freezable")
         self._need(self.ep[i] < self.c.max_attempts, "no attempt left")
+        self._need(self.host_free(i), "a host copy or a move")
         e = self.ep[i] + 1  # one epoch for every rank, chosen once
         for s, p in zip(self.tx, self.pp, strict=True):
             s.offer(
@@ -220,7 +265,9 @@ class ApiActions:
     def _PrefillQuiesce(self, i: int, arg: int) -> None:
         rid = self.rid(i)
         self._need(self.p_up and self.st[i] in (FINISHED, CANCELLED, FAILED), "not ended")
-        self._need(bool(self.pp[0].alloc.blocks_of(rid)) or self._live(i), "nothing held")
+        held = bool(self.pp[0].alloc.blocks_of(rid)) or not self.host_free(i)
+        self._need(held or self._live(i), "nothing held")
+        self.quiesce_tier(i)
         self._end_prefill(i, "cancelled")
 
     def _DecodeStep(self, i: int, arg: int) -> None:
@@ -284,6 +331,7 @@ class ApiActions:
                 s.crash()
             self.net.drop(lambda lm: lm.to_d and lm.group[0] != CHUNK)
             self.p_up = False
+            self.crash_tier()
             fate = [_lost_with_prefill(r) for r in before.reqs]
         elif worker == 1 and self.d_up:
             self.dead_dep = [r.dep for r in before.reqs]

@@ -20,39 +20,34 @@ from spec.config import Config
 __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
 
 UNEXPRESSED: dict[str, str] = {
-    "offload": "offload/reload are refimpl.api.offload's copies between tiers; no spec "
-    "action maps to them yet (no host replica in the API's ends)",
+    "offload": "offload/reload (refimpl.api.offload.begin_offload/begin_reload, host pools: "
+    "on_api/worlds/offload.py) are mapped for prefill TP 1; a DiskTier's Transfer is not",
     "recompute": "preemption by recompute is the engine's scheduler, not the API",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
-    "decode_ranks": "decode ranks (one RankReceiver per rank, on_api/worlds/ranks.py) are "
-    "mapped for prefill TP 1, whole-request offers, no crash, restart or mismatched "
-    "manifest, in one process",
+    "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "
+    "decode rank, on_api/worlds/ranks.py) are mapped for whole-request offers with no "
+    "restart (a rank's new incarnation: RankSender/RankReceiver(incarnation=k) and "
+    "peer_restarted are not driven by the tour yet), in one process",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
     "turns": "multi-turn append is the engine's",
-    "unrevocable": "revocable=False across processes: DistTransport says nothing of "
-    "revoke (a Receiver there fences); the quarantine until Quiesced is toured in process",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
 }
-
-
-_RANKLESS = frozenset({"crash", "mismatch"})  # faults not mapped with decode ranks
 
 
 def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
-        "offload": c.offload,
+        "offload": c.offload and c.src_tp != 1,
         "recompute": c.recompute,
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
-        "decode_ranks": c.decode_ranks
-        and (c.src_tp != 1 or bool(c.layers) or c.restarts > 0 or bool(_RANKLESS & c.fault_kinds)),
+        "decode_ranks": c.decode_ranks and (bool(c.layers) or c.restarts > 0),
         "identity": c.identity,
         "slots": c.slots,
         "host_cache": c.host_cache > 0,
@@ -61,8 +56,6 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
     }
     if remote and c.decode_ranks:
         on["decode_ranks"] = True
-    if remote and not c.revocable:
-        on["unrevocable"] = True
     return [k for k, v in on.items() if v]
 
 

@@ -270,7 +270,9 @@ def _answer(end: Any, op: str, a: dict[str, Any], payload: bytes, t: Any) -> tup
 
     if op == "reset":
         rx_kw = {"mutants": frozenset(a["mutants"])} if a["mutants"] else {}
-        _, dp, rx = decode_end(get_world(a["config"]), t, a["stage"], a["dst_block"], rx_kw)
+        c = get_world(a["config"])
+        t.revocable = c.revocable  # the world's transport: DistTransport(revocable=...)
+        _, dp, rx = decode_end(c, t, a["stage"], a["dst_block"], rx_kw)
         return (dp, rx), b""
     dp, rx = end
     if op == "restart":  # the same pools (reset at the crash), the next incarnation

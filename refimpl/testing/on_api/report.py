@@ -31,7 +31,15 @@ __all__ = ["API_WORLDS", "EDGE_WORLDS", "complete", "plan_for", "render", "tour_
 API_WORLDS = ("mismatch_one", "net_one", "handoff_crash")  # the default: small worlds
 # toured edge by edge; others by pairs
 EDGE_WORLDS = frozenset(
-    {*API_WORLDS, "crash_both", "handoff_decode_fail", "handoff_tp1to2", "pair_ranks_fail"}
+    {
+        *API_WORLDS,
+        "crash_both",
+        "handoff_decode_fail",
+        "handoff_tp1to2",
+        "pair_ranks_fail",
+        "ranks_tp2_one",
+        "ranks_faults_one",
+    }
 )
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")
 

@@ -12,12 +12,16 @@ What runs where:
     a message action  ``SpecTransport.deliver`` that message, then the side's ``poll``:
                     which spec action consumes it is the end's own decision, and the
                     refinement map says whether it was the spec's
-    PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go)
+    PrefillTimeout / PrefillQuiesce   every rank's ``Sender.abort`` (then the blocks go;
+                    unrevocable worlds: given early while writes were in flight, the
+                    Senders waited, ``on_api.early``, and this abort ends it)
     DecodeAbortFenced / DecodeTimeout   ``Receiver.abort`` (a committed copy: the blocks go;
                     ``DecodeAbort``'s quarantine is the spec's alternative, ``declined``;
                     unrevocable worlds: ``DecodeAbort``, the Receiver quarantines, and a
-                    second ``abort`` is the quarantine's longer timer: ``api.intake``)
-    DecodeReclaim   the Sender's abort (Quiesced) delivered: the quarantine is over
+                    second ``abort`` is the quarantine's longer timer: ``api.unrevocable``)
+    DecodeReclaim   the Senders' aborts (Quiesced, every rank's) delivered: it is over
+    PrefillResume   the Nack delivered (or, read early while writes were in flight, the
+                    Senders polled once they landed: ``early_nack``), then Quiesced
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
     EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
                     told (``peer_restarted``): ``on_api/worlds/restarts.py``
@@ -46,7 +50,12 @@ from refimpl.testing.ghost import Ghost
 from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiRefusal
 from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
-from refimpl.testing.on_api.worlds import FailureActions, RestartActions, StreamedActions
+from refimpl.testing.on_api.worlds import (
+    FailureActions,
+    OffloadActions,
+    RestartActions,
+    StreamedActions,
+)
 from spec.actions import decode_args
 from spec.config import Config
 from spec.manifest import RopeConfig
@@ -58,7 +67,7 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(FailureActions, StreamedActions, RestartActions):
+class ApiSubject(OffloadActions, FailureActions, StreamedActions, RestartActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(
@@ -97,6 +106,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
         self.faults, self.p_up, self.d_up = 0, True, True
         self.dead_dep = [0] * self.n  # decode's epochs when it crashed (the spec keeps dep)
         self.stream_init(self.n)  # the streamed worlds' registers (on_api/worlds/streamed.py)
+        self.offload_init(self.n)  # the host tier (on_api/worlds/offload.py)
 
     def transport(self) -> SpecTransport:
         """The transport the spec schedules, naming each channel's request and side."""
@@ -145,11 +155,15 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
             ep = sp.get("ep") or self.ep[i]
             held = bool(self.pp[0].alloc.blocks_of(rid))
             rp = self.receiver_view(i)
-            net = tuple(sorted(self.code(lm) for lm in self.net.flight if lm.rid == rid))
+            codes = [self.code(lm) for lm in self.net.flight if lm.rid == rid]
+            net = tuple(sorted(codes + ([sp["nack"]] if sp.get("nack") else [])))
+            tier = self.tier_fields(i)  # h, hl, gl, mv; p while a move is in progress
             reqs.append(
                 Req(
                     st=self.st[i],
-                    p=COMPLETE  # a streamed offer's freed source: the Senders' copies
+                    p=tier.pop("p")
+                    if "p" in tier
+                    else COMPLETE  # a streamed offer's freed source: the Senders' copies
                     if self.fs[i] and sp["live"]
                     else prefill_replica(held, bool(sp["live"])),
                     ep=ep,
@@ -160,6 +174,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
                     rinc=self.rinc(i),
                     **rp,
                     **self.stream_fields(i),
+                    **tier,
                 )
             )
         return World(
@@ -187,7 +202,7 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
 
     def check_integrity(self) -> None:
         problems = []
-        for p in self.pp:
+        for p in self.pp + self.hp:
             p.alloc.check_integrity()
         view(self.rx, "pool_integrity")
         for i in range(self.n):
@@ -209,6 +224,8 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
             if not self.pp[0].alloc.blocks_of(rid):
                 return None
             return torch.cat([p.gather(p.alloc.blocks_of(rid)) for p in self.pp], dim=3)
+        if where == "h":
+            return self.host_replica(i)
         if where == "d" and self._committed(i):
             return self.to_source(self.dp.gather(self.rx.result(rid).blocks))
         return None
@@ -273,12 +290,13 @@ class ApiSubject(FailureActions, StreamedActions, RestartActions):
         )
         regs = (tuple(self.st), tuple(self.ep), tuple(self.g), self.faults, self.p_up, self.d_up)
         incs = (self.p_inc, self.d_inc, tuple(self.kept_rinc))
-        return (self.abstract(), pools, flight, ends, regs, incs)
+        return (self.abstract(), pools, flight, ends, regs, incs, self.tier_snapshot())
 
     def held_blocks(self) -> dict[str, int]:
         return {
             "P": sum(p.alloc.capacity - p.alloc.num_free for p in self.pp),
             "D": view(self.rx, "pool_used"),
+            "H": sum(p.alloc.capacity - p.alloc.num_free for p in self.hp),
         }
 
 

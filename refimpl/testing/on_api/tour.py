@@ -5,7 +5,9 @@ and every seal on Ready (``PrefillSendChunk``); a Receiver that has every layer 
 verifies and commits at once (``DecodeValidate``, ``DecodeCommit``), and gives up an
 attempt whose chunk failed its checksum, or that the engine failed (``Receiver.fail``:
 ``DecodeFail``), at once (``DecodeAbort`` of an invalid attempt,
-of a running request or of one the scheduler has ended). So the API refines the
+of a running request or of one the scheduler has ended); an offload's or a reload's
+Sender (``refimpl.api.offload.begin_offload``/``begin_reload``) sends every block on the
+ready (``PrefillOffloadCopy``, ``PrefillReloadCopy``). So the API refines the
 spec *closed* under them: ``close(w)`` takes those steps while one is enabled, in a
 fixed order, and the API's states are the closed ones. ``closed_graph`` explores that
 system from the spec (every edge: a non-eager spec step, then the closure); states the
@@ -31,6 +33,7 @@ from model_checks.explicit.explore import explore
 from refimpl.testing.coverage import Coverage, EdgeKey, edge_key
 from refimpl.testing.drain import drain
 from refimpl.testing.harness import NO_MUTANTS, Adapter, Divergence, Harness
+from refimpl.testing.on_api.early import early_aborts, early_nacks
 from refimpl.testing.probes import MSG_ACTIONS, refusal_probes
 from refimpl.testing.tour import _edge_cover
 from spec.actions import apply, decode_args, encode_args, successors
@@ -65,6 +68,8 @@ EAGER = (
     "DecodeCommit",
     "DecodeAbort",
     "DecodeInstallLayer",
+    "PrefillOffloadCopy",  # an offload's / a reload's Sender sends every block on the ready
+    "PrefillReloadCopy",
 )
 MAX_LEN = 60
 JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter judges
@@ -89,7 +94,7 @@ def declined(w: World, c: Config, name: str, i: int, arg: int) -> bool:
     attempt on its revocable transport by fencing it (``DecodeAbortFenced``, not
     ``DecodeAbort``'s quarantine). On an unrevocable one (``Config.revocable=False``)
     ``DecodeAbortFenced`` is never enabled, so nothing is declined: the Receiver takes
-    ``DecodeAbort``'s quarantine until the writer's Quiesced (``refimpl.api.intake``).
+    ``DecodeAbort``'s quarantine until the writer's Quiesced (``refimpl.api.unrevocable``).
     The alternative is enabled wherever the step declined is, so declining one never
     leaves the API stuck where the spec can go on."""
     if name == "DecodeReserve":
@@ -238,6 +243,8 @@ class ApiTourResult:
     coverage: Coverage = field(default_factory=lambda: Coverage(edges=set()))
     failures: list[tuple[int, Divergence]] = field(default_factory=list)
     seconds: float = 0.0
+    early_nacks: int = 0  # Nacks the Senders read while writes were in flight
+    early_aborts: int = 0  # aborts the Senders were given while writes were in flight
 
 
 def run_api_tour(
@@ -267,7 +274,9 @@ def run_api_tour(
             h = ApiHarness(adapter, plan.config, mutants, seed, res.coverage)
             h.check_state()
             probe(h)
-            for st in seq:
+            for k, st in enumerate(seq):
+                res.early_nacks += early_nacks(h, seq[k:])
+                res.early_aborts += early_aborts(h, seq[k:])
                 h.step(st["action"], st["args"])
                 h.check_state()
                 probe(h)
@@ -323,6 +332,8 @@ def api_report(plan: ApiPlan, res: ApiTourResult) -> dict[str, Any]:
         "sequences_diverged": len(res.failures),
         "probes": res.probes,
         "probes_left_out": res.unprobed,
+        "early_nacks": res.early_nacks,
+        "early_aborts": res.early_aborts,
         "divergences": kinds,
         "seconds": round(res.seconds, 1),
     }

@@ -26,10 +26,14 @@ copy of it sent in one step (the spec's decode is one worker of ``dst_tp`` ranks
 group message between ranks of one side is there at once (inside one spec worker), and
 one across the sides travels with the spec message its sender sent in the same step
 (an offer with the manifests, an abort with the sender's aborts or the nacks, an
-"installed" with the acks), else it is there at once (it has no spec message). The
-ranks' replies to prefill of one step are the decode worker's one verdict: a Nack if any
-rank nacked (a rank that committed before it heard a sibling's abort acks its part, then
-gives its blocks back: no spec Ack), else the Ack.
+"installed" with the acks; sent before it in the step, it waits for it: ``crossing``),
+else it is there at the step's end (``flush``: it has no spec message). The
+ranks' replies to prefill are the decode worker's one verdict: a Nack if any rank
+nacked (a rank that committed before it heard a sibling's abort acks its part, then
+gives its blocks back: no spec Ack), else the Ack once every decode rank acked (with
+prefill TP > 1 a rank may commit its part before another's chunks landed: its ack is
+``held`` till then, as the spec's decode acks only at the commit). A sub-handoff's
+chunk or seal names its piece's index as its rank: ``rank_of`` names the prefill rank.
 
 ``abort(channel)`` revokes the *writes* (chunks) in flight on the channel, as the spec's
 fence and flush do (``drop_chunks``); a control message once posted is not recalled.
@@ -89,8 +93,16 @@ class SpecTransport:
         group_of: Callable[[str], str | None] | None = None,
         *,
         revocable: bool = True,
+        rank_of: Callable[[str, int], int] | None = None,
+        dst_ranks: int = 1,
     ) -> None:
         self.rid_of = rid_of  # channel -> (request id, to decode?)
+        # (channel, a chunk's or seal's header rank) -> the spec's prefill rank (decode
+        # ranks: a sub-handoff's rank is its piece's index, ``on_api/worlds/ranks.py``)
+        self.rank_of = rank_of or (lambda channel, rank: rank)
+        self.dst_ranks = dst_ranks  # decode ranks: each sub-handoff's reply is one rank's
+        self.held: dict[tuple[str, Any], Logical] = {}  # the ranks' acks so far, per attempt
+        self.crossing: list[tuple[str, bool, str, str]] = []  # (rid, to_d, channel, text)
         self.revocable = revocable  # False: a write in flight cannot be taken back
         self.group_of = group_of  # a rank group's channel -> its side ("p"/"d"), else None
         self.flight: list[Logical] = []
@@ -114,14 +126,17 @@ class SpecTransport:
             group: tuple[Any, ...] = (
                 CHUNK,
                 header.get("epoch"),
-                header.get("rank"),
+                self.rank_of(channel, int(header.get("rank", 0))),
                 header.get("block_index"),
             )
         elif kind == ABORT:
             group = (ABORT, header.get("epoch"), self.tick)  # every rank's, one step: one
         elif self.group_of is not None:  # every sub-handoff's copy of one step: one
             verdict = "verdict" if kind in (ACK, NACK) else kind  # the ranks' acks and nacks
-            group = (verdict, header.get("epoch"), header.get("rank"), self.tick)
+            rank = header.get("rank")
+            if kind == SEAL:
+                rank = self.rank_of(channel, int(rank or 0))
+            group = (verdict, header.get("epoch"), rank, self.tick)
         elif to_d:
             group = (text, len(self.flight))  # one message per send
         else:
@@ -132,9 +147,47 @@ class SpecTransport:
                     lm.copies.append((channel, text, bytes(payload)))
                     return
                 break
-        self.flight.append(
-            Logical(rid, to_d, group, [(channel, text, bytes(payload))], tick=self.tick)
-        )
+        lm = Logical(rid, to_d, group, [(channel, text, bytes(payload))], tick=self.tick)
+        if self.group_of is not None and kind in (ACK, NACK):
+            self._verdict(lm, header.get("epoch"))
+        else:
+            self._add(lm)
+
+    def _add(self, lm: Logical) -> None:
+        """A spec message in flight, with the group messages across the sides its step
+        sent before it (``crossing``)."""
+        keep = []
+        for rid, to_d, ch, text in self.crossing:
+            if rid == lm.rid and to_d == lm.to_d and lm.tick == self.tick:
+                lm.copies.append((ch, text, b""))
+            else:
+                keep.append((rid, to_d, ch, text))
+        self.crossing = keep
+        self.flight.append(lm)
+
+    def flush(self) -> int:
+        """The step's group messages across the sides that no spec message of the step
+        took: there at once (they have no spec message); returns how many."""
+        for _, _, ch, text in self.crossing:
+            self._delivered.setdefault(ch, []).append((text, b""))
+        n, self.crossing = len(self.crossing), []
+        return n
+
+    def _verdict(self, lm: Logical, epoch: Any) -> None:
+        """Decode ranks: the decode worker's one verdict leaves once every decode rank
+        replied, or at once with a nack (the spec's Ack is sent only at the commit, once
+        every rank installed; a rank's ack before its siblings' is held here till then)."""
+        key = (lm.rid, epoch)
+        held = self.held.pop(key, None)
+        if held is not None:
+            held.copies += lm.copies
+            held.group, held.tick, lm = lm.group, lm.tick, held
+        kinds = {json.loads(t).get("type") for _, t, _ in lm.copies}
+        ranks = {ch.rpartition(">")[0].rpartition("@")[2] for ch, _, _ in lm.copies}
+        if NACK in kinds or len(ranks) >= self.dst_ranks:
+            self._add(lm)
+        else:
+            self.held[key] = lm
 
     def _group_message(
         self, channel: str, header: Mapping[str, Any], text: str, rid: str, to_d: bool
@@ -149,7 +202,10 @@ class SpecTransport:
             if lm.rid == rid and lm.to_d == to_d and lm.tick == self.tick:
                 lm.copies.append((channel, text, b""))
                 return True
-        self._delivered.setdefault(channel, []).append((text, b""))
+        if own:
+            self._delivered.setdefault(channel, []).append((text, b""))
+        else:  # with the step's next spec message that way, else at the step's end
+            self.crossing.append((rid, to_d, channel, text))
         return True
 
     def poll(self, channel: str) -> list[Message]:
@@ -167,12 +223,22 @@ class SpecTransport:
         self._delivered[channel] = left
         return before - len(self.flight)
 
+    def writes_pending(self, channel: str, epoch: int) -> int:
+        """Writes (chunks) of ``epoch`` on ``channel`` in flight: the spec's
+        ``chunks_in_flight`` (every rank's: the spec's prefill is one worker)."""
+        return sum(
+            1
+            for lm in self.flight
+            if lm.group[:2] == (CHUNK, epoch) and any(ch == channel for ch, _, _ in lm.copies)
+        )
+
     def revoke(self, channel: str, epoch: int, rank: int) -> int:
         """Revoke ``rank``'s chunks of ``epoch`` in flight on ``channel`` (a revocable
         transport: the spec's flush of a sender's own writes); none if unrevocable."""
         if not self.revocable:
             return 0
         before = len(self.flight)
+        rank = self.rank_of(channel, rank)
         self._take(lambda lm, ch: lm.group[:3] == (CHUNK, epoch, rank) and ch == channel)
         return before - len(self.flight)
 
@@ -203,15 +269,20 @@ class SpecTransport:
         lm.copies[0] = (ch, text, bytes(buf))
 
     def mismatch(self, lm: Logical) -> None:
-        """Rewrite the manifest as a peer of another model would send it."""
-        ch, text, data = lm.copies[0]
-        h = json.loads(text)
-        h["manifest"]["model_id"] = str(h["manifest"].get("model_id")) + "-other"
-        lm.copies[0] = (ch, json.dumps(h, separators=(",", ":")), data)
+        """Rewrite the manifest as a peer of another model would send it (every copy:
+        decode ranks, each sub-handoff's)."""
+        for k, (ch, text, data) in enumerate(lm.copies):
+            h = json.loads(text)
+            if "manifest" not in h:  # a rank group's message sent with it
+                continue
+            h["manifest"]["model_id"] = str(h["manifest"].get("model_id")) + "-other"
+            lm.copies[k] = (ch, json.dumps(h, separators=(",", ":")), data)
 
     def drop(self, keep: Callable[[Logical], bool]) -> None:
         """A crash: the messages ``keep`` refuses are gone (delivered, unread ones too)."""
         self.flight = [lm for lm in self.flight if keep(lm)]
+        self.held = {k: lm for k, lm in self.held.items() if keep(lm)}
+        self.crossing = [x for x in self.crossing if keep(Logical(x[0], x[1], ("?",), []))]
         for ch in list(self._delivered):
             rid, to_d = self.rid_of(ch)
             probe = Logical(rid, to_d, ("?",), [])
@@ -225,11 +296,13 @@ class SpecTransport:
         """The spec's code of a logical message, named from its bytes."""
         h = lm.header
         kind, inc = h.get("type"), int(h.get("inc", 0))  # a write: its target's
+        if kind in (CHUNK, SEAL):
+            rank = self.rank_of(lm.copies[0][0], int(h["rank"]))
         if kind == CHUNK:
             corrupt = any(
                 bytes_checksum(d) != json.loads(t).get("checksum") for _, t, d in lm.copies
             )
-            idx = int(h["rank"]) * per_rank + int(h["block_index"])
+            idx = rank * per_rank + int(h["block_index"])
             return msg(M_CHUNK_BAD if corrupt else M_CHUNK, int(h["epoch"]), idx, inc)
         if kind == MANIFEST:
             mf = h["manifest"]
@@ -237,7 +310,7 @@ class SpecTransport:
             return msg(bad, int(mf["epoch"]), 0, inc)
         if kind == ABORT:
             return msg(M_QUIESCED, int(h["epoch"]), 0, inc)
-        idx = int(h["rank"]) if kind == SEAL else 0
+        idx = rank if kind == SEAL else 0
         if kind == ACK and any(json.loads(t).get("type") == NACK for _, t, _ in lm.copies):
             kind = NACK  # decode ranks: a rank's nack in the step ends the attempt (no Ack)
         return msg(CONTROL_KINDS[str(kind)], int(h["epoch"]), idx, inc)

@@ -179,3 +179,22 @@ def test_a_restarted_rank_offers_the_retry_its_siblings_offer() -> None:
     for d, (rx, p) in enumerate(zip(g.rx, g.dp, strict=True)):
         assert rx.ready(RID), rx.reasons(RID)
         assert torch.equal(read_kv(p, rx.blocks(RID), N), g.kv[:, :, d * h : (d + 1) * h])
+
+
+def test_a_crashed_rank_loses_everything_and_its_siblings_end_on_its_failure() -> None:
+    """``RankSender.crash`` / ``RankReceiver.crash`` (a rank's process died, as
+    ``Sender.crash`` / ``Receiver.crash``): the rank forgets its attempts and its pools
+    are empty (its sub-handoffs' copies too); the engine then ends the request on the
+    ranks left (``abort`` with the reason), which end every live rank, 0 blocks held."""
+    g = Group(2, 2)
+    g.run(upto=1)  # layer 0 of 3 sent: every decode rank is receiving
+    g.tx[1].crash()
+    g.rx[1].crash()
+    assert not g.sp[1].alloc.holders() and not g.dp[1].alloc.holders()
+    assert g.rx[1].state(RID) is State.WAITING and RID not in g.tx[1]._g  # noqa: SLF001
+    g.tx[0].abort(RID, "prefill rank 1 died")
+    g.poll()
+    for x in (g.tx[0], g.rx[0]):
+        assert x.state(RID) is State.ABORTED
+        assert any("prefill rank 1 died" in r for r in x.reasons(RID)), x.reasons(RID)
+    assert not g.dp[0].alloc.holders() and not g.rx[0].held()

@@ -13,7 +13,10 @@ from refimpl.api.switches import (
     FREE_QUARANTINE_EARLY,
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
+    QUIESCED_AT_ABORT,
+    QUIESCED_AT_NACK,
     READY_ON_OWN_INSTALL,
+    RELEASE_BEFORE_INSTALL,
     STALE_INCARNATION_ACCEPTED,
     STREAM_READS_AT_READY,
 )
@@ -28,7 +31,10 @@ def _drive(p: Pair, rounds: int = 20) -> None:
 
 def test_the_switches_are_validated_by_name() -> None:
     p = pair(geo(), geo())
-    known = "known: \\['stale_incarnation_accepted', 'stream_reads_at_ready'\\]"
+    known = (
+        "known: \\['quiesced_at_abort', 'quiesced_at_nack', 'release_before_install', "
+        "'stale_incarnation_accepted', 'stream_reads_at_ready'\\]"
+    )
     with pytest.raises(ValueError, match=f"unknown mutants.*{known}"):
         Sender(p.src, p.tx.geometry, p.t, MODEL, mutants={LAYER_READY_ON_STAGING})
     with pytest.raises(ValueError, match="known: \\['free_quarantine_early', 'layer_ready_on_"):
@@ -42,6 +48,9 @@ def test_the_switches_are_validated_by_name() -> None:
         READY_ON_OWN_INSTALL,  # the rank switches (tests/library/tours/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
         FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/tours/test_api_tour_unrevocable.py)
+        QUIESCED_AT_NACK,  # (the same)
+        QUIESCED_AT_ABORT,  # (tests/library/tours/test_api_tour_quiesce.py)
+        RELEASE_BEFORE_INSTALL,  # offload (tests/library/tours/test_api_tour_offload.py)
     }
 
 

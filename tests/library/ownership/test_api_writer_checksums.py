@@ -2,10 +2,11 @@
 
 A whole-block offer takes the writer's checksums (``offer(checksums=...)``, taken when
 prefill wrote the blocks): the sender then reads no KV to hash it, and the receiver still
-hashes every chunk before installing it, so a stale checksum fails the handoff with 0
-blocks held. A streamed offer's seal lists its chunks' checksums (no second, per-block
-digest): the sender hashes each chunk as it copies it, the receiver before it installs
-it, and commits only if the chunks it installed are the ones sealed.
+hashes every chunk before counting it (as it landed in its reserved blocks, or before
+writing it), so a stale checksum fails the handoff with 0 blocks held. A streamed
+offer's seal lists its chunks' checksums (no second, per-block digest): the sender
+hashes each chunk as it copies it, the receiver before it counts it, and commits only
+if the chunks it installed are the ones sealed.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 import xxhash
 
 from refimpl import State, channels, handoff
-from refimpl.checksum import block_checksum
+from refimpl.api import install
+from refimpl.checksum import block_checksum, bytes_checksum
 from refimpl.errors import ChecksumError
+from refimpl.memory import views
+from refimpl.transport import Fault
 from tests.library.lib_helpers import geo, held, pair, prefill
 
 TOKENS = list(range(100, 112))  # 12 tokens: 3 blocks of 4
@@ -147,3 +152,53 @@ def test_a_consistently_forged_chunk_is_caught_by_its_seal_with_nothing_held() -
         handoff(p.tx, p.rx, "r", TOKENS, layered=True)
     assert p.rx.state("r") is State.ABORTED and p.tx.state("r") is State.ABORTED
     assert held(p.dst) == {} and p.rx.held() == {} and p.tx.held() == {}
+
+
+# ------------------------------------------------ a chunk hashed as it landed (one read)
+@pytest.mark.parametrize("landed", [True, False], ids=["as-landed", "hash-first"])
+@pytest.mark.parametrize("layered", [False, True], ids=["whole", "layers"])
+def test_a_corrupt_chunk_is_never_counted_and_everything_goes_back(
+    monkeypatch: pytest.MonkeyPatch, landed: bool, layered: bool
+) -> None:
+    """Either order (copied into the reserved blocks then hashed there, or hashed then
+    copied): a corrupt chunk ends the attempt with its reason and 0 blocks on both sides,
+    and the engine never saw a ready layer of it."""
+    monkeypatch.setattr(install, "HASH_AS_LANDED", landed)
+    p = pair(geo(), geo())
+    prefill(p, "r", len(TOKENS))
+    p.t.inject(channels("r").to_receiver, Fault.CORRUPT, skip=2)  # the second chunk
+    ready: list[int] = []
+    real = p.rx.poll
+
+    def poll(rid: str) -> int:
+        n = real(rid)
+        layers = range(p.rx.geometry.num_layers if layered else 0)
+        ready.append(sum(p.rx.layer_ready(rid, ly) for ly in layers))
+        return n
+
+    monkeypatch.setattr(p.rx, "poll", poll)
+    says = "as they landed" if landed else "do not hash to the header"
+    with pytest.raises(ChecksumError, match=says):
+        handoff(p.tx, p.rx, "r", TOKENS, layered=layered)
+    assert max(ready) <= 1  # layer 0 may have been ready; layer 1 (corrupt) never was
+    assert p.rx.state("r") is State.ABORTED
+    assert held(p.dst) == {} and p.rx.held() == {} and p.tx.held() == {}
+
+
+@pytest.mark.parametrize("piece", [7, 64, 1 << 19])
+def test_copy_hashed_lands_each_piece_in_its_block_and_hashes_them_in_block_order(
+    monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    monkeypatch.setattr(views, "PIECE", piece)
+    pool = torch.zeros(6, 2, 24, dtype=torch.uint8)  # 6 blocks; layer view [6, 24]
+    lv = pool.select(1, 1)
+    payload = bytes(range(3 * 24))  # three blocks' pieces, in block order
+    span = views.landing(lv)
+    assert span is not None
+    assert views.copy_hashed(span, [4, 0, 2], payload) == bytes_checksum(payload)
+    for j, b in enumerate([4, 0, 2]):
+        assert bytes(lv[b].numpy()) == payload[j * 24 : (j + 1) * 24]
+    assert not pool.select(1, 0).any() and not lv[[1, 3, 5]].any()  # nothing else written
+    assert views.landing(lv.t()) is None  # pieces not contiguous: hashed, then written
+    with pytest.raises(ValueError, match=r"not in \[0, 6\)"):
+        views.copy_hashed(span, [6], payload[:24])

@@ -110,3 +110,17 @@ def test_restart_handoff_across_processes_covers_every_pair(rd: RemoteDecode) ->
     """The decode process restarts its Receiver (incarnation 1): 41/41 pairs (1.6 CPU s)."""
     rep = _tour(rd, "restart_handoff", pairs=True)
     assert (rep["pairs"], rep["pairs_covered"]) == (41, 41), rep["pairs_missed"]
+
+
+def test_the_small_unrevocable_world_across_processes_covers_every_edge(rd: RemoteDecode) -> None:
+    """unrevocable_one with the Receiver over ``DistTransport(revocable=False)`` in its own
+    process: its quarantine until the nacked Sender's Quiesced, the Nacks the Senders
+    read and the aborts they are given while writes are in flight (``on_api.early``),
+    every closed edge."""
+    c = get_world("unrevocable_one")
+    plan = plan_api(c)
+    res = run_api_tour(ApiAdapter(remote=rd), plan)
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
+    rep = api_report(plan, res)
+    assert (rep["edges"], rep["edges_covered"]) == (581, 581), rep
+    assert rep["early_nacks"] == 27 and rep["early_aborts"] == 185 and res.probes > 0

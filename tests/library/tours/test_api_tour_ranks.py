@@ -31,7 +31,8 @@ def test_every_pair_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(EDGES))
 def test_every_edge_of_a_decode_rank_world_on_the_rank_api(name: str) -> None:
     """handoff_tp1to2: 5718/5718 edges, 2,569 walks, 0 divergences (45 CPU s);
-    pair_ranks_fail: 4656/4656, 1,758 walks (30 CPU s)."""
+    pair_ranks_fail: 4656/4656, 1,758 walks (30 CPU s). Prefill TP 2:
+    test_api_tour_ranks_faults.py."""
     plan = plan_api(get_world(name))
     res = run_api_tour(ApiAdapter(), plan)
     rep = api_report(plan, res)
@@ -99,7 +100,7 @@ def test_decode_rank_worlds_the_api_maps_and_those_it_refuses_naming_why() -> No
 
     assert unexpressed(get_world("handoff_tp1to2")) == []
     assert unexpressed(get_world("pair_ranks_fail")) == []
-    c = replace(get_world("handoff_tp1to2"), src_tp=2)
+    c = replace(get_world("handoff_tp1to2"), fault_kinds=frozenset({"crash"}), restarts=1)
     assert "decode_ranks" in unexpressed(c)
     with pytest.raises(ValueError, match="decode_ranks: decode ranks"):
         ApiAdapter().build(c, frozenset(), 0)

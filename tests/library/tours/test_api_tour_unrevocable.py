@@ -2,7 +2,7 @@
 ``unrevocable`` worlds (spec ``Config.revocable=False``, ``handoff_unrevocable``) on real
 Senders and a Receiver, with the refinement map after every step, the refusal probes and
 the content ghost. Decode that gives up an attempt while a write may still land keeps its
-blocks quarantined until the writer's Quiesced (``refimpl.api.intake``; the spec's
+blocks quarantined until the writer's Quiesced (``refimpl.api.unrevocable``; the spec's
 ``DecodeAbort`` quarantine and ``DecodeReclaim``, never ``DecodeAbortFenced``). Before
 this, the adapter refused these worlds ("SpecTransport revokes writes")."""
 
@@ -118,7 +118,7 @@ def test_the_bug_switch_frees_under_the_writes() -> None:
 def test_the_unrevocable_worlds_run_on_the_api() -> None:
     assert unexpressed(get_world("handoff_unrevocable")) == []
     assert unexpressed(get_world("unrevocable_one")) == []
-    assert unexpressed(get_world("handoff_unrevocable"), remote=True) == ["unrevocable"]
+    assert unexpressed(get_world("handoff_unrevocable"), remote=True) == []  # DistTransport
 
 
 def test_the_hypothesis_machine_walks_an_unrevocable_world() -> None:
@@ -156,3 +156,132 @@ def test_through_the_public_api_an_abort_under_writes_quarantines_until_quiesced
     p.rx.poll("r")
     assert p.rx.quarantined() == {} and p.rx.held() == {} and p.dst.alloc.num_free == 16
     assert isinstance(p.t, InProcessTransport)
+
+
+def test_the_tour_kills_a_sender_that_says_quiesced_before_its_writes_land() -> None:
+    """``quiesced_at_nack``: the nacked Sender says Quiesced while its writes are still in
+    flight. The tour hands it the Nack early (``on_api.tour.early_nacks``) and the
+    refinement map reads the Sender (its phase, its source, Quiesced on the wire) where
+    the spec's PrefillResume is refused (FrozenSnapshot): the walk stops there."""
+    plan = plan_api(get_world("unrevocable_one"))
+    res = run_api_tour(ApiAdapter(), plan, frozenset({"quiesced_at_nack"}))
+    rep = api_report(plan, res)
+    assert res.failures and rep["edges_covered"] < rep["edges"], rep
+    assert all(k.startswith("state differs at ") and "ps" in k for k in rep["divergences"])
+    assert "read early, writes in flight" in str(res.failures[0][1])
+    assert "+Quiesced" in str(res.failures[0][1])
+
+
+def test_the_tour_hands_nacks_and_aborts_over_while_writes_are_in_flight() -> None:
+    plan = plan_api(get_world("unrevocable_one"))
+    res = run_api_tour(ApiAdapter(), plan)
+    assert not res.failures, first_lines(res)
+    assert res.early_nacks == 27  # measured: walks where the Nack overtakes a write
+    assert res.early_aborts == 185  # measured: the engine's abort while writes fly
+
+
+@pytest.mark.parametrize("mutants", [frozenset(), frozenset({"quiesced_at_nack"})])
+def test_a_nacked_sender_says_quiesced_only_once_its_writes_landed(
+    mutants: frozenset[str],
+) -> None:
+    """Through the public API, over ``InProcessTransport(revocable=False)`` whose last
+    write is overtaken by the next message: the receiver gives up before any write
+    landed; the Sender, nacked, keeps its attempt (and its pins) while its writes are
+    pending at the transport, so the quarantine holds while they land. The bug switch
+    says Quiesced at the nack: it overtakes the last write, and the blocks are freed
+    while that write is still in flight."""
+    from refimpl.api import Receiver, Sender
+    from refimpl.api.wire import channels
+    from refimpl.transport import InProcessTransport
+    from tests.library.lib_helpers import MODEL, Pair
+
+    t = InProcessTransport(revocable=False)
+    g = geo()
+    ps, pd = g.make_pools(16), g.make_pools(16)
+    p = Pair(t, ps, pd, Sender(ps, g, t, MODEL, mutants=mutants), Receiver(pd, g, t, MODEL))
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")  # reserved, ready
+    ch = channels("r").to_receiver
+    t.inject(ch, "reorder", skip=2)  # the last write arrives after the next message
+    p.tx.poll("r")  # every write posted
+    p.rx.abort("r", "cancelled")  # before any landed: quarantined, nacked
+    q = p.rx.quarantined()
+    assert list(q) == ["r"] and t.writes_pending(ch, 1) == 3
+    p.tx.poll("r")  # the Nack
+    if mutants:
+        assert p.tx.state("r").final and p.tx.held() == {}  # said Quiesced under 3 writes
+        p.rx.poll("r")  # two land, the Quiesced frees the blocks, the third is still after it
+        assert p.rx.quarantined() == {}
+        return
+    assert p.tx.state("r") is State.SENDING and list(p.tx.held()) == ["r"]
+    p.rx.poll("r")  # the writes land (the overtaken one last): recorded, not installed
+    assert p.rx.quarantined() == q and t.writes_pending(ch, 1) == 0
+    p.tx.poll("r")  # its writes are over: Quiesced
+    assert p.tx.state("r") is State.ABORTED and p.tx.held() == {}
+    assert p.rx.quarantined() == q  # the Quiesced is in flight
+    p.rx.poll("r")
+    assert p.rx.quarantined() == {} and p.rx.held() == {} and p.dst.alloc.num_free == 16
+
+
+def test_an_unrevocable_transport_without_a_batch_status_is_refused() -> None:
+    from refimpl.api import Sender
+    from tests.library.lib_helpers import MODEL
+
+    class NoStatus:
+        revocable = False
+
+        def send(self, channel: str, header: Any, payload: Any = b"") -> None: ...
+
+        def poll(self, channel: str) -> list[Any]:
+            return []
+
+        def abort(self, channel: str) -> int:
+            return 0
+
+    g = geo()
+    with pytest.raises(ValueError, match="revocable=False but no writes_pending"):
+        Sender(g.make_pools(4), g, NoStatus(), MODEL)  # type: ignore[arg-type]
+
+
+def test_a_new_manifest_waits_for_the_quarantine_of_the_last_attempt() -> None:
+    """The spec's ``DecodeReserve`` (and ``DecodeReject``) of a new attempt need the
+    request's blocks gone (``d`` none): while an ended attempt's quarantine holds them, a
+    newer manifest is neither reserved nor refused; it waits, and is taken at the first
+    ``poll`` after the quarantine is over. Through the public API: the Sender's Quiesced
+    is lost, it offers again, and only the longer timer (a second ``abort``) lets the new
+    attempt in (before: reserved beside the quarantine, the Ready sent at once)."""
+    from refimpl.api import Receiver, Sender
+    from refimpl.api.wire import channels
+    from refimpl.transport import InProcessTransport
+    from tests.library.lib_helpers import MODEL, Pair
+
+    t = InProcessTransport(revocable=False)
+    g = geo()
+    ps, pd = g.make_pools(16), g.make_pools(16)
+    p = Pair(t, ps, pd, Sender(ps, g, t, MODEL), Receiver(pd, g, t, MODEL))
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")
+    p.tx.poll("r")  # every write posted
+    p.rx.abort("r", "cancelled")  # quarantined, nacked
+    q = p.rx.quarantined()
+    p.rx.poll("r")  # the writes land: recorded
+    t.inject(channels("r").to_receiver, "lose")  # the Sender's Quiesced never arrives
+    p.tx.poll("r")
+    assert p.tx.state("r") is State.ABORTED
+    p.tx.offer("r", list(range(10)))  # the retry, epoch 2
+    p.rx.poll("r")  # its manifest comes while the quarantine holds: it waits
+    assert p.rx.quarantined() == q and p.rx.held() == q
+    assert p.rx.state("r") is State.ABORTED and p.dst.alloc.num_free == 16 - 3
+    p.tx.poll("r")
+    assert p.tx.state("r") is State.OFFERED  # no Ready
+    p.rx.abort("r", "timeout")  # the longer quarantine timer: the blocks are free
+    assert p.rx.quarantined() == {} and p.dst.alloc.num_free == 16
+    p.rx.poll("r")  # the waiting manifest is taken now: reserved, ready
+    assert p.rx.state("r") is State.RECEIVING
+    p.tx.poll("r")  # ready: the writes of epoch 2
+    p.rx.poll("r")
+    p.tx.poll("r")
+    assert p.rx.state("r") is State.DONE and p.tx.state("r") is State.DONE
+    assert p.rx.quarantined() == {} and p.dst.alloc.num_free == 16 - 3

@@ -1,9 +1,10 @@
 """The world-specific mixins of ``on_api.subject.ApiSubject``: the actions and registers
 of one ``Config`` feature each (``restarts``: EnvRestart; ``streamed``: the layer
-actions; ``failure``: DecodeFail)."""
+actions; ``failure``: DecodeFail; ``offload``: the host tier's moves)."""
 
 from refimpl.testing.on_api.worlds.failure import FailureActions
+from refimpl.testing.on_api.worlds.offload import OffloadActions
 from refimpl.testing.on_api.worlds.restarts import RestartActions
 from refimpl.testing.on_api.worlds.streamed import StreamedActions
 
-__all__ = ["FailureActions", "RestartActions", "StreamedActions"]
+__all__ = ["FailureActions", "OffloadActions", "RestartActions", "StreamedActions"]

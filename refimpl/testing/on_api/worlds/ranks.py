@@ -19,17 +19,15 @@ ranks, its prefill one of ``src_tp``:
                           landed (its install) and says so; the request is ready only
                           once every rank did (``RankReceiver.ready``: the commit)
     DecodeAbort(Fenced)   the scheduler's cancel on decode rank 0 (the group tells the
-                          others); DecodeTimeout: rank 0's own timer on its sub-handoff;
-                          DecodeFail: rank 0's load failed (``RankReceiver.fail``)
+                          others); DecodeTimeout: the own timer of the first rank still
+                          receiving; DecodeFail: that rank's load failed
+                          (``RankReceiver.fail``)
+    EnvCrash              every rank of that side crashes (``RankSender.crash`` /
+                          ``RankReceiver.crash``: its pools reset), as ``ApiSubject``'s
+    EnvManifestMismatch   every sub-handoff's manifest names another model
 
-The refinement map: the prefill part is the sub-handoffs' Senders' (``sender_part`` of
-each decode rank's, all equal, else ``RankDisagreement``); the decode part is every
-rank's ``receiver_part``: ``d`` and ``dep`` the same on every rank (else
-``RankDisagreement``), a chunk landed once every rank has its copy, a seal held once every
-rank holds it, the ended attempt's error any rank's; a rank whose sub-handoff committed
-while the request is not ready is COMPLETE with its bit in ``dmask``, every rank ready
-is WRITABLE with ``dmask`` full. Not mapped (``adapter.UNEXPRESSED``): src_tp > 1,
-streamed layers, restarts and crashes, a mismatched manifest, decode across processes.
+Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``. Not mapped
+(``adapter.UNEXPRESSED``): streamed layers, restarts, decode across processes.
 """
 
 from __future__ import annotations
@@ -39,16 +37,16 @@ from typing import Any
 import torch
 
 from refimpl.api import KVGeometry, Receiver
-from refimpl.api.abstract import TIMEOUT_REASON, RankDisagreement, receiver_part, sender_part
+from refimpl.api.abstract import TIMEOUT_REASON
 from refimpl.api.ranks import Epochs, RankReceiver, RankSender, sub_id
 from refimpl.api.wire import State
 from refimpl.testing.on_api.actions import BLOCK, ENDED, LAYERS
 from refimpl.testing.on_api.subject import MODEL, ApiSubject, decode_geometry
 from refimpl.testing.on_api.wire import SpecTransport
 from refimpl.testing.on_api.worlds.failure import FAIL_REASON
-from spec.behaviours.decode_ranks import all_dst_ranks
+from refimpl.testing.on_api.worlds.rank_map import RankMap
 from spec.config import Config
-from spec.state import COMPLETE, FINISHED, RUNNING, WRITABLE
+from spec.state import FINISHED, RUNNING
 
 __all__ = ["RankSubject", "group_side", "rank_channel"]
 
@@ -71,7 +69,7 @@ def rank_channel(channel: str) -> tuple[str, bool]:
     return rid.rpartition("@")[0] or rid, tail == "rx"
 
 
-class RankSubject(ApiSubject):
+class RankSubject(RankMap, ApiSubject):
     """The subject of a decode-ranks world (see the module doc)."""
 
     def __init__(
@@ -108,7 +106,9 @@ class RankSubject(ApiSubject):
         return []  # no Sender of the whole request: the RankSenders' sub-handoffs
 
     def transport(self) -> SpecTransport:
-        return SpecTransport(rank_channel, group_side)
+        return SpecTransport(
+            rank_channel, group_side, rank_of=self.prefill_rank, dst_ranks=self.c.dst_tp
+        )
 
     def decode_side(
         self, stage: bool, dst_block: int, rx_kw: dict[str, Any]
@@ -146,7 +146,7 @@ class RankSubject(ApiSubject):
                 rid = self.rid(i)
                 heard += sum(s.poll(rid) for s in self.in_turn(self.ptx)) if self.p_up else 0
                 heard += sum(r.poll(rid) for r in self.in_turn(self.rxs)) if self.d_up else 0
-            if not heard:
+            if not heard and not self.net.flush():  # the step's group messages left
                 return
         raise AssertionError(f"the rank groups still talk after {SETTLE} rounds of polls")
 
@@ -197,6 +197,17 @@ class RankSubject(ApiSubject):
         self.ep[i] = e
         self.frozen[i][e] = self.tokens[i]
 
+    def _EnvCrash(self, i: int, worker: int) -> None:
+        """A worker's crash: every rank of its side (``RankSender.crash`` /
+        ``RankReceiver.crash``), then as ``ApiSubject``'s (messages dropped, the
+        router's crash fate)."""
+        p_up, d_up = self.p_up, self.d_up
+        super()._EnvCrash(i, worker)
+        for end in (self.ptx if p_up and not self.p_up else []) + (
+            self.rxs if d_up and not self.d_up else []
+        ):
+            end.crash()
+
     def _end_prefill(self, i: int, reason: str) -> None:
         rid = self.rid(i)
         for s in self.ptx:
@@ -227,8 +238,17 @@ class RankSubject(ApiSubject):
         self.st[i] = FINISHED
 
     def _receiving(self, i: int) -> bool:
-        """Rank 0's sub-handoff has an attempt in progress (the scheduler's view)."""
-        return self.rxs[0].rx.state(sub_id(self.rid(i), 0)) is State.RECEIVING
+        """Some rank's sub-handoff has an attempt in progress (the scheduler's view)."""
+        return self.receiving_rank(i) is not None
+
+    def receiving_rank(self, i: int) -> RankReceiver | None:
+        """The first decode rank whose sub-handoff is still receiving (prefill TP > 1:
+        a rank may have committed its part while another's chunks are still out)."""
+        rid = self.rid(i)
+        for d, r in enumerate(self.rxs):
+            if r.rx.state(sub_id(rid, d)) is State.RECEIVING:
+                return r
+        return None
 
     def _DecodeAbort(self, i: int, arg: int) -> None:
         rid = self.rid(i)
@@ -241,51 +261,17 @@ class RankSubject(ApiSubject):
         self.rxs[0].abort(rid, "cancelled")  # the group tells the other ranks
 
     def _DecodeTimeout(self, i: int, arg: int) -> None:
-        self._need(self.d_up and self._receiving(i), "no attempt")
-        self.rxs[0].rx.abort(sub_id(self.rid(i), 0), TIMEOUT_REASON)  # rank 0's own timer
-        self.rxs[0].poll(self.rid(i))
+        r = self.receiving_rank(i) if self.d_up else None
+        self._need(r is not None, "no attempt")
+        assert r is not None
+        r.rx.abort(sub_id(self.rid(i), r.rank), TIMEOUT_REASON)  # that rank's own timer
+        r.poll(self.rid(i))
 
     def _DecodeFail(self, i: int, arg: int) -> None:
-        ok = self.c.decode_failure and self.d_up and self._receiving(i)
-        self._need(ok, "no attempt being received")
-        self.rxs[0].fail(self.rid(i), FAIL_REASON)
-
-    # ------------------------------------------------------------ the refinement map
-    def sender_view(self, i: int) -> dict[str, int]:
-        if not self.p_up:
-            return {"ps": 0, "sent": 0, "live": 0}
-        rid, views = self.rid(i), []
-        for d in range(self.c.dst_tp):
-            subs = [s._subs[d][0] for s in self.ptx if d in s._subs]  # noqa: SLF001
-            views.append(sender_part(subs, sub_id(rid, d), self.c.blocks))
-        if any(v != views[0] for v in views):
-            raise RankDisagreement(f"{rid!r}: the sub-handoffs' senders differ: {views}")
-        return views[0]
-
-    def rinc(self, i: int) -> int:
-        return int(self.sender_view(i).get("rinc", 0))
-
-    def receiver_view(self, i: int) -> dict[str, int]:
-        rid, m = self.rid(i), self.c.blocks
-        parts = []
-        for d, r in enumerate(self.rxs):
-            rp = receiver_part(r.rx, sub_id(rid, d), m)
-            rp["dmask"] = 0
-            if rp["d"] == WRITABLE and not r.ready(rid):  # installed, not yet committed
-                rp["d"], rp["dmask"] = COMPLETE, 1 << d
-            parts.append(rp)
-        for k in ("d", "dep"):
-            if len({p[k] for p in parts}) > 1:
-                raise RankDisagreement(f"{rid!r}: the decode ranks' {k} differ: {parts}")
-        out = dict(parts[0])
-        for p in parts[1:]:
-            out["landed"] &= p["landed"]
-            out["rmask"] &= p["rmask"]
-            out["dfl"] |= p["dfl"]
-            out["dmask"] |= p["dmask"]
-        if out["d"] == WRITABLE:
-            out["dmask"] = all_dst_ranks(self.c)
-        return out
+        r = self.receiving_rank(i) if self.c.decode_failure and self.d_up else None
+        self._need(r is not None, "no attempt being received")
+        assert r is not None
+        r.fail(self.rid(i), FAIL_REASON)  # the load of a rank still receiving failed
 
     def check_integrity(self) -> None:
         super().check_integrity()
