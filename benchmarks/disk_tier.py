@@ -50,11 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import safetensors.torch  # noqa: E402
 
-from refimpl.api import DiskTier, KVGeometry, offload, reload  # noqa: E402
+from refimpl.api import DiskTier, HostTier, KVGeometry, offload, reload  # noqa: E402
 from refimpl.api.disk import Loaded  # noqa: E402
 from refimpl.checksum import block_checksum, byte_view, writable_byte_view  # noqa: E402
 from refimpl.engine.data import RankPools, gen  # noqa: E402
+from refimpl.memory import register_kv_caches  # noqa: E402
+from refimpl.memory.registered import RegisteredPools  # noqa: E402
 from refimpl.testing.crash.disk import MODEL, kill_rounds, sample_file  # noqa: E402
+from refimpl.tiers import kvio  # noqa: E402
 from spec.manifest import Manifest  # noqa: E402
 
 GEO = KVGeometry(16, 8, 128, 16, "float16")  # the seed's config: 1024 tokens = 64 MiB
@@ -147,54 +150,98 @@ def _library_round(
 
 
 def _tier_round(
-    tier: DiskTier, dev: RankPools, geo: KVGeometry, tokens: list[int]
-) -> tuple[float, float]:
+    tier: DiskTier | HostTier, dev: RankPools, geo: KVGeometry, tokens: list[int],
+    dst: list[int] | None,
+) -> tuple[float, float, float]:  # fmt: skip
     t0 = time.perf_counter()
     st = offload(dev, geo, tier, None, "src", tokens)
     t1 = time.perf_counter()
-    back = reload(tier, None, dev, geo, "dst", tokens, free_host=False)
+    back = reload(tier, None, dev, geo, "dst", tokens, free_host=False, blocks=dst)
     t2 = time.perf_counter()
-    dev.alloc.free("dst")
-    reader = DiskTier(tier.directory, MODEL)  # another process's view: parses every header
-    t3 = time.perf_counter()
-    again = reload(reader, None, dev, geo, "dst", tokens, free_host=False)
-    t4 = time.perf_counter()
-    for b in (back, again):
-        if b.num_tokens != len(tokens):
-            raise SystemExit(f"reload hit {b.num_tokens} of {len(tokens)} tokens")
-    dev.alloc.free("dst")
+    _free(dev, "dst")
+    t3 = t4 = 0.0
+    if isinstance(tier, DiskTier):
+        reader = DiskTier(tier.directory, MODEL)  # another process's view: every header parsed
+        t3 = time.perf_counter()
+        again = reload(reader, None, dev, geo, "dst", tokens, free_host=False, blocks=dst)
+        t4 = time.perf_counter()
+        _free(dev, "dst")
+        if again.num_tokens != len(tokens):
+            raise SystemExit(f"reload hit {again.num_tokens} of {len(tokens)} tokens")
+    if back.num_tokens != len(tokens):
+        raise SystemExit(f"reload hit {back.num_tokens} of {len(tokens)} tokens")
     for k in st.keys:
         tier.remove(k)
     return t1 - t0, t2 - t1, t4 - t3
 
 
-def against_library(directory: Path, rounds: int, geo: KVGeometry) -> dict[str, float]:
-    """Tier offload/reload vs save_file + fsync / load_file + copy_, same bytes, same run."""
-    n = 64  # 64 blocks of 16 tokens = 1024 tokens = 64 MiB: 4 chunk files
-    tokens = list(range(n * geo.block_size))
-    dev = geo.make_pools(2 * n)
-    src = dev.alloc.allocate("src", n)  # blocks 0..63, then "dst" gets 64..127
+def _free(dev: RankPools, rid: str) -> None:
+    if isinstance(dev, RegisteredPools):
+        dev.release(rid)  # the engine frees its blocks (kvown never does)
+    else:
+        dev.alloc.free(rid)
+
+
+Device = tuple[RankPools, list[torch.Tensor], list[torch.Tensor], list[int] | None]
+
+
+def _kvown(geo: KVGeometry, n: int, capacity: int = 0) -> Device:
+    """kvown's own pools; the library saves each rank's contiguous run of blocks."""
+    dev = geo.make_pools(capacity or 2 * n)
+    src = dev.alloc.allocate("src", n)  # blocks 0..n-1, then "dst" gets n..2n-1
     for p in dev.pools:
         p.kv[src] = gen(p.kv[src].shape, p.kv.dtype, "bench", id(p) % 7)
-    # the library saves each rank's contiguous run (no gather: its best case, the same
-    # bytes) and copies them back into the blocks the tier reloads into
-    kv = [p.kv[:n] for p in dev.pools]
-    out = [p.kv[n : 2 * n] for p in dev.pools]
+    return dev, [p.kv[:n] for p in dev.pools], [p.kv[n : 2 * n] for p in dev.pools], None
+
+
+def _registered(geo: KVGeometry, n: int, name: str) -> Device:
+    """An engine's per-layer caches (vLLM's FlashInfer HND or FlashAttention NHD), its
+    blocks 0..n-1 the source, n..2n-1 the destination it gives; the library saves each
+    layer's (and field's) contiguous run of the source blocks and copies them back."""
+    g = geo.rank_pool_geometry()
+    shape = (2 * n, 2, g.kv_heads, g.block_size, g.head_dim)  # HND bytes [N, 2, H, T, D]
+    if name == "flashinfer_hnd":
+        raw = [gen(shape, g.dtype, "bench", li) for li in range(g.num_layers)]
+        layers = [t.transpose(2, 3) for t in raw]  # vLLM's shape [N, 2, T, H, D]
+        runs = [(t[:n], t[n:]) for t in raw]
+    else:  # flash_attn: [2, N, T, H, D]
+        shape = (2, 2 * n, g.block_size, g.kv_heads, g.head_dim)
+        layers = [gen(shape, g.dtype, "bench", li) for li in range(g.num_layers)]
+        runs = [(lv[k, :n], lv[k, n:]) for lv in layers for k in range(2)]
+    dev = register_kv_caches(geo, layers, name)
+    dev.adopt("src", range(n))
+    return dev, [r[0] for r in runs], [r[1] for r in runs], list(range(n, 2 * n))
+
+
+def against_library(
+    directory: Path, rounds: int, geo: KVGeometry, device: str = "kvown"
+) -> dict[str, float]:
+    """Tier offload/reload vs save_file + fsync / load_file + copy_, same bytes, same run;
+    the same against a ``HostTier`` (no library counterpart: its time beside them)."""
+    n = 64  # 64 blocks of 16 tokens = 1024 tokens = 64 MiB: 4 chunk files
+    tokens = list(range(n * geo.block_size))
+    dev, kv, out, dst = _kvown(geo, n) if device == "kvown" else _registered(geo, n, device)
     tier = DiskTier(directory, MODEL)
+    host = HostTier(MODEL, 2 * n * geo.canonical_block_bytes)
     _library_round(directory / "lib.safetensors", kv, out)  # untimed: files, pages, caches
-    _tier_round(tier, dev, geo, tokens)
-    lib_w, lib_r, tier_w, tier_r, fresh_r = [], [], [], [], []
+    _tier_round(tier, dev, geo, tokens, dst)
+    _tier_round(host, dev, geo, tokens, dst)
+    lib_w, lib_r, tier_w, tier_r, fresh_r, host_w, host_r = [], [], [], [], [], [], []
     for _ in range(rounds):  # interleaved: drift hits both sides alike
         w, r = _library_round(directory / "lib.safetensors", kv, out)
         lib_w.append(w)
         lib_r.append(r)
-        w, r, f = _tier_round(tier, dev, geo, tokens)
+        w, r, f = _tier_round(tier, dev, geo, tokens, dst)
         tier_w.append(w)
         tier_r.append(r)
         fresh_r.append(f)
+        w, r, _ = _tier_round(host, dev, geo, tokens, dst)
+        host_w.append(w)
+        host_r.append(r)
     med = statistics.median
     return {
         "mib": n * geo.canonical_block_bytes / 2**20,
+        "direct": float(kvio.direct(dev, geo.block_size)),  # no staging copy either way
         "save_file_fsync_s": med(lib_w),
         "offload_s": med(tier_w),
         "load_file_copy_s": med(lib_r),
@@ -204,7 +251,30 @@ def against_library(directory: Path, rounds: int, geo: KVGeometry) -> dict[str, 
         # the writer's tier keeps each chunk's header as written; another reader parses it
         "reload_fresh_reader_s": med(fresh_r),
         "reload_fresh_reader_over_load_file": med(fresh_r) / med(lib_r),
+        "host_offload_s": med(host_w),
+        "host_reload_s": med(host_r),
     }
+
+
+def longer_prompt(directory: Path) -> dict[str, int]:
+    """A 1024-token prompt stored, then a 1280-token one starting with it: the tokens each
+    tier hits (the stored 1024 on both) and reloads, verified."""
+    geo, n = GEO, 64
+    dev, _, _, _ = _kvown(geo, n, 3 * n)
+    short = list(range(n * geo.block_size))
+    longer = short + list(range(10**6, 10**6 + 256))
+    out: dict[str, int] = {}
+    for name, tier in (
+        ("disk", DiskTier(directory, MODEL)),
+        ("host", HostTier(MODEL, 2 * n * geo.canonical_block_bytes)),
+    ):
+        offload(dev, geo, tier, None, "src", short)
+        out[f"{name}_lookup_tokens"] = tier.lookup(geo, longer)
+        back = reload(tier, None, dev, geo, "dst", longer, free_host=False)
+        out[f"{name}_reloaded_tokens"] = back.num_tokens
+        out[f"{name}_blocks_verified"] = back.checks
+        dev.alloc.free("dst")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--kills", type=int, default=0, help="kill rounds per writer count")
     p.add_argument("--dir", type=Path, default=None)
-    p.add_argument("--only", default="round_trip,library", help="comma-separated parts")
+    p.add_argument("--only", default="round_trip,library,prefix", help="comma-separated parts")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)  # both sides' copies alike
     only = set(a.only.split(","))
     with tempfile.TemporaryDirectory(prefix="kvown-disk-bench-", dir=a.dir) as d:
         out: dict[str, object] = {}
@@ -224,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
             out["library_canonical"] = against_library(Path(d) / "lc", a.rounds, GEO)
             tp2 = GEO.with_(tp=2, layout="tokens_major")
             out["library_tp2_tokens_major"] = against_library(Path(d) / "lt", a.rounds, tp2)
+            for name, lay in (("flashinfer_hnd", "heads_major"), ("flash_attn", "tokens_major")):
+                out[f"library_registered_{name}"] = against_library(
+                    Path(d) / f"lr-{name}", a.rounds, GEO.with_(layout=lay), name
+                )
+        if "prefix" in only:
+            out["longer_prompt"] = longer_prompt(Path(d) / "pf")
         for writers in (1, 2) if a.kills else ():
             t0 = time.perf_counter()
             rep = kill_rounds(Path(d) / f"kill{writers}", a.kills, seed=writers, writers=writers)

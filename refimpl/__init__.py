@@ -59,6 +59,8 @@ _API = (
     "write_kv_layer",
     "DiskTier",
     "Stored",
+    "HostTier",
+    "Kept",
 )
 
 __all__ = [

@@ -18,6 +18,7 @@ from typing import Any
 from spec import actions_decode as D
 from spec import actions_env as E
 from spec import actions_prefill as P
+from spec import window as WN
 from spec.behaviours import async_steps as A
 from spec.behaviours import decode_failure as DF
 from spec.behaviours import decode_ranks as DR
@@ -147,6 +148,7 @@ ACTIONS: dict[str, Action] = {
         _a(L.PrefillFreeSource, "P", "local"),
         _a(L.DecodeInstallLayer, "D", "local"),
         _a(L.DecodeLayerReady, "D", "local"),
+        _a(WN.PrefillPruneWindow, "P", "local"),
     )
 }
 

@@ -66,6 +66,7 @@ from spec.state import (
     msg_kind,
 )
 from spec.stream.layers import layers_given, stream_resume
+from spec.window import window_whole
 
 
 def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -78,7 +79,7 @@ def PrefillAdmit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if used_p(w, c) + c.blocks > c.cap_p:
         return refuse("CapacityRefcount")
-    return put(w, i, r._replace(st=PREFILLING, p=WRITABLE))
+    return put(w, i, r._replace(st=PREFILLING, p=WRITABLE, pw=0))  # pw: a whole copy
 
 
 def PrefillRun(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
@@ -131,7 +132,7 @@ def PrefillOffloadBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Re
     r = w.reqs[i]
     if not c.offload or not w.p_up or r.st != RUNNING or r.p != WRITABLE or r.ps != IDLE:
         return NOT_ENABLED
-    if r.h != NONE or r.mv >= c.max_moves:
+    if r.h != NONE or r.mv >= c.max_moves or not window_whole(r):
         return NOT_ENABLED
     if used_h(w, c) + c.blocks > c.cap_h:
         return refuse("CapacityRefcount")
@@ -195,7 +196,7 @@ def PrefillFreeze(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not c.handoff or not w.p_up or r.st != RUNNING or r.p != WRITABLE or r.ps != IDLE:
         return NOT_ENABLED
-    if r.h != NONE or r.ep >= c.max_attempts:
+    if r.h != NONE or r.ep >= c.max_attempts or not window_whole(r):
         return NOT_ENABLED
     if (busy := step_blocks_freeze(c, r, m)) is not None:
         return busy

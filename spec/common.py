@@ -120,7 +120,9 @@ def full_ranks(c: Config) -> int:
 
 
 def used_p(w: World, c: Config) -> int:
-    return sum(c.blocks for r in w.reqs if r.p != NONE and not r.fs)  # fs: spec/stream
+    """Prefill blocks held: a source given back holds none (``fs``: spec/stream), a copy
+    that pruned its window ``pw`` fewer (spec/window/__init__.py)."""
+    return sum(c.blocks - r.pw for r in w.reqs if r.p != NONE and not r.fs)
 
 
 def used_h(w: World, c: Config) -> int:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
-from spec.behaviours.worlds import COMPOSED, DERIVED
+from spec.behaviours.worlds import COMPOSED, DERIVED, WINDOW
 from spec.state import COMPLETE, Req, World
 from spec.stream.worlds import STREAM_DEEP, STREAM_DEFAULT, STREAM_WORLDS, layer_problems
 
@@ -21,8 +21,7 @@ class Config:
     n_reqs: int = 1  # interchangeable requests
     blocks: int = 2  # KV blocks per request (n)
     src_tp: int = 1  # prefill TP ranks (each sends its own chunks and RankDone)
-    dst_tp: int = 1  # decode TP ranks: the refimpl's resharding target; read by the
-    # spec only with decode_ranks (each rank installs its shard)
+    dst_tp: int = 1  # decode TP ranks (the spec reads it with decode_ranks; refimpl reshards)
     cap_p: int = 2  # prefill GPU pool capacity, in blocks
     cap_d: int = 2  # decode GPU pool capacity, in blocks (prefix blocks included)
     cap_h: int = 0  # host pool capacity, in blocks
@@ -47,6 +46,7 @@ class Config:
     turns: bool = False  # multi-turn append on decode (PPD; spec/behaviours/turns)
     max_turns: int = 1  # turns appended after the first, per request (turns worlds)
     layers: int = 0  # streamed offers, layer by layer (spec/stream): 0 off, else layers each
+    window: bool = False  # a running request frees blocks out of its window (spec/window)
     from_log: bool = False  # a log's world (spec/behaviours/compose.py): no explorer runs it
 
     def __post_init__(self) -> None:
@@ -87,7 +87,6 @@ class Config:
 
 
 _HANDOFF_FAULTS = frozenset({"lose", "duplicate", "corrupt", "mismatch"})
-
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
@@ -321,7 +320,7 @@ CONFIGS.update((c.name, c) for c in (*BEHAVIOUR_WORLDS, *TW.worlds(Config)))
 FAULT_KINDS |= HC_FAULTS  # issue #22 items 1-3: the shared host cache's worlds
 CONFIGS.update((k["name"], Config(**k)) for k in (*HC_WORLDS, *STREAM_WORLDS))
 CONFIGS.update((k, replace(CONFIGS[b], name=k, **v)) for k, (b, v) in DERIVED.items())
-CONFIGS.update((k, Config(name=k, **v)) for k, v in COMPOSED.items())  # behaviours composed
+CONFIGS.update((k, Config(name=k, **v)) for k, v in (COMPOSED | WINDOW).items())  # composed
 # The default suite: small, focused worlds (``kvown check``, about a minute on 2 cores).
 DEFAULT_SUITE: tuple[str, ...] = (
     "handoff_tp2to1",
@@ -339,7 +338,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "crash_both",
     "identity_prefix",
     *TW.DEFAULT,
-    *HC_DEFAULT + STREAM_DEFAULT,
+    *HC_DEFAULT + STREAM_DEFAULT + tuple(WINDOW),
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
 TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: behaviours/worlds
@@ -348,7 +347,6 @@ DEEP_SUITE: tuple[str, ...] = tuple(
 )
 DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED, *STREAM_DEEP)  # + composed
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
-
 # Bigger instances: the scale curve and a world to check on its own.
 SCALE: dict[str, Config] = {
     f"scale_{k}": Config(
@@ -365,8 +363,7 @@ SCALE: dict[str, Config] = {
 }
 SCALE["handoff_three_tp2to1"] = Config(
     name="handoff_three_tp2to1",
-    doc="three requests, 1 block each, prefill TP=2 -> decode TP=1; prefill fits two,"
-    " decode one at a time; no cancel, no faults",
+    doc="3 requests, 1 block each, TP=2 -> TP=1; prefill fits 2, decode 1; no cancel, no faults",
     n_reqs=3,
     blocks=1,
     src_tp=2,

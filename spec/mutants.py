@@ -368,6 +368,15 @@ MUTANTS: dict[str, Mutant] = {
             "DecodeLayerReady reports a layer once it landed in decode's staging copy,"
             " before DecodeInstallLayer put it in the blocks the engine reads.",
         ),
+        Mutant(
+            "window_prunes_under_io",
+            "NoReuseUnderIO",
+            ("window_prune",),
+            "issue 32 item 3 (sliding-window pruning frees blocks an offload store or a"
+            " handoff still reads: vLLM SlidingWindowManager.remove_skipped_blocks)",
+            "PrefillPruneWindow frees the oldest block of a frozen copy while a store or a"
+            " handoff of it still reads it (the other requests get the block at once).",
+        ),
     )
 }
 

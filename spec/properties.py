@@ -52,6 +52,7 @@ from spec.state import (
     msg_kind,
 )
 from spec.stream.layers import stream_bytes_held, stream_ready_installed
+from spec.window import window_io_ok
 
 Pred = Callable[[World, Config], bool]
 _HELD = (COMPLETE, WRITABLE)
@@ -96,6 +97,8 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
         return False
     if not stream_bytes_held(w, c):  # a freed source with a layer not yet copied
         return False
+    if not window_io_ok(w, c):  # a store or a handoff reads blocks pruned from its source
+        return False
     for r in w.reqs:
         if r.g & G_FOREIGN:
             return False
@@ -109,7 +112,7 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
             if msg_kind(code) not in CHUNKS:
                 continue
             e = msg_epoch(code)
-            if r.ps == IDLE or r.ep != e or r.p != COMPLETE:  # the source blocks
+            if r.ps == IDLE or r.ep != e or r.p != COMPLETE or r.pw:  # the source blocks
                 return False
             held = r.dep == e and r.d in (RESERVED, FILLING, QUARANTINED)
             fenced = c.revocable and r.dep == e and r.dfl & DF_FENCED  # no revoke: no fence

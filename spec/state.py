@@ -160,6 +160,7 @@ class Req(NamedTuple):
     fs: int = 0  # 1: the request gave its source blocks back (a streamed offer's copies stay)
     inl: int = 0  # layers decode installed in the blocks the engine reads (out of staging)
     rdy: int = 0  # layers decode reported ready to its engine (Receiver.layer_ready)
+    pw: int = 0  # leading blocks of the prefill copy pruned out of the window (spec/window)
 
 
 class World(NamedTuple):
@@ -249,6 +250,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("tc", 0 <= r.tc <= 15),
             ("lay/cpy/inl/rdy", all(0 <= x <= 15 for x in (r.lay, r.cpy, r.inl, r.rdy))),
             ("fs", r.fs in (0, 1) and r.cpy <= r.lay),
+            ("pw", 0 <= r.pw < max(n_blocks, 1)),
         )
         bad.extend(f"req {i}: {name}" for name, ok in checks if not ok)
     if w.pfx_ref < 0:

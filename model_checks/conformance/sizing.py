@@ -8,9 +8,10 @@ n / T - 1 + h blocks; a chunk index k (rank-major) at least k / T + 1 blocks; k
 per-block copies in one offload, reload, host-cache load or store, or k staged blocks,
 at least k blocks; k rank installs in one attempt at least k decode ranks; a Ready that
 counts h prefix blocks (or a prefix eviction or recycle) a prefix of at least h (at
-least 1). A log cut short of its transfer shows fewer blocks than it has: such a log
-states ``blocks`` in its header. Lines that are not JSON objects are skipped here; the
-check itself reports them.
+least 1); k window prunes of one copy (``PrefillPruneWindow`` since its ``PrefillAdmit``
+or ``HostLoadBegin``: the window keeps a block) at least k + 1. A log cut short of its
+transfer shows fewer blocks than it has: such a log states ``blocks`` in its header.
+Lines that are not JSON objects are skipped here; the check itself reports them.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def prescan(lines: Iterable[tuple[int, bytes | str]]) -> dict[str, int]:
     copies: dict[int, Counter[str]] = {}  # req -> copy action -> lines since its begin
     installs: Counter[int] = Counter()  # req -> DecodeRankInstall since its reserve
     attempt: Counter[int] = Counter()  # req -> PrefillFreeze lines so far
+    prunes: Counter[int] = Counter()  # req -> PrefillPruneWindow lines since its copy began
     for k, obj in enumerate(_objects(lines)):
         if k == 0 and not _declared(obj):
             return {}  # a named config (or no declared world): nothing to read ahead
@@ -95,6 +97,11 @@ def prescan(lines: Iterable[tuple[int, bytes | str]]) -> dict[str, int]:
             continue
         if name == "PrefillFreeze":
             attempt[req] += 1
+        if name in ("PrefillAdmit", "HostLoadBegin"):
+            prunes[req] = 0
+        if name == "PrefillPruneWindow":
+            prunes[req] += 1
+            blocks = max(blocks, prunes[req] + 1)
         if name == "PrefillSendChunk":
             sends[(req, attempt[req])] += 1
         if name in _BEGINS and req in copies:  # at most len(_COPIES) entries a request

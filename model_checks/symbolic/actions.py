@@ -29,14 +29,16 @@ ReqFn = Callable[[Ctx, RV, Msg | None], Rules]
 GlobalFn = Callable[[Ctx], Rules]
 
 # Every spec action is traced, in every config (tests/symbolic/test_tracer.py checks
-# both). The actions of the behaviours whose fields only the finite encodings hold (the shared
-# host cache, multi-turn append, streamed offers, restarts): the unbounded model keeps
-# those fields at 0, where these actions never fire, so it leaves them out.
+# both). The actions of the behaviours whose fields only the finite encodings hold (the
+# shared host cache, multi-turn append, streamed offers, restarts, sliding-window
+# pruning): the unbounded model keeps those fields at 0, where these actions never fire,
+# so it leaves them out.
 _FINITE_MODULES = (
     "spec.behaviours.host_cache",
     "spec.behaviours.turns",
     "spec.stream.layers",
     "spec.behaviours.restarts",
+    "spec.window",
 )
 FINITE_ONLY: tuple[str, ...] = tuple(
     n for n, a in ACTIONS.items() if a.fn.__module__ in _FINITE_MODULES

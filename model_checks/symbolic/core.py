@@ -77,7 +77,8 @@ STREAM_FIELDS: tuple[str, ...] = ("lay", "cpy", "fs", "inl", "rdy")
 # and the decode incarnation a request's writes target; a message code carries its own.
 RESTART_FIELDS: tuple[str, ...] = ("rinc",)
 RESTART_GLOBALS: tuple[str, ...] = ("p_inc", "d_inc")
-EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + STREAM_FIELDS + RESTART_FIELDS
+WINDOW_FIELDS: tuple[str, ...] = ("pw",)  # sliding-window pruning (Config.window)
+EXT_FIELDS = HOST_FIELDS + TURN_FIELDS + STREAM_FIELDS + RESTART_FIELDS + WINDOW_FIELDS
 EXT_GLOBALS = HOST_GLOBALS + RESTART_GLOBALS
 BV_FIELDS = {"dfl": 5, "g": 6, "dmask": 4}  # flag words (rmask and landed: width from the domain)
 
@@ -225,6 +226,7 @@ class RV:
     inl: Z = 0
     rdy: Z = 0
     rinc: Z = 0  # restarts
+    pw: Z = 0  # sliding-window pruning (spec/window/__init__.py)
 
     def get(self, f: str) -> Z:
         return getattr(self, f)
@@ -261,6 +263,7 @@ class Params:
     max_turns: Z = 1
     layers: Z = 0  # Config.layers (spec/stream/layers.py)
     restarts: Z = 0  # Config.restarts (spec/behaviours/restarts.py)
+    window: Z = False  # Config.window (spec/window/__init__.py)
 
     @staticmethod
     def of(c: Config) -> Params:
@@ -292,6 +295,7 @@ class Params:
             max_turns=c.max_turns,
             layers=c.layers,
             restarts=c.restarts,
+            window=c.window,
         )
 
 

@@ -44,6 +44,7 @@ from model_checks.symbolic.core import (
     RV,
     STREAM_FIELDS,
     TURN_FIELDS,
+    WINDOW_FIELDS,
     A,
     Go,
     Msg,
@@ -105,6 +106,7 @@ class Encoding:
         self.bits = auto_bits(c) if bits is None else bits
         ext = (HOST_FIELDS if c.host_cache else ()) + (TURN_FIELDS if c.turns else ())
         ext += (STREAM_FIELDS if c.layers else ()) + (RESTART_FIELDS if c.restarts else ())
+        ext += WINDOW_FIELDS if c.window else ()
         self.fields = FIELDS + ext  # the request fields held as variables
         self.globs = GLOBALS + (HOST_GLOBALS if c.host_cache else ())
         self.globs += RESTART_GLOBALS if c.restarts else ()

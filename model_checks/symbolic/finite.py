@@ -239,14 +239,19 @@ class FCtx(Ctx):
 
     def used_p(self) -> Z:
         """``spec.common.used_p``: a streamed offer that gave its source back (``fs``,
-        where the encoding holds it) holds no prefill block."""
+        where the encoding holds it) holds no prefill block; a copy that pruned its window
+        (``pw``, where the encoding holds it) holds ``pw`` fewer blocks."""
         b, z, s = self.num(self.c.blocks), self.num(0), self.s
-        fs = "fs" in self.enc.fields
-        held = (
-            A(s[("r", i, "p")] != NONE, N(s[("r", i, "fs")] != 0) if fs else True)
-            for i in self._reqs()
-        )
-        return z3.Sum(*(ITE(h, b, z) for h in held))
+        fs, pw = "fs" in self.enc.fields, "pw" in self.enc.fields
+        out = []
+        for i in self._reqs():
+            h = (
+                A(s[("r", i, "p")] != NONE, N(s[("r", i, "fs")] != 0))
+                if fs
+                else s[("r", i, "p")] != NONE
+            )
+            out.append(ITE(h, b - s[("r", i, "pw")] if pw else b, z))
+        return z3.Sum(*out)
 
     def used_h(self) -> Z:
         """``spec.common.used_h``: the requests' swap copies, and the shared host cache's

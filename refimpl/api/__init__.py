@@ -17,7 +17,8 @@ chunk files keyed by chained prefix hashes) is a tier ``offload``/``reload`` tak
 of host pools (``Stored``: the published chunks; ``Reloaded``: the longest stored prefix,
 verified; nothing stored or a bad first chunk is a miss, ``MissError``);
 ``refimpl.api.offload.offload_async``/``reload_async`` return a ``Transfer`` to poll,
-wait on or cancel.
+wait on or cancel. ``HostTier`` is the host's prefix cache on the same chunk keys
+(``Kept``: the chunks held; a longer prompt hits a shorter one's chunks there too).
 """
 
 from refimpl.api.disk import DiskTier, Stored
@@ -28,6 +29,7 @@ from refimpl.api.receiver import Received, Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.tokens import read_kv, write_kv, write_kv_layer
 from refimpl.api.wire import Channels, State, channels
+from refimpl.tiers.host import HostTier, Kept
 
 __all__ = [
     "Channels",
@@ -50,4 +52,6 @@ __all__ = [
     "write_kv_layer",
     "DiskTier",
     "Stored",
+    "HostTier",
+    "Kept",
 ]

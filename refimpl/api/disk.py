@@ -31,11 +31,11 @@ block must hash to its checksum while it is read, else the whole load is a ``Mis
 blocks taken for it are given back and that chunk's file is unpublished (the next lookup
 stops before it instead of failing again).
 
-A reader pins what it reads: its chunk files stay open from the lookup to the end of the
-read, and ``remove`` of a key this process reads unpublishes it when the last reader is
-done. The files (temp name per writer, fsync, atomic rename, orphan sweep, regular files
-only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all are
-flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
+A reader pins what it reads (its files open from the lookup to the read's end); ``remove``
+of a key read here makes lookups miss it now, unlinks it after the last reader (HostEvict,
+HostFree). The files (temp name per writer, fsync, atomic rename, orphan sweep, regular
+files only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all
+are flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
 
 In the spec's vocabulary: writing the temp files is ``PrefillOffloadCopy``, the renames
 ``PrefillOffloadCommit`` (``PublishAfterCommit``); a load is ``PrefillReloadBegin`` /
@@ -57,7 +57,7 @@ import torch
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.checksum import byte_view
 from refimpl.engine.data import RankPools
-from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chain_keys, chunk_spans, root_key
+from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chunk_spans, prefix_keys
 from refimpl.tiers.files import (
     Entry,
     Header,
@@ -72,7 +72,7 @@ from refimpl.tiers.files import (
     sweep_orphans,
     write_batch,
 )
-from refimpl.tiers.kvio import Staging, read_chunk
+from refimpl.tiers.kvio import Staging, block_views, read_chunk
 from refimpl.tiers.records import (
     HEADS_MAJOR,
     Chunk,
@@ -137,15 +137,7 @@ class DiskTier:
     # ------------------------------------------------------------ names
     def chunk_keys(self, geometry: KVGeometry, token_ids: Sequence[int]) -> list[str]:
         """The key of each chunk of ``token_ids`` (the KV ``geometry`` means)."""
-        g, mi = geometry, self.model
-        ident: list[object] = [
-            mi.model_id, mi.adapter_id, mi.quantization, mi.rope.to_json_dict(),
-            g.dtype, g.num_layers, g.kv_heads, g.head_dim, list(g.cache_fields),
-        ]  # fmt: skip
-        if mi.kv_scales is not None:  # a quantized cache's scales: other scales, other KV
-            ident.append(list(mi.kv_scales))
-        root = root_key(ident, self.chunk_tokens)
-        return chain_keys(root, token_ids, chunk_spans(len(token_ids), self.chunk_tokens))
+        return prefix_keys(self.model, geometry, token_ids, self.chunk_tokens)
 
     def key(self, geometry: KVGeometry, token_ids: Sequence[int]) -> str:
         """The key of the last chunk: it names the whole of ``token_ids``."""
@@ -173,8 +165,7 @@ class DiskTier:
         return self._pins.count(key)
 
     def remove(self, key: str) -> bool:
-        """Unpublish ``key`` (once no reader of this process holds it); an open reader
-        keeps its bytes (POSIX). False: nothing was published under it."""
+        """Unpublish ``key`` now, unlink it after its last reader here (False: none was)."""
         if self._pins.defer(key):
             return self.path(key).exists()
         return self._unlink(key)
@@ -216,6 +207,7 @@ class DiskTier:
     def _remember(self, p: Pending, st: os.stat_result) -> None:
         """A chunk this tier just published: its header and manifest are what it wrote,
         kept for that inode's version (a reader of another file parses its own)."""
+        self._pins.published(p.name)  # a removal waiting for old readers is not this file's
         if not isinstance(p.note, Manifest):
             return
         (name, dtype, shape), size = p.entries[0], st.st_size
@@ -288,6 +280,7 @@ class DiskTier:
         parent: str,
     ) -> Chunk | str:
         try:
+            self._pins.live(key)  # removed while read: FileNotFoundError, a miss
             f = open_published(self.path(key))  # a regular file of the tier, or refused
         except FileNotFoundError:
             return "not published"
@@ -331,15 +324,17 @@ class DiskTier:
         bs = pools.geometry.block_size
         if self.chunk_tokens % bs:
             raise ValueError(f"block size {bs} does not divide chunk_tokens {self.chunk_tokens}")
-        checks = 0
+        checks, views = 0, {}  # each file block size's views of the pools, taken once
         for c in prefix.chunks:
             s, e = c.span
             mine = blocks[s // bs : -(-e // bs)]
             m = c.manifest
+            if m.block_size not in views:
+                views[m.block_size] = block_views(pools, m.block_size)
             try:
                 checks += read_chunk(
                     c.file, c.header, m.block_checksums, e - s, m.block_size, pools, mine,
-                    self.staging, stop,
+                    self.staging, stop, views[m.block_size],
                 )  # fmt: skip
             except TornFileError:
                 self._unpublish_bad(c)

@@ -42,6 +42,7 @@ from refimpl.api.handoff import Handoff, HandoffResult
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.engine.data import RankPools
+from refimpl.tiers.host import HostTier, Kept
 from refimpl.tiers.moves import Reloaded, start_offload, start_reload
 from refimpl.tiers.transfer import Transfer
 from refimpl.transport import InProcessTransport
@@ -65,6 +66,7 @@ def _begin(
     decode_room: int = 0,
     epoch: int = 1,
     mutants: Iterable[str] = (),
+    checksums: Sequence[str] | None = None,
 ) -> Handoff:
     t = InProcessTransport()
     model = _tier_identity(src_geometry)
@@ -72,7 +74,7 @@ def _begin(
     rx = Receiver(dst, dst_geometry, t, model)
     return Handoff(
         tx, rx, request_id, token_ids, epoch=epoch, decode_room=decode_room,
-        free_source=free_source,
+        free_source=free_source, checksums=checksums,
     )  # fmt: skip
 
 
@@ -114,15 +116,23 @@ def begin_reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    checksums: Sequence[str] | None = None,
 ) -> Handoff:
     """``reload`` from host pools in steps (``Handoff``): the request's device blocks are
     reserved at the first round (nobody reads them until the commit); ``abort`` gives
     them back and keeps the host copy. The spec's ``PrefillReloadBegin`` (this call and
     the round that reserves and sends), ``PrefillReloadCommit`` (the round that
-    verifies and commits them, then frees the host copy, ``free_host``)."""
+    verifies and commits them, then frees the host copy, ``free_host``).
+
+    ``checksums``: the host copy's, taken when its offload committed
+    (``host.checksums(host.alloc.blocks_of(request_id))`` then). The device side verifies
+    every block against them, so a copy whose bytes changed at rest (a lost page, a bad
+    DIMM) fails the reload (``ChecksumError``: the device blocks given back, the host copy
+    kept), never loads as a hit (the spec's ``HostLoadFail``). Without them the reload
+    hashes the host blocks as they are now and trusts them."""
     return _begin(
         host, host_geometry, device, device_geometry, request_id, token_ids,
-        free_source=free_host, decode_room=decode_room, epoch=epoch,
+        free_source=free_host, decode_room=decode_room, epoch=epoch, checksums=checksums,
     )  # fmt: skip
 
 
@@ -144,6 +154,20 @@ def offload(
 def offload(
     device: RankPools,
     device_geometry: KVGeometry,
+    host: HostTier,
+    host_geometry: None,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    free_device: bool = False,
+    epoch: int = 1,
+) -> Kept: ...
+
+
+@overload
+def offload(
+    device: RankPools,
+    device_geometry: KVGeometry,
     host: DiskTier,
     host_geometry: None,
     request_id: str,
@@ -157,16 +181,20 @@ def offload(
 def offload(
     device: RankPools,
     device_geometry: KVGeometry,
-    host: RankPools | DiskTier,
+    host: RankPools | DiskTier | HostTier,
     host_geometry: KVGeometry | None,
     request_id: str,
     token_ids: Sequence[int],
     *,
     free_device: bool = False,
     epoch: int = 1,
-) -> HandoffResult | Stored:
+) -> HandoffResult | Stored | Kept:
     """Copy the request's KV to ``host`` (verified); the host copy is owned by the request.
-    To a ``DiskTier``: published as one file (``Stored``)."""
+    To a ``DiskTier``: published as chunk files (``Stored``); to a ``HostTier``: held as
+    chunks under the same prefix keys (``Kept``)."""
+    if isinstance(host, HostTier):
+        _no_geometry(host_geometry, "offload")
+        return host.put(device, device_geometry, request_id, token_ids, free_device=free_device)
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "offload")
         return start_offload(
@@ -193,7 +221,24 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    checksums: Sequence[str] | None = None,
 ) -> HandoffResult: ...
+
+
+@overload
+def reload(
+    host: HostTier,
+    host_geometry: None,
+    device: RankPools,
+    device_geometry: KVGeometry,
+    request_id: str,
+    token_ids: Sequence[int],
+    *,
+    decode_room: int = 0,
+    free_host: bool = True,
+    epoch: int = 1,
+    blocks: Sequence[int] | None = None,
+) -> Reloaded: ...
 
 
 @overload
@@ -208,11 +253,12 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> Reloaded: ...
 
 
 def reload(
-    host: RankPools | DiskTier,
+    host: RankPools | DiskTier | HostTier,
     host_geometry: KVGeometry | None,
     device: RankPools,
     device_geometry: KVGeometry,
@@ -222,27 +268,43 @@ def reload(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
+    checksums: Sequence[str] | None = None,
 ) -> HandoffResult | Reloaded:
     """Copy the request's KV back to ``device`` (verified), with ``decode_room`` tokens.
     From a ``DiskTier``: the longest stored prefix, verified (``Reloaded``), else
-    ``MissError``; ``free_host`` unpublishes the chunks read."""
+    ``MissError``; ``free_host`` unpublishes the chunks read; ``blocks``: the engine's
+    block ids for the request (registered memory: ``register_kv_caches``), the hit read
+    straight into them. From a ``HostTier``: the same, from its chunks. From host pools:
+    ``checksums`` as ``begin_reload``'s (a DiskTier's files hold their own)."""
+    if isinstance(host, HostTier | DiskTier) and checksums is not None:
+        raise ValueError("reload: a tier's chunks hold their checksums; pass none")
+    if isinstance(host, HostTier):
+        _no_geometry(host_geometry, "reload")
+        return host.get(
+            device, device_geometry, request_id, token_ids,
+            decode_room=decode_room, free_host=free_host, epoch=epoch, blocks=blocks,
+        )  # fmt: skip
     if isinstance(host, DiskTier):
         _no_geometry(host_geometry, "reload")
         return start_reload(
             host, device, device_geometry, request_id, token_ids,
             decode_room=decode_room, free_host=free_host, epoch=epoch, background=False,
+            blocks=blocks,
         ).wait()  # fmt: skip
+    if blocks is not None:
+        raise ValueError("reload: blocks= is for a DiskTier (host pools: Receiver.expect)")
     if host_geometry is None:
         raise ValueError("reload: host_geometry is None; only a DiskTier takes none")
     return begin_reload(
         host, host_geometry, device, device_geometry, request_id, token_ids,
-        decode_room=decode_room, free_host=free_host, epoch=epoch,
+        decode_room=decode_room, free_host=free_host, epoch=epoch, checksums=checksums,
     ).run()  # fmt: skip
 
 
 def _no_geometry(g: KVGeometry | None, what: str) -> None:
     if g is not None:
-        raise ValueError(f"{what}: a DiskTier's file states its own geometry; pass None")
+        raise ValueError(f"{what}: a tier's chunk states its own geometry; pass None")
 
 
 def offload_async(
@@ -273,11 +335,12 @@ def reload_async(
     decode_room: int = 0,
     free_host: bool = True,
     epoch: int = 1,
+    blocks: Sequence[int] | None = None,
 ) -> Transfer[int, Reloaded]:
     """``reload`` from ``tier`` in the background. A miss raises ``MissError`` here,
     before anything is reserved; the reserved blocks belong to the transfer until it is
     settled (committed to the request, or given back on a bad block or a cancel)."""
     return start_reload(
         tier, device, device_geometry, request_id, token_ids,
-        decode_room=decode_room, free_host=free_host, epoch=epoch,
+        decode_room=decode_room, free_host=free_host, epoch=epoch, blocks=blocks,
     )  # fmt: skip

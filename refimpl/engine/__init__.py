@@ -7,7 +7,8 @@ environment's faults in ``env``; ``base`` holds the records and the shared machi
 ``data`` the per-rank pools and seeded ground truth, ``wire`` the message encoding,
 ``copies`` prefill's data moves, ``restarts`` the incarnations; the engine behaviours of
 ``spec/behaviours`` have ``async_steps``/``inflight``, ``transfer_rules``, ``identity``
-and the ``behaviours`` package (retraction, decode ranks).
+and the ``behaviours`` package (retraction, decode ranks, the shared host cache, turns,
+streamed offers, sliding-window pruning).
 """
 
 from refimpl.engine.base import (

@@ -14,6 +14,7 @@
                                     checksum / the attempt fenced
     net                             the wire's entries, each named from its bytes
     pfx, pfx_ref                    the prefix cache holds blocks / requests referencing them
+    pw                              the ids pruned out of the window (behaviours/window)
     hk, hc, hc_hl, hc_pin, hc_late, hc_bad   the shared host cache (behaviours/host_cache):
                                     the key's blocks RESERVED FILLING, OWNED COMPLETE while
                                     published (else QUARANTINED); the pin register; the
@@ -45,6 +46,7 @@ from refimpl.engine.behaviours import (
     RetractActions,
     StreamActions,
     TurnActions,
+    WindowActions,
 )
 from refimpl.engine.data import RankPools
 from refimpl.engine.wire import channel, parse
@@ -74,6 +76,7 @@ class AbstractMap(
     RetractActions,
     DecodeRankActions,
     StreamActions,
+    WindowActions,
 ):
     def net_of(self, i: int) -> tuple[int, ...]:
         """Request i's messages in flight, as the spec's sorted codes."""
@@ -127,6 +130,7 @@ class AbstractMap(
                     fs=int(self.fs[i]),
                     inl=self.inl[i],
                     rdy=self.rdy[i],
+                    pw=len(r.window),
                 )
             )
         return World(
@@ -156,7 +160,7 @@ class AbstractMap(
         for i, (r, x) in enumerate(zip(self.req, self.rx, strict=True)):
             rid = self.rid(i)
             own_p, own_h = P.blocks_of(rid), H.blocks_of(rid)
-            if len(own_p) not in (0, n) or len(own_h) not in (0, n):
+            if len(own_p) not in (0, n - len(r.window)) or len(own_h) not in (0, n):
                 problems.append(f"{rid}: {len(own_p)} prefill / {len(own_h)} host blocks of {n}")
             for holder in (pin_name(rid, r.epoch), rid + "@store"):
                 if not set(P.blocks_of(holder)) <= set(own_p):
@@ -219,6 +223,8 @@ class AbstractMap(
                 want = truth if s == WRITABLE else frozen if s == COMPLETE else None
                 if want is None:
                     continue
+                if w == "p":  # the window's blocks (those pruned out of it are freed)
+                    want = want[len(self.req[i].window) :]
                 rep = self.replica(i, w)
                 if rep is None or not torch.equal(rep, want):
                     out.append(f"r{i}@{w}")

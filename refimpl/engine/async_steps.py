@@ -39,7 +39,7 @@ class AsyncStepActions(EnvActions):
         forward = r.status == PREFILLING
         if not forward and (r.status != RUNNING or self.h_status(i) != NONE):
             raise self._ne("PrefillStepDispatch", i)
-        blocks = tuple(self.P.alloc.blocks_of(self.rid(i)))
+        blocks = self.p_table(i)  # logical order (the window's pruned ids first)
         slot = None if forward else self._next_slot(i)
         self.inflight[(i, "p")] = InFlight(forward, blocks, slot, r.steps)
 

@@ -119,6 +119,7 @@ class ReqState:
     computed: bool = False  # the prefill blocks hold this request's KV (PrefillRun ran)
     steps: int = 0  # tokens appended so far
     slots: dict[tuple[int, int], int] = field(default_factory=dict)  # (block, slot) -> step
+    window: list[int] = field(default_factory=list)  # ids pruned out of the window (``pw``)
 
 
 @dataclass(slots=True)
@@ -240,16 +241,17 @@ class EngineBase:
         return kv
 
     def _next_slot(self, i: int) -> tuple[int, int] | None:
-        """Where token ``steps`` goes: in place, cycling over the private (non-prefix) slots.
+        """Where token ``steps`` goes: in place, cycling over the private (non-prefix) slots
+        of the window (a block pruned out of it is freed: ``behaviours/window``).
 
         The spec has no token count, so the replica never grows. With a full prefix hit
         there is no private block: the step writes nothing (the spec allocates no block).
         """
-        private = self.n - self.config.prefix
+        lo = max(self.config.prefix, len(self.req[i].window))
+        private, k = self.n - lo, self.req[i].steps
         if private == 0:
             return None
-        k = self.req[i].steps
-        return self.config.prefix + k % private, (k // private) % self.p_geo.block_size
+        return lo + k % private, (k // private) % self.p_geo.block_size
 
     def _load_prefix(self) -> None:
         """The shared prefix is resident on decode at start (an earlier request left it)."""

@@ -1,7 +1,8 @@
-"""The prefill worker's data moves, shared by its actions: a decoded token's KV written
-into the writable replica (the ground truth copied on write when a snapshot shares it),
-and the offload/reload copy of whole blocks over every TP rank (on CUDA on the transfer
-stream; the ``reload_on_critical_stream`` switch puts it on the compute stream)."""
+"""The prefill worker's data moves, shared by its actions: its block table (the ids
+pruned out of the window first), a decoded token's KV written into the writable replica
+(the ground truth copied on write when a snapshot shares it), and the offload/reload
+copy of whole blocks over every TP rank (on CUDA on the transfer stream; the
+``reload_on_critical_stream`` switch puts it on the compute stream)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ __all__ = ["CopyBase"]
 
 
 class CopyBase(RestartBase):
+    def p_table(self, i: int) -> tuple[int, ...]:
+        """Request i's prefill block table, logical order: the ids pruned out of its window
+        (freed: only a reader set up before the prune still reads them, the
+        ``window_prunes_under_io`` bug's store), then the blocks it holds."""
+        return tuple(self.req[i].window) + self.P.alloc.blocks_of(self.rid(i))
+
     def _append_token(self, i: int, pools: RankPools, logical: Sequence[int], holder: str) -> None:
         """Decode one token: write its KV into slot (j, s) of the writable replica."""
         r = self.req[i]

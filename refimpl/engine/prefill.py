@@ -67,7 +67,7 @@ class PrefillActions(CopyBase):
         if not self.P.alloc.can_allocate(self.n):
             raise CapacityError(f"r{i} needs {self.n} prefill blocks, {self.P.alloc.num_free} free")
         self.P.alloc.allocate(self.rid(i), self.n)
-        r.status, r.computed = PREFILLING, False
+        r.status, r.computed, r.window = PREFILLING, False, []  # a whole copy
 
     def PrefillRun(self, req: int) -> None:
         i, r = req, self.req[req]
@@ -85,7 +85,7 @@ class PrefillActions(CopyBase):
         if self.config.async_steps or not self.p_up or r.status != RUNNING:
             raise self._ne("PrefillDecodeStep", i)
         p = self.p_status(i)
-        blocks = self.P.alloc.blocks_of(self.rid(i))
+        blocks = self.p_table(i)
         if p == WRITABLE and r.phase == IDLE:
             self._append_token(i, self.P, blocks, self.rid(i))
             return
@@ -133,7 +133,7 @@ class PrefillActions(CopyBase):
             raise self._ne("PrefillOffloadBegin", i)
         if self.p_status(i) != WRITABLE or r.phase != IDLE:
             raise self._ne("PrefillOffloadBegin", i)
-        if self.h_status(i) != NONE or r.moves >= c.max_moves:
+        if self.h_status(i) != NONE or r.moves >= c.max_moves or r.window:  # moves whole copies
             raise self._ne("PrefillOffloadBegin", i)
         if not self.H.alloc.can_allocate(self.n):
             raise CapacityError(f"r{i} needs {self.n} host blocks, {self.H.alloc.num_free} free")
@@ -151,7 +151,7 @@ class PrefillActions(CopyBase):
         if self.p_status(i) != COMPLETE or r.stored >= self.n:
             raise self._ne("PrefillOffloadCopy", i)
         rid, j = self.rid(i), r.stored
-        src, dst = self.P.alloc.blocks_of(rid), self.H.alloc.blocks_of(rid)
+        src, dst = self.p_table(i), self.H.alloc.blocks_of(rid)
         self._copy(self.P, [src[j]], self.H, [dst[j]], i)  # D2H of logical block j
         r.stored += 1
 
@@ -217,7 +217,7 @@ class PrefillActions(CopyBase):
             raise self._ne("PrefillFreeze", i)
         if self.p_status(i) != WRITABLE or r.phase != IDLE:
             raise self._ne("PrefillFreeze", i)
-        if self.h_status(i) != NONE or r.epoch >= c.max_attempts:
+        if self.h_status(i) != NONE or r.epoch >= c.max_attempts or r.window:  # a whole copy
             raise self._ne("PrefillFreeze", i)
         step_guard(self, i, "p", "freeze")
         rid, e = self.rid(i), self._next_epoch(r)

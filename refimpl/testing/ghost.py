@@ -9,8 +9,11 @@ freeze, an offload's begin). The content is then a function of those counts:
 
     prompt block j   the model's KV of the prompt block (the shared prefix for j < prefix;
                      every block, in a host-cache world, where the prompt is shared)
-    token t          the model's KV of token t, in slot (prefix + t % private,
-                     (t // private) % block_size): the tokens cycle over the private slots
+    token t          the model's KV of token t, in slot (lo + t % private,
+                     (t // private) % block_size), private = blocks - lo: the tokens
+                     cycle over the private slots of the window, lo = max(prefix, pw)
+                     with pw the blocks pruned out of the window when token t was made
+                     (the spec's ``pw``, kept as a history: ``window``)
 
 ("the model" is ``refimpl.engine.data.gen``, seeded by the engine's seed: the stand-in
 for a real model's forward pass, which engine and ghost both call). Which replica must
@@ -61,11 +64,15 @@ class Ghost:
         self.stored = [0] * n_reqs  # tokens when the last offload began
         self.computed = [False] * n_reqs  # PrefillRun ran since the last admission
         self.forward = [False] * n_reqs  # the prefill step in flight is the forward pass
-        self._cache: dict[tuple[int, int], torch.Tensor] = {}
+        self.window: list[list[tuple[int, int]]] = [[] for _ in range(n_reqs)]  # (tokens, pw)
+        self._cache: dict[tuple[int, int, tuple[tuple[int, int], ...]], torch.Tensor] = {}
 
     # ---------------------------------------------------------------- history
     def observe(self, name: str, i: int, after: World) -> None:
         """An accepted step ``name`` on request ``i``; ``after``: the spec's new state."""
+        pw, cuts = after.reqs[i].pw, self.window[i]
+        if pw != (cuts[-1][1] if cuts else 0):  # a prune, or a whole copy again
+            cuts.append((self.tokens[i], pw))
         if name in TOKEN_STEPS:
             self.tokens[i] += 1
         elif name in ("PrefillAdmit", "PrefillRun"):
@@ -93,7 +100,8 @@ class Ghost:
     # ---------------------------------------------------------------- content
     def content(self, i: int, tokens: int) -> torch.Tensor:
         """Request i's full replica after ``tokens`` tokens: [n, layers, 2, H, bs, D]."""
-        key = (i, tokens)
+        cuts = tuple(self.window[i])
+        key = (i, tokens, cuts)
         got = self._cache.get(key)
         if got is not None:
             return got
@@ -107,7 +115,8 @@ class Ghost:
         private, bs = (0 if self.shared_prompt else self.n - self.prefix), self.shape[3]
         tok_shape = (self.shape[0], self.shape[1], self.shape[2], self.shape[4])
         for t in range(tokens if private else 0):
-            j, s = self.prefix + t % private, (t // private) % bs
+            lo = max(self.prefix, next((pw for at, pw in reversed(cuts) if at <= t), 0))
+            j, s = lo + t % (self.n - lo), (t // (self.n - lo)) % bs
             kv[j, :, :, :, s] = gen(tok_shape, self.dtype, self.seed, "tok", i, t)
         self._cache[key] = kv
         return kv
@@ -135,7 +144,8 @@ class Ghost:
             for where, k in want.items():
                 if k is None:
                     continue
-                rep = self.read(i, where)
-                if rep is None or not torch.equal(rep, self.content(i, k)):
+                rep, kv = self.read(i, where), self.content(i, k)
+                kv = kv[r.pw :] if where == "p" else kv  # the window's blocks (spec pw)
+                if rep is None or not torch.equal(rep, kv):
                     out.append(f"r{i}@{where} (ghost: {k} tokens)")
         return out

@@ -321,9 +321,8 @@ def report(plan: TourPlan, cov: Coverage, **extra: Any) -> dict[str, Any]:
     }
 
 
-# Where each bug switch is judged by the tour: the smallest world whose tour kills it
-# (measured; tests/fuzz/test_tour_kills.py holds every entry). Switches not named here are
-# toured on their spec mutant's first config (``run.mutant_config``).
+# Where each bug switch is judged by the tour: the smallest world whose tour kills it (measured;
+# tests/fuzz/test_tour_kills.py holds every entry); others: ``run.mutant_config``'s world.
 KILL_WORLDS: dict[str, str] = {
     "release_before_install": "mismatch_one",
     "source_writes_while_frozen": "mismatch_one",
@@ -368,9 +367,10 @@ KILL_WORLDS: dict[str, str] = {
     "append_divergent_uncut": "turns_append",
     "two_writers_on_session": "turns_append",
     "evict_pinned_session": "turns_append",
-    # issue #30 item 2: a streamed offer, layer by layer (spec/stream)
+    # issue #30 item 2, streamed offers (spec/stream); #32 item 3, sliding windows (spec/window)
     "stream_reads_at_ready": "stream_one",
     "layer_ready_on_staging": "stream_one",
+    "window_prunes_under_io": "window_prune",
 }
 
 

@@ -9,7 +9,8 @@ hash (a longer prompt hits a shorter one's chunks). ``kvio``: the bytes between 
 worker's pools and chunk files (direct where the layout allows, else one reused staging
 buffer), hashed once. ``records``: what a tier hands out. ``moves``: offload and reload
 as ``transfer.Transfer``s (asynchronous, cancellable, block ownership on the caller's
-thread).
+thread). ``host``: ``HostTier``, the host's prefix cache on the same chunk keys (in the
+API as ``refimpl.api.HostTier``).
 """
 
 from refimpl.tiers.chunks import CHUNK_TOKENS, chain_keys, chunk_spans
@@ -21,11 +22,11 @@ from refimpl.tiers.files import (
     TornFileError,
     published_names,
     read_header,
-    read_into,
     sweep_orphans,
     write_batch,
     write_published,
 )
+from refimpl.tiers.kvio import read_into
 from refimpl.tiers.transfer import Cancelled, Transfer
 
 __all__ = [

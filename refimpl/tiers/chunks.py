@@ -27,14 +27,21 @@ from __future__ import annotations
 import array
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from refimpl.checksum import bytes_checksum
+
+if TYPE_CHECKING:
+    from refimpl.api.geometry import KVGeometry, ModelIdentity
 
 CHUNK_TOKENS = 256
 KEY_PREFIX = "kv-"
 FORMAT = "kvown-disk-kv/2"
 
-__all__ = ["CHUNK_TOKENS", "FORMAT", "KEY_PREFIX", "chain_keys", "chunk_spans", "root_key"]
+__all__ = [
+    "CHUNK_TOKENS", "FORMAT", "KEY_PREFIX", "chain_keys", "chunk_spans", "prefix_keys",
+    "root_key",
+]  # fmt: skip
 
 
 def root_key(identity: Sequence[object], chunk_tokens: int) -> str:
@@ -67,3 +74,20 @@ def chain_keys(root: str, token_ids: Sequence[int], spans: Sequence[tuple[int, i
         h = bytes_checksum(h.encode() + b":" + data[8 * s : 8 * e])
         out.append(KEY_PREFIX + h)
     return out
+
+
+def prefix_keys(
+    model: ModelIdentity, geometry: KVGeometry, token_ids: Sequence[int], chunk_tokens: int
+) -> list[str]:
+    """The key of each chunk of ``token_ids`` for ``model`` (a ``ModelIdentity``) and the
+    KV ``geometry`` means (a ``KVGeometry``): the one key scheme of every tier (disk and
+    host). Block size, layout and TP are not in it: a chunk holds canonical blocks."""
+    g, mi = geometry, model
+    ident: list[object] = [
+        mi.model_id, mi.adapter_id, mi.quantization, mi.rope.to_json_dict(),
+        g.dtype, g.num_layers, g.kv_heads, g.head_dim, list(g.cache_fields),
+    ]  # fmt: skip
+    if mi.kv_scales is not None:  # a quantized cache's scales: other scales, other KV
+        ident.append(list(mi.kv_scales))
+    root = root_key(ident, chunk_tokens)
+    return chain_keys(root, token_ids, chunk_spans(len(token_ids), chunk_tokens))

@@ -33,6 +33,7 @@ spaces to 8 bytes), then the tensors' bytes back to back, as in the safetensors 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import math
@@ -44,11 +45,11 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 
-from refimpl.checksum import byte_view, writable_byte_view
+from refimpl.checksum import byte_view
 from spec.strict_json import StrictJSONError, loads_strict
 
 PUBLISHED_SUFFIX = ".safetensors"
@@ -59,7 +60,19 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's cap
 # tensors of 6 dimensions. 5 M junk keys are refused by a count, before any parse.
 MAX_HEADER_ITEMS = 4096
 MAX_PID = (1 << 31) - 1  # pid_t; a temp name with a larger "pid" is no writer's
-WRITE_CHUNK_BYTES = 16 << 20  # one os.write at most (a short write is retried)
+
+
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux; Python's ``os`` lacks it), else None."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return f
+
+
+_WRITEBACK = _sync_file_range()  # a file's writeback starts once it is written (RESULTS.md)
 _NAME = re.compile(r"^[0-9a-z][0-9a-z_-]{0,127}$")
 _TEMP = re.compile(r"^\.(?P<name>[0-9a-z][0-9a-z_-]*)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp$")
 
@@ -135,10 +148,15 @@ def header_bytes(
     return struct.pack("<Q", len(text)) + text
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data.nbytes:
-        n = os.write(fd, data[:WRITE_CHUNK_BYTES])
-        data = data[n:]
+def _write_views(fd: int, views: list[memoryview]) -> None:
+    """Write ``views`` in order, up to 1024 per ``writev`` (Linux's IOV_MAX)."""
+    while views:
+        n = os.writev(fd, views[:1024])
+        while views and n >= views[0].nbytes:  # what is written, then the rest of one
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
 
 
 def fsync_dir(directory: Path) -> None:
@@ -220,9 +238,9 @@ def _write_temp(directory: Path, p: Pending) -> tuple[int, Path, Path]:
     tmp = directory / f".{p.name}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _write_all(fd, memoryview(header))
-        for v in p.data:
-            _write_all(fd, v)
+        _write_views(fd, [memoryview(header), *(memoryview(v).cast("B") for v in p.data)])
+        if _WRITEBACK is not None:  # start writing back now: the fsync later waits less
+            _WRITEBACK(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE: advisory, the fsync still runs
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -301,24 +319,6 @@ def read_header(f: BinaryIO) -> Header:
     if at != data_bytes:
         raise TornFileError(f"data: entries cover {at} bytes, the file holds {data_bytes}")
     return Header(meta, entries, 8 + n, size)
-
-
-def read_into(
-    f: BinaryIO, header: Header, name: str, out: torch.Tensor, *, offset: int = 0
-) -> None:
-    """Read ``out.nbytes`` bytes of tensor ``name``, from byte ``offset`` of it, into ``out``
-    (contiguous CPU, the entry's dtype): the whole tensor, or one block of it."""
-    e = header.entries[name]
-    view = writable_byte_view(out)
-    if out.dtype != e.dtype or not 0 <= offset <= offset + view.nbytes <= e.end - e.begin:
-        raise ValueError(f"read_into {name!r}: {out.dtype} bytes [{offset}, +{view.nbytes}) of {e}")
-    f.seek(header.data_start + e.begin + offset)
-    got = 0
-    while got < view.nbytes:
-        n = f.readinto(view[got:])  # type: ignore[attr-defined]
-        if not n:
-            raise TornFileError(f"tensor {name!r}: {got} of {view.nbytes} bytes")
-        got += n
 
 
 def _regular(p: Path) -> bool:

@@ -33,7 +33,10 @@ from refimpl.tiers.kvio import chunk_data, direct
 from refimpl.tiers.transfer import Transfer
 from spec.manifest import Manifest
 
-__all__ = ["Reloaded", "start_offload", "start_reload"]
+__all__ = [
+    "Reloaded", "check_request", "check_room", "give_back", "reserve", "start_offload",
+    "start_reload",
+]  # fmt: skip
 
 _PINS = itertools.count(1)
 _VERSION = 1
@@ -69,14 +72,68 @@ def _base(
     } | ({} if mi.kv_scales is None else {"kv_scales": list(mi.kv_scales)})  # fmt: skip
 
 
-def _check(tier: DiskTier, pools: RankPools, g: KVGeometry, tokens: Sequence[int]) -> None:
+def check_request(
+    chunk_tokens: int, pools: RankPools, g: KVGeometry, tokens: Sequence[int]
+) -> None:
+    """A tier transfer's request: token ids, pools of ``g``, blocks that tile a chunk."""
     if not tokens:
         raise ValueError("no token ids")
     g.check_pools(pools, "device pools")
-    if tier.chunk_tokens % g.block_size:
+    if chunk_tokens % g.block_size:
         raise ValueError(
-            f"block size {g.block_size} does not divide the tier's chunk_tokens {tier.chunk_tokens}"
+            f"block size {g.block_size} does not divide the tier's chunk_tokens {chunk_tokens}"
         )
+
+
+def check_room(
+    device: RankPools, rid: str, decode_room: int, blocks: Sequence[int] | None
+) -> list[int] | None:
+    """A reload's room, checked before anything is opened: ``decode_room`` tokens after
+    the prompt, or the engine's ``blocks`` (registered memory: its scheduler's ids)."""
+    if decode_room < 0:
+        raise ValueError(f"decode_room={decode_room} must be >= 0")
+    if held := device.alloc.blocks_of(rid):
+        raise ValueError(f"{rid!r} already holds blocks {list(held)} on the device")
+    if blocks is None:
+        return None
+    if decode_room:
+        raise ValueError("decode_room: the engine's blocks= are the request's room")
+    ids = device.alloc.check_ids(blocks, f"{rid!r} blocks")
+    if not ids:
+        raise ValueError(f"{rid!r}: blocks=[]: no block to reload into")
+    return ids
+
+
+def reserve(
+    device: RankPools,
+    geometry: KVGeometry,
+    rid: str,
+    num_tokens: int,
+    decode_room: int,
+    blocks: list[int] | None,
+    ends: Sequence[int],
+    epoch: int,
+) -> tuple[tuple[int, ...], int]:
+    """RESERVE a reload's destination (the prompt and ``decode_room``, or the engine's
+    ``blocks``) for a hit of chunks ending at ``ends``; returns the blocks (logical
+    order) and how many chunks fit them (the engine's blocks may hold fewer tokens)."""
+    if blocks is None:
+        need = geometry.blocks_for(num_tokens + decode_room)
+        return tuple(device.alloc.reserve(rid, need, epoch=epoch)), len(ends)
+    room = len(blocks) * geometry.block_size
+    fit = sum(1 for e in ends if e <= room)
+    if not fit:
+        raise MissError(
+            f"{rid!r}: {len(blocks)} blocks hold {room} tokens, less than the first stored "
+            f"chunk ({ends[0]})"
+        )
+    return tuple(device.alloc.reserve_ids(rid, blocks, epoch=epoch)), fit
+
+
+def give_back(device: RankPools, rid: str, epoch: int) -> None:
+    """A failed or cancelled reload's blocks go back, never used (its writer stopped)."""
+    device.alloc.quarantine(rid)
+    device.alloc.unquarantine_and_free(rid, epoch)
 
 
 def start_offload(
@@ -91,7 +148,7 @@ def start_offload(
     background: bool = True,
 ) -> Transfer[Stored, Stored]:
     """Store ``request_id``'s KV of ``token_ids`` in ``tier`` (see the module)."""
-    _check(tier, device, geometry, token_ids)
+    check_request(tier.chunk_tokens, device, geometry, token_ids)
     tokens = tuple(int(t) for t in token_ids)
     need, bs = geometry.blocks_for(len(tokens)), geometry.block_size
     held = device.alloc.blocks_of(request_id)
@@ -153,22 +210,22 @@ def start_reload(
     free_host: bool = True,
     epoch: int = 1,
     background: bool = True,
+    blocks: Sequence[int] | None = None,
 ) -> Transfer[int, Reloaded]:
-    """Reload the longest stored prefix of ``token_ids`` into ``device`` (see the module)."""
-    _check(tier, device, geometry, token_ids)
-    if decode_room < 0:
-        raise ValueError(f"decode_room={decode_room} must be >= 0")
-    if held := device.alloc.blocks_of(request_id):
-        raise ValueError(f"{request_id!r} already holds blocks {list(held)} on the device")
+    """Reload the longest stored prefix of ``token_ids`` into ``device`` (see the module).
+    ``blocks``: the request's blocks the engine's scheduler chose (registered memory),
+    in logical order from token 0; the hit lands in the first of them."""
+    check_request(tier.chunk_tokens, device, geometry, token_ids)
+    given = check_room(device, request_id, decode_room, blocks)
     prefix = tier.open_prefix(geometry, token_ids)
     if isinstance(prefix, Miss):
         raise MissError(f"{request_id!r}: {tier.path(prefix.key).name}: {prefix.reason}")
     try:
-        blocks = tuple(
-            device.alloc.reserve(
-                request_id, geometry.blocks_for(len(token_ids) + decode_room), epoch=epoch
-            )
+        ends = [c.span[1] for c in prefix.chunks]
+        blocks, fit = reserve(
+            device, geometry, request_id, len(token_ids), decode_room, given, ends, epoch
         )
+        prefix.fit(ends[fit - 1])
     except BaseException:
         prefix.close()
         raise
@@ -180,8 +237,7 @@ def start_reload(
     def finish(checks: int | None, error: BaseException | None, cancelled: bool) -> Reloaded:
         try:
             if error is not None:  # nothing installed: the blocks go back, never used
-                device.alloc.quarantine(request_id)
-                device.alloc.unquarantine_and_free(request_id, epoch)
+                give_back(device, request_id, epoch)
                 if isinstance(error, (TornFileError, OSError)) and not cancelled:
                     raise MissError(f"{request_id!r}: {type(error).__name__}: {error}") from error
                 raise error

@@ -97,6 +97,22 @@ class Prefix:
     def num_tokens(self) -> int:
         return self.chunks[-1].span[1]
 
+    def fit(self, tokens: int) -> Prefix | None:
+        """This prefix cut to the chunks that end within ``tokens`` (the rest closed and
+        unpinned); None (every chunk closed) when not even the first one does."""
+        keep = [c for c in self.chunks if c.span[1] <= tokens]
+        drop = self.chunks[len(keep) :]
+        for c in drop:
+            c.file.close()
+        self.unpin([c.key for c in drop])
+        self.chunks = keep
+        if drop:
+            self.stopped = f"{len(drop)} chunk(s) past the {tokens} tokens the blocks hold"
+        if not keep:
+            self.closed = True
+            return None
+        return self
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -123,7 +139,8 @@ def file_manifest(m: Manifest) -> Manifest:
 
 class Pins:
     """A tier's readers in this process, per key; a key removed while read is unlinked
-    (``unlink(key)``) when its last reader is done."""
+    (``unlink(key)``) when its last reader is done, and no new reader takes it meanwhile
+    (``live``: a lookup misses it, the spec's HostEvict then HostFree)."""
 
     def __init__(self, unlink: Callable[[str], object]) -> None:
         self._unlink = unlink
@@ -146,6 +163,18 @@ class Pins:
                 self._doomed.add(key)
                 return True
             return False
+
+    def live(self, key: str) -> None:
+        """FileNotFoundError if ``key`` was removed while read: no new reader takes it."""
+        with self._lock:
+            if key in self._doomed:
+                raise FileNotFoundError(f"{key} was removed (its readers finish)")
+
+    def published(self, key: str) -> None:
+        """A writer published ``key`` anew: the removal waiting for the old file's readers
+        is not this file's (they keep the old file's bytes: POSIX)."""
+        with self._lock:
+            self._doomed.discard(key)
 
     def unpin(self, keys: list[str]) -> None:
         drop = []

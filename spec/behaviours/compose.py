@@ -37,6 +37,7 @@ BEHAVIOURS: dict[str, dict[str, Any]] = {
     "host_cache_warm": {"host_cache": 2},
     "turns": {"turns": True},
     "no_cancel": {"cancel": False},
+    "window": {"window": True},  # sliding-window pruning (window/__init__.py)
 }
 # header size key -> Config field
 SIZES: dict[str, str] = {

@@ -60,6 +60,7 @@ from spec.state import (
     Req,
     World,
 )
+from spec.window import window_whole
 
 __all__ = [
     "HK_HIT",
@@ -116,7 +117,7 @@ def HostLoadBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if used_p(w, c) + c.blocks > c.cap_p:
         return refuse("CapacityRefcount")
-    w2 = put(w, i, r._replace(p=FILLING, gl=0, hk=HK_LOAD))
+    w2 = put(w, i, r._replace(p=FILLING, gl=0, hk=HK_LOAD, pw=0))  # pw: a whole copy
     return _pin(w2, -1) if "unpin_at_load_start" in m else w2
 
 
@@ -160,7 +161,7 @@ def HostStoreBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     r = w.reqs[i]
     if not c.host_cache or not w.p_up or r.st != RUNNING or r.p != WRITABLE or r.ps:
         return NOT_ENABLED
-    if r.hk or r.h != NONE or w.hc != NONE or r.mv >= c.max_moves:
+    if r.hk or r.h != NONE or w.hc != NONE or r.mv >= c.max_moves or not window_whole(r):
         return NOT_ENABLED
     if used_h(w, c) + c.blocks > c.cap_h:
         return refuse("CapacityRefcount")

@@ -148,12 +148,38 @@ COMPOSED["all_behaviours"] = {
     "slots": True,
     "host_cache": 2,
     "turns": True,
+    "window": True,  # switched on, but with 1 block the window keeps it: no prune here
     "faults": 1,
     "fault_kinds": frozenset(
         {"lose", "duplicate", "corrupt", "mismatch", "crash", "store_fail", "load_fail"}
     ),
     "max_attempts": 1,
 }
+COMPOSED["pair_window_host"] = {
+    "doc": "one request, 2 blocks, sliding-window pruning with a cold shared host cache and"
+    " async steps: the window never prunes under a store or a step in flight",
+    "blocks": 2,
+    "cap_p": 2,
+    "cap_h": 2,
+    "handoff": False,
+    "cancel": False,
+    "async_steps": True,
+    "host_cache": 1,
+    "window": True,
+}
 PAIRS: tuple[str, ...] = tuple(k for k in COMPOSED if k.startswith("pair_"))
+# Sliding-window pruning (spec/window/__init__.py): the default suite's world.
+WINDOW: dict[str, dict[str, Any]] = {
+    "window_prune": {
+        "doc": "one request, 2 blocks, sliding-window pruning on prefill; a handoff or an"
+        " offload (with recompute) of the copy; the window never prunes under a transfer",
+        "blocks": 2,
+        "cap_h": 2,
+        "offload": True,
+        "recompute": True,
+        "max_attempts": 1,
+        "window": True,
+    },
+}
 
-__all__ = ["COMPOSED", "DERIVED", "PAIRS"]
+__all__ = ["COMPOSED", "DERIVED", "PAIRS", "WINDOW"]

@@ -105,9 +105,9 @@ def test_the_correct_api_lands_every_ready_layer_in_its_blocks() -> None:
 
 
 def test_a_world_the_api_cannot_run_is_refused_naming_why() -> None:
-    c = get_world("offload_contend")  # offload runs (tests/library/tours/..._offload.py)
-    assert unexpressed(c) == ["recompute"]
-    with pytest.raises(ValueError, match="recompute: preemption by recompute"):
+    c = get_world("async_handoff")  # recompute runs (tests/library/tours/..._recompute.py)
+    assert unexpressed(c) == ["async_steps"]
+    with pytest.raises(ValueError, match="async_steps: dispatched/completed model steps"):
         ApiAdapter().build(c, frozenset(), 0)
     assert unexpressed(get_world("restart_handoff")) == []  # restarts: on_api/worlds/restarts.py
 
@@ -126,7 +126,7 @@ def test_kvown_fuzz_tour_impl_api_reports_coverage_and_gaps(
     assert (row["edges"], row["edges_covered"]) == PINNED["mismatch_one"]
     assert row["divergences"] == {}
     assert main(["fuzz", "--impl", "api"]) == 2  # the tour only
-    assert main(["fuzz", "--tour", "--impl", "api", "--config", "offload_contend"]) == 2
+    assert main(["fuzz", "--tour", "--impl", "api", "--config", "async_handoff"]) == 2
     assert main(["fuzz", "--tour", "--impl", "nope"]) == 2
 
 

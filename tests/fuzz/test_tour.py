@@ -32,6 +32,7 @@ COVERAGE_TOURS = (
     "host_cache_warm",
     "host_cache_store",
     "stream_one",  # streamed offers (spec/stream): the four layer actions
+    "window_prune",  # sliding-window pruning (spec/window): PrefillPruneWindow
 )
 SCAN = 800
 

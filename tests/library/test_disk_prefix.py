@@ -265,3 +265,36 @@ def test_a_header_parsed_once_is_parsed_again_for_another_version_of_the_file(
     fresh.write_bytes(bytes(data))
     fresh.replace(st.paths[1])
     assert tier.lookup(DEV, A) == 16 and reader.lookup(DEV, A) == 16  # not the old inode's
+
+
+def test_a_key_removed_while_read_misses_for_new_readers_and_goes_with_the_last(
+    tmp_path: Path,
+) -> None:
+    """The spec's eviction in two phases (HostEvict, then HostFree once the pins drain):
+    ``remove`` of a key a reader holds unpublishes it for new readers at once. Before, a
+    lookup after the removal still hit the key and pinned it again, so with readers that
+    overlap an evicted key served hits and was never removed (it frees nothing)."""
+    tier, st, _ = _stored(tmp_path, CANON)
+    reader = tier.open_prefix(CANON, A)
+    assert isinstance(reader, disk.Prefix) and tier.pinned(st.keys[0]) == 1
+    assert tier.remove(st.keys[0])  # evicted while read: its bytes stay for the reader
+    assert tier.lookup(CANON, A) == 0  # a new lookup misses it (was 40: a hit)
+    assert isinstance(tier.open_prefix(CANON, A), Miss)
+    assert tier.pinned(st.keys[0]) == 1 and st.paths[0].exists()
+    reader.close()  # the last reader done: the file goes
+    assert not st.paths[0].exists() and tier.pinned(st.keys[0]) == 0
+
+
+def test_a_key_stored_again_after_a_removal_in_wait_is_published_and_kept(
+    tmp_path: Path,
+) -> None:
+    """A store of the same prompt after the removal of its key (still read) publishes a
+    new file: it hits at once and the old readers' end does not remove it."""
+    tier, st, _ = _stored(tmp_path, CANON)
+    reader = tier.open_prefix(CANON, A)
+    assert isinstance(reader, disk.Prefix) and tier.remove(st.keys[0])
+    dev, _ = _device(CANON, A)
+    again = offload(dev, CANON, tier, None, "r1", A)
+    assert again.keys == st.keys and tier.lookup(CANON, A) == 40
+    reader.close()
+    assert st.paths[0].exists() and tier.lookup(CANON, A) == 40

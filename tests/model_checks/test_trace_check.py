@@ -80,6 +80,8 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "bug_third_turn_after_evict.jsonl": (22, "NothingLost"),
     "bug_unstaged_without_prefix.jsonl": (9, "ContentIdentity"),
     "bug_cancel_during_append.jsonl": (19, "NothingLost"),
+    # sliding-window pruning (issue #32 item 3, spec/window/__init__.py)
+    "bug_window_prunes_under_store.jsonl": (6, "NoReuseUnderIO"),
 }
 # every bug log's fixed twin conforms: fixed_<x>.jsonl beside each bug_<x>.jsonl
 EXPECTED.update({f"fixed_{n[4:]}": None for n in list(EXPECTED) if n.startswith("bug_")})

@@ -22,6 +22,7 @@ from refimpl.blocks import BlockStatus
 from refimpl.engine.base import NotEnabled, UnpublishedError
 from refimpl.engine.data import gen
 from refimpl.engine.env import EnvActions
+from refimpl.engine.inflight import step_guard
 from refimpl.errors import CapacityError, IncompleteError, InUseError
 from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_STORE
 from spec.state import (
@@ -124,7 +125,7 @@ class HostCacheActions(EnvActions):
         if not self.P.alloc.can_allocate(self.n):
             raise CapacityError(f"r{i} needs {self.n} GPU blocks, {self.P.alloc.num_free} free")
         self.P.alloc.reserve(self.rid(i), self.n, epoch=0)
-        r.reloading, r.loaded, self.hk[i] = True, 0, HK_LOAD
+        r.reloading, r.loaded, self.hk[i], r.window = True, 0, HK_LOAD, []  # a whole copy
         if "unpin_at_load_start" in self.m:
             self.hc_pin -= 1  # the bug: the pin goes when the load starts
 
@@ -189,10 +190,11 @@ class HostCacheActions(EnvActions):
             raise self._hc_ne("HostStoreBegin", i)
         if self.p_status(i) != WRITABLE or self.hk[i] or self.h_status(i) != NONE:
             raise self._hc_ne("HostStoreBegin", i)
-        if self.hc_status() != NONE or r.moves >= c.max_moves:
+        if self.hc_status() != NONE or r.moves >= c.max_moves or r.window:  # a whole copy
             raise self._hc_ne("HostStoreBegin", i)
         if not self.H.alloc.can_allocate(self.n):
             raise CapacityError(f"r{i} needs {self.n} host blocks, {self.H.alloc.num_free} free")
+        step_guard(self, i, "p", "freeze")  # a step in flight still writes the blocks
         rid = self.rid(i)
         self.P.alloc.incref(rid + "@store", self.P.alloc.blocks_of(rid))  # read-only now
         self.frozen_truth[i] = self.truth[i]
@@ -205,7 +207,7 @@ class HostCacheActions(EnvActions):
             raise self._hc_ne("HostStoreCopy", i)
         if self.hc_hl >= self.n:
             raise self._hc_ne("HostStoreCopy", i)
-        j, src = self.hc_hl, self.P.alloc.blocks_of(self.rid(i))
+        j, src = self.hc_hl, self.p_table(i)
         self._copy(self.P, [src[j]], self.H, [self.hc_blocks()[j]], i, self.hc_holder)
         self.hc_hl += 1
 

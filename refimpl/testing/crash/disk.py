@@ -217,7 +217,7 @@ PHASES = ("create", "write", "fsync", "rename", "dirsync", "between_renames")
 
 def _stall_at(phase: str, fd: int) -> None:
     """In the child: tell the parent, then wait to be killed, at ``phase`` of one store."""
-    real = {n: getattr(os, n) for n in ("open", "write", "fsync", "replace")}
+    real = {n: getattr(os, n) for n in ("open", "write", "writev", "fsync", "replace")}
     count = {"write": 0, "fsync": 0, "replace": 0}
 
     def stall(*_: object) -> None:
@@ -239,6 +239,15 @@ def _stall_at(phase: str, fd: int) -> None:
         n: int = real["write"](f, data)
         return n
 
+    def hook_writev(f: int, bufs: list[memoryview]) -> int:
+        if phase == "write":  # a file's header and bytes go in one writev: the header,
+            real["write"](f, bufs[0])  # then half of the first block's bytes, then the stall
+            if len(bufs) > 1:
+                real["write"](f, bufs[1][: bufs[1].nbytes // 2])
+            stall()
+        n: int = real["writev"](f, bufs)
+        return n
+
     def hook_fsync(f: int) -> None:
         count["fsync"] += 1
         if (phase == "fsync" and count["fsync"] == 1) or (
@@ -254,6 +263,7 @@ def _stall_at(phase: str, fd: int) -> None:
         real["replace"](a, b)
 
     os.open, os.write, os.fsync, os.replace = hook_open, hook_write, hook_fsync, hook_replace  # type: ignore[assignment]
+    os.writev = hook_writev  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from spec.state import (
     FINISHED,
     G_END_CANCELLED,
     G_END_FAILED,
+    PREEMPTED,
     PREFILLING,
     QUEUED,
     RUNNING,
@@ -47,7 +48,7 @@ class ApiRefusal(Exception):
         self.prop = prop
 
 
-LIVE = (QUEUED, PREFILLING, RUNNING, 3)
+LIVE = (QUEUED, PREFILLING, RUNNING, PREEMPTED)
 ENDED = {FINISHED: "finished", CANCELLED: "cancelled", FAILED: "failed"}  # the reason told
 MESSAGE_ACTIONS = RECEIVES  # the actions that consume a message sent to a worker
 
@@ -181,7 +182,7 @@ class ApiActions:
             raise ApiRefusal(why, prop)
 
     def _PrefillAdmit(self, i: int, arg: int) -> None:
-        self._need(self.p_up and self.st[i] == QUEUED, "not queued")
+        self._need(self.p_up and self.st[i] in (QUEUED, PREEMPTED), "not queued")
         rid = self.rid(i)
         self._need(not self.pp[0].alloc.blocks_of(rid), "holds blocks")
         self._need(self.host_free(i), "a host copy is reloaded instead")
@@ -200,9 +201,9 @@ class ApiActions:
     def _PrefillRun(self, i: int, arg: int) -> None:
         self._need(self.p_up and self.st[i] == PREFILLING, "not prefilling")
         rid = self.rid(i)
-        for r, p in enumerate(self.pp):
-            self._write(p, rid, p.alloc.blocks_of(rid), 0, i, r)
-        self.st[i], self.tokens[i] = RUNNING, 0
+        for r, p in enumerate(self.pp):  # a preempted request's KV computed again, whole
+            self._write(p, rid, p.alloc.blocks_of(rid), self.tokens[i], i, r)
+        self.st[i] = RUNNING
 
     def _live(self, i: int) -> bool:
         return self.sender_view(i)["live"] == 1

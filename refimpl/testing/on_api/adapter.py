@@ -2,7 +2,10 @@
 
 ``UNEXPRESSED`` names every config feature whose spec actions the API cannot run, with
 the reason; ``ApiAdapter.build`` refuses a world that switches one on, so nothing is
-silently skipped (``kvown fuzz --tour --impl api`` lists them).
+silently skipped (``kvown fuzz --tour --impl api`` lists them). Recompute preemption is
+not one: the scheduler's ``PrefillPreempt`` runs around the API, refused while a store's
+Sender pins the blocks (``on_api/worlds/recompute.py``; with async steps the world is
+refused for those).
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
 
 UNEXPRESSED: dict[str, str] = {
     "offload": "offload/reload (refimpl.api.offload.begin_offload/begin_reload, host pools: "
-    "on_api/worlds/offload.py) are mapped for prefill TP 1; a DiskTier's Transfer is not",
-    "recompute": "preemption by recompute is the engine's scheduler, not the API",
+    "on_api/worlds/offload.py) are mapped for prefill TP 1. A DiskTier is not the spec's "
+    "host replica: its copy is keyed by content (two requests of one prompt share it), it "
+    "survives a prefill crash (EnvCrash drops h) and a new DiskTier adopts it, and its "
+    "Transfer publishes on the I/O thread before the engine settles it, so a store failure "
+    "(EnvStoreFail) after the work ended is refused (cancel returns False)",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
@@ -33,9 +39,14 @@ UNEXPRESSED: dict[str, str] = {
     "peer_restarted are not driven by the tour yet), in one process",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
-    "host_cache": "the shared host cache is the engine's (refimpl.tiers)",
+    "host_cache": "the shared host cache is the engine's (refimpl.engine.behaviours."
+    "host_cache); its API match, a DiskTier (lookup pins, remove unpublishes at once and "
+    "frees after the last reader, a bad block unpublishes the hit), is not mapped yet: the "
+    "store's abandon and late completion (HostStoreAbort, HostLateComplete) are a "
+    "Transfer's thread, and EnvLoadFail would be a file's bytes damaged on disk",
     "turns": "multi-turn append is the engine's",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
+    "window": "sliding-window pruning (PrefillPruneWindow) is the engine's block table",
 }
 
 
@@ -43,7 +54,6 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
         "offload": c.offload and c.src_tp != 1,
-        "recompute": c.recompute,
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
@@ -53,6 +63,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "host_cache": c.host_cache > 0,
         "turns": c.turns,
         "layers": c.layers not in (0, LAYERS),
+        "window": c.window,
     }
     if remote and c.decode_ranks:
         on["decode_ranks"] = True

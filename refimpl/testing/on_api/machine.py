@@ -4,7 +4,7 @@ random walks with faults, driving real Senders/Receiver through ``adapter.ApiAda
 ``make_api_machine`` subclasses the machine's ``SpecMachine`` and changes only what the
 API needs: the oracle is the spec closed under the API's eager steps (``tour.ApiHarness``);
 the refusals offered are the ones the API can judge (``tour.api_probes``: a message not in
-flight, ``tour.JUDGED``), for the rules, the probes and the invariants alike; the drain
+flight, ``tour.judged``), for the rules, the probes and the invariants alike; the drain
 takes the closure. A divergence of a class ``gaps.GAPS`` names ends its example (counted
 in ``ApiTally.gaps``: the walk cannot go on past a known gap); any other fails the test.
 """
@@ -25,7 +25,7 @@ from refimpl.testing.drain import drain
 from refimpl.testing.harness import Coverage, Divergence
 from refimpl.testing.machine import Cand, SpecMachine, Tally
 from refimpl.testing.on_api.gaps import GAPS
-from refimpl.testing.on_api.tour import JUDGED, ApiHarness, close, declined, gap_of
+from refimpl.testing.on_api.tour import ApiHarness, close, declined, gap_of, judged
 from refimpl.testing.probes import MSG_ACTIONS
 from refimpl.testing.tempo import tempos
 from spec.actions import decode_args
@@ -39,11 +39,13 @@ class ApiTally(Tally):
     gaps: Counter[str] = field(default_factory=Counter)  # examples ended at a known gap
 
 
-def _judged(name: str, args: dict[str, Any], net: Callable[[int], tuple[int, ...]]) -> bool:
+def _judged(
+    name: str, args: dict[str, Any], net: Callable[[int], tuple[int, ...]], c: Config
+) -> bool:
     if name in MSG_ACTIONS:
         i, code = decode_args(name, args)
         return code not in net(i)
-    return name in JUDGED
+    return judged(name, c)
 
 
 class ApiMachine(SpecMachine):
@@ -74,8 +76,8 @@ class ApiMachine(SpecMachine):
         h = self.harness
         enabled = [c for c in enabled if not declined(h.w, h.c, name, *decode_args(name, c[0]))]
         net = h.w.reqs
-        keep = [c for c in named if _judged(name, c[0], lambda i: net[i].net)]
-        return enabled, keep, [c for c in dull if _judged(name, c[0], lambda i: net[i].net)]
+        keep = [c for c in named if _judged(name, c[0], lambda i: net[i].net, h.c)]
+        return enabled, keep, [c for c in dull if _judged(name, c[0], lambda i: net[i].net, h.c)]
 
     def eligible(self, name: str) -> bool:
         return not self.gapped and super().eligible(name)

@@ -18,7 +18,7 @@ import time
 
 from model_checks.explicit.explore import explore
 from refimpl.testing.coverage import edge_key
-from refimpl.testing.on_api.tour import JUDGED, ApiPlan, ClosedGraph, closed_graph
+from refimpl.testing.on_api.tour import ApiPlan, ClosedGraph, closed_graph, judged
 from refimpl.testing.probes import MSG_ACTIONS, spec_refusals
 from refimpl.testing.tour import _without_prefixes, first_pairs
 from spec.actions import encode_args
@@ -32,10 +32,10 @@ Pair = tuple[str, str]
 
 def api_refusals(w: World, c: Config) -> list[tuple[str, int, int, str | None]]:
     """The spec's refusals at ``w`` that the API can judge (``tour.api_probes``' filter,
-    on a state): a message action for a message not in flight, and ``JUDGED`` ones."""
+    on a state): a message action for a message not in flight, and ``judged`` ones."""
     out = []
     for name, i, arg, prop in spec_refusals(w, c):
-        if name in MSG_ACTIONS and arg not in w.reqs[i].net or name in JUDGED:
+        if name in MSG_ACTIONS and arg not in w.reqs[i].net or judged(name, c):
             out.append((name, i, arg, prop))
     return out
 

@@ -39,6 +39,7 @@ EDGE_WORLDS = frozenset(
         "pair_ranks_fail",
         "ranks_tp2_one",
         "ranks_faults_one",
+        "offload_contend",
     }
 )
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")

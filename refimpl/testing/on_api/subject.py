@@ -53,6 +53,7 @@ from refimpl.testing.on_api.wire import Logical, SpecTransport
 from refimpl.testing.on_api.worlds import (
     FailureActions,
     OffloadActions,
+    RecomputeActions,
     RestartActions,
     StreamedActions,
 )
@@ -67,7 +68,7 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(OffloadActions, FailureActions, StreamedActions, RestartActions):
+class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActions, RestartActions):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(

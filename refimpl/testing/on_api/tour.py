@@ -57,6 +57,7 @@ __all__ = [
     "close",
     "closed_graph",
     "declined",
+    "judged",
     "plan_api",
     "run_api_tour",
 ]
@@ -73,6 +74,15 @@ EAGER = (
 )
 MAX_LEN = 60
 JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter judges
+# ... and those it judges where the world has the feature (elsewhere a refusal of every
+# kind would add one probe pair to every world): the scheduler's preemption reads a
+# store's pins (on_api/worlds/recompute.py)
+JUDGED_WITH = {"PrefillPreempt": "recompute"}
+
+
+def judged(name: str, c: Config) -> bool:
+    """Whether the API adapter judges the spec's refusals of non-message action ``name``."""
+    return name in JUDGED or (name in JUDGED_WITH and bool(getattr(c, JUDGED_WITH[name])))
 
 
 def _eager(w: World, c: Config, name: str, i: int) -> World | None:
@@ -226,7 +236,7 @@ def api_probes(h: Harness) -> tuple[list[tuple[str, dict[str, Any], str | None]]
             if code not in h.w.reqs[i].net:
                 kept.append((name, args, prop))
                 continue
-        elif name in JUDGED:
+        elif judged(name, h.c):
             kept.append((name, args, prop))
             continue
         left += 1

@@ -15,8 +15,9 @@ import torch
 
 from refimpl import State, read_kv
 from refimpl.api.handoff import Handoff
-from refimpl.api.offload import begin_offload, begin_reload
+from refimpl.api.offload import begin_offload, begin_reload, reload
 from refimpl.api.switches import RELEASE_BEFORE_INSTALL
+from refimpl.errors import ChecksumError
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
@@ -90,3 +91,32 @@ def test_a_cancelled_reload_gives_the_device_blocks_back_and_keeps_the_host_copy
     assert len(p.dst.alloc.blocks_of("r")) == 3
     with pytest.raises(Exception, match="cancelled"):
         back.result()
+
+
+def test_a_host_copy_whose_bytes_changed_at_rest_is_never_reloaded_as_a_hit() -> None:
+    """A failed load served as a hit (issue #30's list; the spec's HostLoadFail, never
+    HostLoadCommit, on unreadable bytes): the reload's Sender hashed the host blocks as
+    they were at the reload, so a copy that changed after its offload committed was
+    sealed and committed on the device as the request's KV, with no error. With the
+    checksums taken at the commit (``begin_reload(checksums=)``) the device side checks
+    every block: the reload fails, the device blocks go back, the host copy is kept.
+    Failed before (no ``checksums=``: the rotten bytes loaded as a hit)."""
+    p, h, kv = _offloading(frozenset())
+    h.run()
+    host = p.dst.alloc.blocks_of("r")
+    sums = p.dst.checksums(host)  # taken when the offload committed
+    p.dst.hm_block(0, host[1]).add_(1.0)  # the host copy's bytes change at rest
+    back = begin_reload(p.dst, geo(), p.src, geo(), "r", list(range(10)), checksums=sums)
+    with pytest.raises(ChecksumError, match="do not hash"):
+        back.run()
+    assert held(p.src) == {}  # nothing loaded, nothing reserved
+    assert p.dst.alloc.blocks_of("r") == host  # the host copy kept (free_host: at commit)
+
+
+def test_a_host_copy_reloads_whole_against_its_commit_checksums() -> None:
+    p, h, kv = _offloading(frozenset())
+    h.run()
+    sums = p.dst.checksums(p.dst.alloc.blocks_of("r"))
+    got = reload(p.dst, geo(), p.src, geo(), "r", list(range(10)), checksums=sums)
+    assert torch.equal(read_kv(p.src, got.received.blocks, 10), kv)
+    assert held(p.dst) == {}

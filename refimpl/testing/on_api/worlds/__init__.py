@@ -1,10 +1,18 @@
 """The world-specific mixins of ``on_api.subject.ApiSubject``: the actions and registers
 of one ``Config`` feature each (``restarts``: EnvRestart; ``streamed``: the layer
-actions; ``failure``: DecodeFail; ``offload``: the host tier's moves)."""
+actions; ``failure``: DecodeFail; ``offload``: the host tier's moves;
+``recompute``: PrefillPreempt)."""
 
 from refimpl.testing.on_api.worlds.failure import FailureActions
 from refimpl.testing.on_api.worlds.offload import OffloadActions
+from refimpl.testing.on_api.worlds.recompute import RecomputeActions
 from refimpl.testing.on_api.worlds.restarts import RestartActions
 from refimpl.testing.on_api.worlds.streamed import StreamedActions
 
-__all__ = ["FailureActions", "OffloadActions", "RestartActions", "StreamedActions"]
+__all__ = [
+    "FailureActions",
+    "OffloadActions",
+    "RecomputeActions",
+    "RestartActions",
+    "StreamedActions",
+]

@@ -9,7 +9,8 @@ each move is ``refimpl.api.offload``'s stepwise ``Handoff`` (``begin_offload`` /
                           ``PrefillOffloadCopy`` of every block: the spec's copies)
     PrefillOffloadCommit  one round: the host Receiver verifies and commits, its ack
                           reaches the Sender, which frees the device blocks
-    PrefillReloadBegin    ``begin_reload(free_host=True)`` and one round: the device
+    PrefillReloadBegin    ``begin_reload(free_host=True, checksums=)`` (the host copy's
+                          checksums taken at its commit) and one round: the device
                           blocks reserved under the request, every chunk sent (the eager
                           ``PrefillReloadCopy``)
     PrefillReloadCommit   one round: committed on the device, the host copy freed
@@ -63,12 +64,13 @@ class OffloadActions:
         self.hp = [self.gp.make_rank_pools(0, self.c.cap_h)] if self.c.offload else []
         self.moves: list[tuple[str, Handoff] | None] = [None] * n
         self.mv = [0] * n
+        self.sums: list[list[str] | None] = [None] * n  # the host copy's, at its commit
 
     # ------------------------------------------------------------ the map
     def tier_fields(self, i: int) -> dict[str, int]:
         """h, hl, gl, mv and (a move in progress) p of request i."""
-        if not self.hp:
-            return {}
+        if not self.hp:  # no host tier: a preemption still counts a move (the spec's mv)
+            return {"mv": self.mv[i]} if self.c.recompute else {}
         rid = self.rid(i)
         host, device = (bool(p.alloc.blocks_of(rid)) for p in (self.hp[0], self.pp[0]))
         out = tier_part(self.moves[i], host, device, self.c.blocks)
@@ -128,6 +130,8 @@ class OffloadActions:
         h.round()
         h.result()  # the committed move, or its error raised (a divergence)
         self.moves[i] = None
+        if kind == "offload":  # the host copy's checksums as committed: a reload checks them
+            self.sums[i] = self.hp[0].checksums(self.hp[0].alloc.blocks_of(self.rid(i)))
 
     def _PrefillOffloadCommit(self, i: int, arg: int) -> None:
         self._commit(i, "offload")
@@ -143,7 +147,7 @@ class OffloadActions:
             raise CapacityError(f"{rid}: {self.pp[0].alloc.num_free} device blocks free")
         h = begin_reload(
             self.hp[0], self.gp, self.pp[0], self.gp, rid, self.token_ids(),
-            free_host=True, epoch=self.mv[i] + 1,
+            free_host=True, epoch=self.mv[i] + 1, checksums=self.sums[i],
         )  # fmt: skip
         h.round()
         self.moves[i] = ("reload", h)

@@ -118,7 +118,7 @@ class RankSubject(RankMap, ApiSubject):
         per_req = gd.blocks_for(c.blocks * BLOCK)
         cap = max(1, c.cap_d // c.blocks) * per_req
         self.dps = [gd.make_rank_pools(d, cap) for d in range(c.dst_tp)]
-        self.rxs = [
+        self.rxs: list[RankReceiver] = [
             RankReceiver(
                 self.dps[d],
                 gd,
