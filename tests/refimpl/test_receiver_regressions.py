@@ -37,7 +37,16 @@ def test_1_a_failed_install_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> N
             raise RuntimeError("device copy failed")
         real(dst, pieces, geometry, payload, b)
 
+    real_copy = install.copy_hashed
+
+    def flaky_copy(span, blocks, payload):  # type: ignore[no-untyped-def]
+        if blocks[0] in fails:  # the same failure where a chunk lands as it is
+            fails.remove(blocks[0])
+            raise RuntimeError("device copy failed")
+        return real_copy(span, blocks, payload)
+
     monkeypatch.setattr(install, "land_shard", flaky)
+    monkeypatch.setattr(install, "copy_hashed", flaky_copy)
     try:
         deliver(p, chunks)
     except RuntimeError:

@@ -59,6 +59,7 @@ from tests.spec.spec_helpers import (
     check_guard,
 )
 from tests.spec.test_guards_prefill import CASES as PREFILL_CASES
+from tests.symbolic.test_window import CASES as WINDOW_CASES
 
 RS = CONFIGS["restart_handoff"]
 
@@ -307,6 +308,7 @@ def test_every_action_has_an_enabled_and_a_disabled_case() -> None:
     cases += TURNS_CASES
     cases += HOST_CACHE_CASES
     cases += STREAM_CASES
+    cases += [("PrefillPruneWindow", c, w, 0, 0, e) for c, w, e in WINDOW_CASES]
     enabled = {c[0] for c in cases if isinstance(c[5], dict)}
     disabled = {c[0] for c in cases if isinstance(c[5], tuple)}
     assert set(ACTIONS) == enabled == disabled
