@@ -298,8 +298,18 @@ class _Member:
         fence(self.transport, group_channel(rid, self.side, self.rank), g.epoch)
 
     def _drop(self, rid: str) -> None:
-        """Forget: whatever still waits on this rank's group channel goes too."""
-        self.transport.abort(group_channel(rid, self.side, self.rank))
+        """Forget: what waits for this rank of the attempts it ends goes too (its group
+        channel's messages of their epoch or older, fenced), never a newer attempt's: a
+        faster rank's "installed" (or offer, or abort) of the next attempt, heard before
+        this rank's part of it came, stays for that attempt (forget dropped it, and the
+        rank never became ready). Call it before ``self._g`` forgets the attempt."""
+        g = self._g.get(rid)
+        e = g.epoch if g is not None else 0
+        if g is not None:
+            fence(self.transport, group_channel(rid, self.side, self.rank), e)
+        newer = [h for h in self._early.pop(rid, []) if (epoch_of(h) or 0) > e]
+        if newer:
+            self._early[rid] = newer
 
     def _end_group(self, rid: str, g: _Group, reasons: list[str], tell: bool) -> None:
         g.state, g.reasons = State.ABORTED, reasons

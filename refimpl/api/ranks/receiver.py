@@ -197,6 +197,5 @@ class RankReceiver(_Member):
         if g is not None and not g.state.final:
             raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
         self.rx.forget(sub_id(request_id, self.rank))
-        self._g.pop(request_id, None)
         self._drop(request_id)
-        self._early.pop(request_id, None)
+        self._g.pop(request_id, None)

@@ -268,8 +268,7 @@ class RankSender(_Member):
             raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
         for d, (tx, _, _) in self._subs.items():
             tx.forget(sub_id(request_id, d))
-        self._g.pop(request_id, None)
         self._drop(request_id)
+        self._g.pop(request_id, None)
         self._blocks.pop(request_id, None)
-        self._early.pop(request_id, None)
         self.epochs.release(request_id, self.rank)

@@ -198,3 +198,66 @@ def test_a_crashed_rank_loses_everything_and_its_siblings_end_on_its_failure() -
         assert x.state(RID) is State.ABORTED
         assert any("prefill rank 1 died" in r for r in x.reasons(RID)), x.reasons(RID)
     assert not g.dp[0].alloc.holders() and not g.rx[0].held()
+
+
+def _offer_and_send(g: Group, ranks: range) -> None:
+    for r in ranks:
+        g.tx[r].offer(RID, list(range(N)), blocks=g.blocks[r])
+    for layer in range(3):
+        g.write(layer)
+        for r in ranks:
+            g.tx[r].send_layer(RID, layer)
+
+
+def _poll(xs: list[RankSender | RankReceiver], rounds: int = 20) -> None:
+    for _ in range(rounds):
+        for x in xs:
+            x.poll(RID)
+
+
+def test_forget_before_the_attempt_keeps_a_faster_ranks_installed() -> None:
+    """The cluster's decode rank 1 forgets what it may hold of the request when its
+    leader's word of the attempt comes (``refimpl.cluster.decode``: ``on_handoff``). If
+    decode rank 0 installed first, its "installed" is already on rank 1's group channel:
+    forget dropped it, rank 1 never became ready, and the attempt died by its timer
+    (``kvown cluster --decode-tp 2``: 164 requests failed). A forget drops only what is
+    of the attempts it ends, never a newer attempt's messages."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    g.rx[0].expect(RID, decode_room=2)
+    _offer_and_send(g, range(2))
+    _poll([g.rx[0], *g.tx])  # decode rank 0 installs and tells everyone, rank 1 idle
+    assert "decode rank 1" in " ".join(g.rx[0].waiting(RID))
+    g.rx[1].forget(RID)  # nothing of the request here yet: nothing to drop
+    g.rx[1].expect(RID, decode_room=2)
+    g.poll()
+    assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2
+
+
+def test_forget_of_an_ended_attempt_keeps_the_retrys_installed() -> None:
+    """The same on a retry, on both sides: attempt 1 ended on every rank; decode rank 0
+    and prefill rank 0 run attempt 2 to decode rank 0's install before decode rank 1 and
+    prefill rank 1 forget attempt 1: their forget keeps attempt 2's "installed"."""
+    g = Group(2, 2)
+    g.run(upto=1)
+    g.tx[0].abort(RID, "a Ready was lost")
+    g.poll()
+    assert all(x.state(RID) is State.ABORTED for x in [*g.tx, *g.rx])
+    g.tx[0].forget(RID)
+    g.rx[0].forget(RID)
+    assert g.epochs.open(RID) == 2
+    g.rx[0].expect(RID, decode_room=2)
+    _offer_and_send(g, range(1))
+    _poll([g.rx[0], g.tx[0]])  # decode rank 0 installed attempt 2
+    assert "decode rank 1's install at epoch 2" in g.rx[0].waiting(RID)
+    assert g.rx[0].rx.state(f"{RID}@0") is State.DONE  # its own part committed
+    g.tx[1].forget(RID)
+    g.rx[1].forget(RID)
+    g.rx[1].expect(RID, decode_room=2)
+    g.tx[1].offer(RID, list(range(N)), blocks=g.blocks[1])
+    for layer in range(3):
+        g.tx[1].send_layer(RID, layer)
+    g.poll()
+    assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2, [tx.reasons(RID) for tx in g.tx]
