@@ -139,7 +139,7 @@ class DecodeWorker(Base):
         p = Pending(
             int(m["epoch"]), int(m["first"]), int(m["steps"]), None if cs is None else int(cs)
         )
-        self.rx.expect(rid, decode_room=p.steps + 1)
+        self.rx.expect(rid, decode_room=p.steps + 1, epoch=p.epoch)  # older attempts' words: void
         self.pending[rid] = p
 
     def poll_handoffs(self) -> bool:

@@ -10,7 +10,7 @@ from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, group_channel, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.switches import RANK_RECEIVER_SWITCHES, READY_ON_OWN_INSTALL, check_switches
-from refimpl.api.wire import ABORT, State, channels
+from refimpl.api.wire import ABORT, State, channels, epoch_of
 from refimpl.engine.data import RankPools
 from refimpl.transport import Transport
 
@@ -56,10 +56,19 @@ class RankReceiver(_Member):
         self.pools, self.transport, self.epochs = pools, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, src_tp, geometry.tp, "d"
         self._g: dict[str, _Group] = {}
+        self._expected: dict[str, int] = {}  # the attempt ``expect`` named, per request
 
-    def expect(self, request_id: str, **kw: Any) -> None:
-        """As ``Receiver.expect`` (decode room, this rank's prefix blocks and tokens)."""
+    def expect(self, request_id: str, *, epoch: int | None = None, **kw: Any) -> None:
+        """As ``Receiver.expect`` (decode room, this rank's prefix blocks and tokens).
+        ``epoch``: the attempt this rank takes, where the engine knows it (its scheduler's
+        word of the attempt names it): a group message of an older attempt heard before
+        this rank's part arrives is void here (another rank's abort of the attempt
+        before, slower than the retry's word, no longer ends the retry)."""
+        if epoch is not None and (type(epoch) is not int or epoch < 1):
+            raise ValueError(f"{request_id!r}: epoch={epoch!r} must be an int >= 1")
         self.rx.expect(sub_id(request_id, self.rank), **kw)
+        if epoch is not None:
+            self._expected[request_id] = epoch
 
     def state(self, request_id: str) -> State:
         """DONE only once every decode rank installed (``ready``); else the sub-handoff's
@@ -110,7 +119,9 @@ class RankReceiver(_Member):
             return n
         heard = self._heard(request_id)
         if e is None:  # no attempt here yet: an abort or a failed peer ends it now
-            self._before(request_id, heard, self._now(request_id))
+            floor = self._expected.get(request_id, 0)  # older attempts' messages are void
+            heard = [h for h in heard if (epoch_of(h) or 0) >= floor]
+            self._before(request_id, heard, max(floor, self._now(request_id)))
             return n + len(heard)
         if g is None or g.epoch < e:
             g = self._g[request_id] = _Group(e, State.RECEIVING)
@@ -190,6 +201,7 @@ class RankReceiver(_Member):
         self.rx.crash()
         self._g.clear()
         self._early.clear()
+        self._expected.clear()
 
     def forget(self, request_id: str) -> None:
         """Drop an ended attempt's records here (the Receiver's too)."""
@@ -199,3 +211,4 @@ class RankReceiver(_Member):
         self.rx.forget(sub_id(request_id, self.rank))
         self._drop(request_id)
         self._g.pop(request_id, None)
+        self._expected.pop(request_id, None)

@@ -261,3 +261,34 @@ def test_forget_of_an_ended_attempt_keeps_the_retrys_installed() -> None:
     g.poll()
     assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
     assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2, [tx.reasons(RID) for tx in g.tx]
+
+
+def test_an_older_attempts_abort_heard_before_the_retry_arrives_does_not_end_it() -> None:
+    """``kvown cluster --decode-tp 2`` (5 of 300 requests failed "waiting on decode rank
+    1's install at epoch 2"): attempt 1's Ready was dropped, decode rank 0 timed out and
+    told every rank (its abort rides the router's store to decode rank 1), while the
+    retry's word reached decode rank 1 first over its pair group. Decode rank 1 took
+    attempt 2 (``expect(epoch=2)``); attempt 1's abort, heard before attempt 2's manifest
+    came, ended attempt 2 there, and it was never installed. An abort of an older
+    attempt than the one expected is void."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    for rx in g.rx:
+        rx.expect(RID, decode_room=2, epoch=1)
+    _offer_and_send(g, range(1))  # prefill rank 1 never offers attempt 1 (no "go")
+    _poll([g.rx[0], g.tx[0]])
+    g.rx[0].abort(RID, "not committed within 6s of its ready")
+    g.rx[1].abort(RID, "superseded by a newer attempt")  # its part never came
+    for x in [g.tx[0], *g.rx]:
+        x.poll(RID)
+        x.forget(RID)
+    assert g.epochs.open(RID) == 2
+    g.rx[1].expect(RID, decode_room=2, epoch=2)
+    g.rx[1].poll(RID)  # attempt 1's abort arrives now, before attempt 2's manifest
+    assert g.rx[1].state(RID) is State.WAITING, g.rx[1].reasons(RID)
+    g.rx[0].expect(RID, decode_room=2, epoch=2)
+    g.tx[1].forget(RID)
+    _offer_and_send(g, range(2))
+    g.poll()
+    assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2, [tx.reasons(RID) for tx in g.tx]
