@@ -209,6 +209,5 @@ class RankReceiver(_Member):
         if g is not None and not g.state.final:
             raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
         self.rx.forget(sub_id(request_id, self.rank))
-        self._drop(request_id)
+        self._drop(request_id, self._expected.pop(request_id, 0))
         self._g.pop(request_id, None)
-        self._expected.pop(request_id, None)

@@ -292,3 +292,20 @@ def test_an_older_attempts_abort_heard_before_the_retry_arrives_does_not_end_it(
     g.poll()
     assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
     assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2, [tx.reasons(RID) for tx in g.tx]
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_forget_keeps_nothing_of_the_attempt_it_ends(named: bool) -> None:
+    """What forget keeps is a newer attempt's alone: a rank that heard attempt 1's offer
+    before its part came, then ended it, keeps none of it when ``expect`` named epoch 1
+    (without the epoch the rank cannot tell attempt 1's messages from a retry's: they
+    wait for the next attempt, which reads them as older and void)."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    g.rx[1].expect(RID, decode_room=2, **({"epoch": 1} if named else {}))
+    _offer_and_send(g, range(1))
+    g.rx[1].poll(RID)  # prefill rank 0's offer at epoch 1, heard before its own part
+    assert len(g.rx[1]._early[RID]) == 1  # noqa: SLF001
+    g.rx[1].abort(RID, "the request failed")
+    g.rx[1].forget(RID)
+    assert (RID in g.rx[1]._early) is not named  # noqa: SLF001
