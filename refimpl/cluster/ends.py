@@ -198,13 +198,18 @@ def serve_attend(cfg: TinyConfig, store: PagedKV, tp: int, rank: int,
 
 def await_reply(poll: Callable[[], list[dict[str, Any]]], keep: Callable[[dict[str, Any]], None],
                 seq: int, timeout_s: float) -> dict[str, Any]:  # fmt: skip
-    """The ``attended`` answer numbered ``seq`` (other messages go to ``keep``)."""
+    """The ``attended`` answer numbered ``seq``; every other message of each poll goes
+    to ``keep``, those behind the answer too (a poll takes them out of the mailbox)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        got = None
         for m in poll():
-            if m.get("kind") == "attended" and m.get("seq") == seq:
-                return m
-            keep(m)
+            if got is None and m.get("kind") == "attended" and m.get("seq") == seq:
+                got = m
+            else:
+                keep(m)
+        if got is not None:
+            return got
         time.sleep(0.0005)
     raise RankDead(f"no answer to attend #{seq} in {timeout_s}s")
 

@@ -289,3 +289,19 @@ def test_the_heartbeat_timeout_scales_with_the_machines_load(
 
     monkeypatch.setattr(control.os, "getloadavg", unknown)
     assert control.load_factor() == 1.0
+
+
+def test_await_reply_keeps_what_came_behind_the_reply() -> None:
+    """The decode leader waits for a rank's ``attended`` by polling that rank's mailbox;
+    a message the rank sent right after its answer (its "installed" of the next request)
+    comes in the same poll. It was dropped with the rest of the batch: the leader never
+    heard the rank installed, and the request died by its timer (``kvown cluster
+    --decode-tp 2``: ``test_decode_tp_two_each_decode_rank_a_process`` failed 1 run in 10,
+    "waiting on decode rank 1's install at epoch 1")."""
+    from refimpl.cluster.ends import await_reply
+
+    before, after = {"kind": "kv", "n": 1}, {"kind": "kv", "n": 2}
+    batches = [[before, {"kind": "attended", "seq": 7, "ok": True}, after]]
+    kept: list[dict[str, object]] = []
+    got = await_reply(lambda: batches.pop(0) if batches else [], kept.append, 7, 5.0)
+    assert got["seq"] == 7 and kept == [before, after]
