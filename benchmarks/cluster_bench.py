@@ -12,10 +12,11 @@ receives to their completion).
     raw GiB/s         = the same bytes / sum of the raw transfer times
     handoff_over_raw  = handoff GiB/s / raw GiB/s            (goal: >= 0.7)
 
-"Where the rest goes" splits the mean handoff into its phases, measured on decode:
-Ready -> every RankDone (control round trips through the TCPStore, prefill's reaction),
--> bytes received, -> verified (xxh3 of every block, twice: per rank and joined), and
--> committed (staging, reshard TP 2 -> 1, commit).
+Where the time goes: the same run twice, side by side, with the workers' control
+messages (the API's manifest, Ready, chunk headers, Ack) through the router's TCPStore
+(``frames=False``: a doorbell poll and several store round trips per hop) and over the
+pair groups themselves (``frames=True``, ``refimpl/cluster/pairs.py``); the mean
+handoff (Ready sent -> committed, on decode) beside the raw transfer of its bytes.
 
     python benchmarks/cluster_bench.py            # table
     python benchmarks/cluster_bench.py --json
@@ -32,6 +33,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 from refimpl.cluster.router import ClusterConfig, run_cluster  # noqa: E402
 from refimpl.cluster.workload import ModelSpec  # noqa: E402
+
+
+def run(a: argparse.Namespace, model: ModelSpec, frames: bool) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = ClusterConfig(
+            requests=a.requests,
+            model=model,
+            steps=1,
+            max_inflight=a.max_inflight,
+            timeout_s=10.0,
+            deadline_s=600.0,
+            capacity=32,
+            log_dir=tmp,
+            frames=frames,
+        )
+        rep = run_cluster(cfg)
+    j = rep.to_json()
+    out = {k: j[k] for k in ("handoff_gib_s", "raw_gib_s", "handoff_over_raw", "p50_ms", "p99_ms")}
+    out["handoff_mib"] = rep.handoff_bytes / 2**20
+    out["handoff_ms_mean"] = 1000 * rep.handoff_s / max(1, len(rep.handoff_ms))
+    out["raw_ms_mean"] = 1000 * (rep.raw_s or 0.0) / max(1, len(rep.handoff_ms))
+    out["control"] = "frames" if frames else "store"
+    out["clean"] = rep.ok
+    return out
 
 
 def main() -> int:
@@ -51,38 +76,18 @@ def main() -> int:
         head_dim=a.head_dim,
         block_size=a.block_size,
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = ClusterConfig(
-            requests=a.requests,
-            model=model,
-            steps=1,
-            max_inflight=a.max_inflight,
-            timeout_s=10.0,
-            deadline_s=600.0,
-            capacity=32,
-            log_dir=tmp,
-        )
-        rep = run_cluster(cfg)
-    j = rep.to_json()
-    out = {k: j[k] for k in ("handoff_gib_s", "raw_gib_s", "handoff_over_raw", "p50_ms", "p99_ms")}
-    out["handoff_mib"] = rep.handoff_bytes / 2**20
-    out["phases_ms"] = j["handoff_phases_ms"]
-    out["clean"] = rep.ok
+    runs = [run(a, model, frames) for frames in (False, True)]  # side by side, one process
     if a.json:
-        print(json.dumps(out))
-        return 0 if rep.ok else 1
-    ph = out["phases_ms"]
-    print(f"{a.requests} handoffs, {out['handoff_mib']:.1f} MiB, prefill TP=2 -> decode TP=1")
-    print(f"handoff {out['handoff_gib_s']:.3f} GiB/s, raw send/recv {out['raw_gib_s']:.3f} "
-          f"GiB/s, handoff_over_raw {out['handoff_over_raw']:.3f}")  # fmt: skip
-    print(f"p50 {out['p50_ms']:.1f} ms, p99 {out['p99_ms']:.1f} ms per handoff")
-    prev, names = 0.0, ("rankdone", "data", "verified", "commit")
-    labels = ("Ready -> RankDones", "-> bytes in", "-> verified", "-> committed")
-    for k, label in zip(names, labels, strict=True):
-        print(f"  {label:20s} {ph[k] - prev:8.2f} ms")
-        prev = ph[k]
-    print("run clean" if rep.ok else "RUN NOT CLEAN: " + json.dumps(j))
-    return 0 if rep.ok else 1
+        print(json.dumps(runs))
+        return 0 if all(r["clean"] for r in runs) else 1
+    print(f"{a.requests} handoffs each, prefill TP=2 -> decode TP=1")
+    for r in runs:
+        print(f"control over {r['control']:6s}: {r['handoff_mib']:.1f} MiB, handoff "
+              f"{r['handoff_gib_s']:.3f} GiB/s, raw {r['raw_gib_s']:.3f} GiB/s, handoff_over_raw "
+              f"{r['handoff_over_raw']:.3f}; mean handoff {r['handoff_ms_mean']:.1f} ms "
+              f"(raw transfer {r['raw_ms_mean']:.1f} ms), p50 {r['p50_ms']:.1f}, p99 "
+              f"{r['p99_ms']:.1f} ms{'' if r['clean'] else '  RUN NOT CLEAN'}")  # fmt: skip
+    return 0 if all(r["clean"] for r in runs) else 1
 
 
 if __name__ == "__main__":

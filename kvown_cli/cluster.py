@@ -80,10 +80,15 @@ def _mutant_help() -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int_in(1, 100_000), default=20, help="requests")
     p.add_argument("--prefill-tp", type=int_in(1, 4), default=2, help="prefill TP ranks")
-    p.add_argument("--decode-tp", type=int_in(1, 8), default=1, help="decode TP ranks (only 1 yet)")
+    p.add_argument(
+        "--decode-tp",
+        type=int_in(1, 8),
+        default=1,
+        help="decode TP ranks per decode worker (each a process)",
+    )
     p.add_argument("--decode-workers", type=int_in(1, 4), default=1, help="decode workers")
     p.add_argument(
-        "--kill", help="random | prefill:RANK@P%% | decode[:N]@P%% (SIGKILL; default: none)"
+        "--kill", help="random | prefill:RANK@P%% | decode[:N[.R]]@P%% (SIGKILL; default: none)"
     )
     p.add_argument(
         "--restarts", type=int_in(0, 8), default=2,

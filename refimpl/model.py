@@ -19,6 +19,7 @@ layout) must give logits `torch.equal` to the reference.  That holds because:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -172,6 +173,24 @@ def _head_attention(
     return torch.softmax(scores, dim=-1) @ v  # (T, hs)
 
 
+def attention_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, kv_of: Sequence[int]
+) -> torch.Tensor:
+    """One TP rank's attention: q (nq_local, T, hs) over its KV heads k, v (h_local, S,
+    hs); q head i reads local KV head ``kv_of[i]`` -> (nq_local, T, hs). The same
+    arithmetic wherever the rank runs (here, or a decode rank in a process of its own)."""
+    out = torch.empty_like(q)
+    for i, j in enumerate(kv_of):
+        out[i] = _head_attention(q[i], k[j], v[j], mask)  # (T, hs)
+    return out
+
+
+def rank_kv_of(cfg: TinyConfig, tp: int, rank: int) -> list[int]:
+    """TP rank ``rank``'s q heads' local KV head indices (GQA: ``q // group``)."""
+    group, local = cfg.q_heads // cfg.kv_heads, sm.tp_heads(cfg.kv_heads, tp, rank)
+    return [qh // group - local.start for qh in sm.tp_q_heads(cfg.q_heads, cfg.kv_heads, tp, rank)]
+
+
 class _Layer(NamedTuple):
     ln1: torch.Tensor  # (C,)
     wq: torch.Tensor  # (C, nq*hs)
@@ -219,15 +238,17 @@ class TinyDecoder:
         """q: (nq, T, hs) at positions [start, start+T); each TP rank serves its q heads."""
         cfg = self.cfg
         n = q.shape[1]
-        group = cfg.q_heads // cfg.kv_heads
         mask = torch.full((n, start + n), -math.inf, dtype=q.dtype).triu(start + 1)  # (T, S)
         out = torch.empty_like(q)  # (nq, T, hs)
+        remote = getattr(store, "attend", None)  # a store's rank in another process: None here
         for rank in range(store.tp):
-            k, v = store.read(layer, rank)  # (h_local, S, hs) each
-            local = sm.tp_heads(cfg.kv_heads, store.tp, rank)
-            for qh in sm.tp_q_heads(cfg.q_heads, cfg.kv_heads, store.tp, rank):
-                j = qh // group - local.start  # this q head's KV head, local index
-                out[qh] = _head_attention(q[qh], k[j], v[j], mask)  # (T, hs)
+            qhs = sm.tp_q_heads(cfg.q_heads, cfg.kv_heads, store.tp, rank)
+            qr = q[qhs.start : qhs.stop]
+            y = remote(layer, start, rank, qr) if remote is not None else None
+            if y is None:  # this rank's KV is here
+                k, v = store.read(layer, rank)  # (h_local, S, hs) each
+                y = attention_heads(qr, k, v, mask, rank_kv_of(cfg, store.tp, rank))
+            out[qhs.start : qhs.stop] = y
         return out
 
     def forward(self, token_ids: torch.Tensor, start: int, store: KVStore) -> torch.Tensor:

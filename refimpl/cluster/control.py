@@ -147,6 +147,7 @@ class Channel:
     malformed: int = 0  # messages ``read_message`` refused, taken out unread
     refused: list[str] = field(default_factory=list)  # their reasons, the last few
     rung: int = 0  # the doorbell's count when this end last read everything
+    side: Any = None  # ``pairs.Frames``: the peers it reaches go over the data plane
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.faults.seed}/{self.name}")
@@ -175,6 +176,9 @@ class Channel:
         self.flush()
 
     def _put(self, box: str, text: str) -> None:
+        dst, _, dinc = box.split(">")[1].rpartition(".")
+        if self.side is not None and self.side.put(dst, int(dinc), text):
+            return  # a frame over the pair group with that incarnation (pairs.Frames)
         seq = self.sent.get(box, 0) + 1
         self.store.set(f"{box}/{seq}", text)
         self.store.add(f"n/{box.split('>')[1]}", 1)  # the receiver's doorbell, after the set
@@ -214,12 +218,16 @@ class Channel:
     def poll(self, peers: Iterable[str] | None = None, limit: int = 64) -> list[Message]:
         """Every message that has arrived, in per-sender order (non-blocking)."""
         self.flush()
+        framed: list[Message] = []
+        if peers is None and self.side is not None:
+            for src, raw in self.side.take(limit):
+                framed += self._read_one(f"frame from {src}", raw)
         bell = 0
         if peers is None:  # one round trip when nothing came (the usual case)
             bell = int(self.store.add(f"n/{self.name}.{self.inc}", 0))
             if bell == self.rung:
-                return []
-        out: list[Message] = []
+                return framed
+        out: list[Message] = framed
         taken = 0  # malformed ones count too: a flood of junk cannot stretch one poll
         for src in self.peers if peers is None else peers:
             box = self.box(src, self.incs.get(src, 0), self.name, self.inc)
@@ -247,15 +255,19 @@ class Channel:
             self.store.delete_key(key)
             self.cursor[box] = nxt
             taken += 1
-            try:
-                msg = read_message(raw)
-            except StrictJSONError as e:
-                self.malformed += 1
-                self.refused = [*self.refused[1 - KEEP_REFUSALS :], f"{key}: {e}"]
-                continue
-            self.clock(msg.get("lc", 0))
-            out.append(msg)
+            out += self._read_one(key, raw)
         return out, taken
+
+    def _read_one(self, where: str, raw: bytes | str) -> list[Message]:
+        """The message in ``raw`` (its clock merged), or none: refused and counted."""
+        try:
+            msg = read_message(raw)
+        except StrictJSONError as e:
+            self.malformed += 1
+            self.refused = [*self.refused[1 - KEEP_REFUSALS :], f"{where}: {e}"]
+            return []
+        self.clock(msg.get("lc", 0))
+        return [msg]
 
 
 def beat(store: Store, name: str) -> None:

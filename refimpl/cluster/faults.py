@@ -3,9 +3,11 @@
 ``--kill`` forms:
 
 - ``random``: one worker process, chosen at random (any prefill rank or any decode
-  worker), when a random 20..80 % of the requests have ended;
+  process: with ``--decode-tp`` D, any of a decode worker's D ranks), when a random
+  20..80 % of the requests have ended;
 - ``prefill:RANK@P%``: prefill rank RANK when P % of the requests have ended;
-- ``decode@P%`` or ``decode:N@P%``: decode worker N (default 0) likewise.
+- ``decode@P%`` or ``decode:N@P%``: decode worker N (default 0) likewise (its rank 0);
+  ``decode:N.R@P%``: its decode rank R.
 
 Cancels are planned per request from the seed (``CancelPlan.plan``) at a point of the
 request's own life, not at a wall-clock time: before it is prefilled, once it is
@@ -28,7 +30,9 @@ import re
 from dataclasses import dataclass
 
 DROPPABLE = frozenset({"ready"})
-_KILL = re.compile(r"^(?:(prefill):(\d{1,3})|(decode)(?::(\d{1,3}))?)@(\d{1,3}(?:\.\d{1,6})?)%$")
+_KILL = re.compile(
+    r"^(?:(prefill):(\d{1,3})|(decode)(?::(\d{1,3})(?:\.(\d{1,3}))?)?)@(\d{1,3}(?:\.\d{1,6})?)%$"
+)
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,16 @@ class Kill:
     role: str  # "prefill" | "decode"
     rank: int
     at_fraction: float  # of requests ended, in [0, 1)
+    drank: int = 0  # a decode worker's rank
 
     @property
     def proc(self) -> str:
-        return f"{self.role[0]}{self.rank}"
+        return f"{self.role[0]}{self.rank}" + (f"r{self.drank}" if self.drank else "")
 
 
-def parse_kill(text: str | None, prefill_tp: int, decode_workers: int, seed: int) -> Kill | None:
+def parse_kill(
+    text: str | None, prefill_tp: int, decode_workers: int, seed: int, decode_tp: int = 1
+) -> Kill | None:
     """The kill a ``--kill`` value asks for; ValueError naming the problem."""
     if text is None or text == "none":
         return None
@@ -51,14 +58,15 @@ def parse_kill(text: str | None, prefill_tp: int, decode_workers: int, seed: int
         targets = [("prefill", r) for r in range(prefill_tp)]
         targets += [("decode", r) for r in range(decode_workers)]
         role, rank = rng.choice(targets)
-        return Kill(role, rank, rng.uniform(0.2, 0.8))
+        drank = rng.randrange(decode_tp) if role == "decode" and decode_tp > 1 else 0
+        return Kill(role, rank, rng.uniform(0.2, 0.8), drank)
     m = _KILL.match(text)
     if m is None:
         raise ValueError(
-            f"--kill {text[:40]!r}: expected random, prefill:RANK@P%, decode@P% or "
-            "decode:N@P% (e.g. prefill:1@30%)"
+            f"--kill {text[:40]!r}: expected random, prefill:RANK@P%, decode@P%, "
+            "decode:N@P% or decode:N.R@P% (e.g. prefill:1@30%)"
         )
-    pct = float(m.group(5))
+    pct = float(m.group(6))
     if not 0 <= pct < 100:
         raise ValueError(f"--kill {text!r}: P={pct} not in [0, 100)")
     if m.group(1):
@@ -69,7 +77,10 @@ def parse_kill(text: str | None, prefill_tp: int, decode_workers: int, seed: int
     n = int(m.group(4) or 0)
     if n >= decode_workers:
         raise ValueError(f"--kill {text!r}: decode worker {n} >= --decode-workers {decode_workers}")
-    return Kill("decode", n, pct / 100)
+    dr = int(m.group(5) or 0)
+    if dr >= decode_tp:
+        raise ValueError(f"--kill {text!r}: decode rank {dr} >= --decode-tp {decode_tp}")
+    return Kill("decode", n, pct / 100, dr)
 
 
 @dataclass(frozen=True)

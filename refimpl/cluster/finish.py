@@ -46,6 +46,9 @@ def raw_baseline(r: Router) -> None:
         rep.raw_skipped = "--no-raw"
         return
     live = r.live_decodes()
+    if r.cfg.decode_tp > 1:
+        rep.raw_skipped = "decode TP > 1: the raw baseline is measured at decode TP 1"
+        return
     if not r.stats:
         rep.raw_skipped = "no handoff committed"
         return
@@ -70,10 +73,18 @@ def raw_baseline(r: Router) -> None:
 
 
 def shutdown(r: Router) -> None:
+    """Every live worker says bye; a decode worker's other ranks last, after its leader
+    (whose bye goes out after its last word to them: their blocks to give back)."""
     live = {w for w in r.workers if r.procs.alive(w)}
-    for w in live:
-        r.ch.send(w, "shutdown")
-    got = r.await_kind("bye", live, (CLOSE_WAIT + 1) * r.cfg.timeout_s + 5)  # a bye drains too
+    got: set[str] = set()
+    # Phase 1: the prefill ranks drain what is in flight before their bye (at most
+    # CLOSE_WAIT timeouts: ``Base.begin_close``), the decode leaders say bye at once.
+    # Phase 2: the decode leaders' other ranks, which also say bye at once.
+    for other_ranks, waits in ((False, CLOSE_WAIT + 1), (True, 2)):
+        now = {w for w in live if ("r" in w[1:]) == other_ranks}
+        for w in now:
+            r.ch.send(w, "shutdown")
+        got |= r.await_kind("bye", now, waits * r.cfg.timeout_s + 5)
     r.rep.unreported = sorted(live - got)
 
 

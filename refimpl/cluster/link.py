@@ -100,7 +100,7 @@ class Link:
                 self.bytes_sent += total
             first = msgs[0][1]
             kind = str(first.get("type")) if len(msgs) == 1 else "kv"
-            rid = first.get("request_id") or rid_of(msgs[0][0])
+            rid = base_rid(str(first.get("request_id") or rid_of(msgs[0][0])))
             kv = [[c, h, n] for (c, h, _), n in zip(msgs, sizes, strict=True)]
             self.ch.send(dst, kind, kv=kv, nbytes=total, tag=tag, rid=rid, epoch=epoch_of(first))
 
@@ -180,9 +180,15 @@ def rid_of(channel: str) -> str:
     return channel[3:].rpartition(">")[0]
 
 
+def base_rid(sub: str) -> str:
+    """The request of a decode rank's sub-handoff id (``r3@1`` -> ``r3``; else as is)."""
+    head, at, d = sub.rpartition("@")
+    return head if at and d.isdigit() else sub
+
+
 def is_link_message(m: Message) -> bool:
     """A control message that carries API messages (``Link.deliver`` takes it)."""
     return "kv" in m
 
 
-__all__ = ["RAW_TAG", "Link", "is_link_message", "rid_of"]
+__all__ = ["RAW_TAG", "Link", "base_rid", "is_link_message", "rid_of"]

@@ -1,37 +1,28 @@
-"""A prefill TP rank: one ``refimpl.api`` ``Sender(..., rank=r)`` over its own heads.
-Rank 0 is the leader: it speaks for the prefill worker of the spec (admit, run, the
-offer and its manifest, Ready, Ack, Nack, timeouts, cancels); every rank offers the same
-attempt (same epoch) and sends its own chunks and seal when the Receiver's ready reaches
-it. The API conversation (``refimpl.api.wire``) rides ``link.Link``.
+"""A prefill TP rank: one ``refimpl.api.ranks`` ``RankSender`` per decode worker, over its
+own heads. Rank 0 is the leader: it speaks for the prefill worker of the spec (admit, run,
+the offer, Ready, Ack, Nack, timeouts, cancels); every rank offers the same attempt (its
+epoch from ``Epochs`` over the router's store) and sends each decode rank its slice when
+that rank's ready reaches it. The API conversation rides ``link.Link``.
 
 Per request, on the leader (``phase``):
 
     admitted     prefilled here; waiting for every rank's "frozen" (it prefilled too)
-    await_ready  PrefillFreeze logged, a "handoff" (first token, steps) to decode, then
-                 the offer: its manifest (every layer computed: ``send_layer`` for all)
-    await_ack    the Sender saw Ready: PrefillRecvReady logged, "go" sent to the other
-                 ranks (each then offers the same attempt), own chunks and seal sent
-    (gone)       Ack: PrefillRelease, every rank drops the request's blocks
+    await_ready  PrefillFreeze logged, a "handoff" (first token, steps) to every decode
+                 rank of its worker, then the offer (every layer computed: sent)
+    await_ack    Ready: PrefillRecvReady logged, "go" sent to the other ranks (each then
+                 offers the same attempt), own chunks and seal sent
+    (gone)       Ack (every decode rank installed, and with decode TP > 1 the decode
+                 leader's "commit"): PrefillRelease, every rank drops the request
 
-A Nack (decode refused it, had no room, timed out, or a check failed) resumes the source
-(PrefillResume) and, once, retries with the next epoch. No word from decode in time
-(``ready_wait_s`` for Ready, ``ACK_WAIT`` timeouts for the Ack), or the router says
-decode died: PrefillTimeout, the request fails (fail closed; the Sender's abort tells
-decode). A cancel before the offer ends the request here (ClientCancel,
-PrefillQuiesce); after it, the cancel waits for decode's word: on the Ack it goes on to
-decode, on a Nack it is applied here.
-
-Each request goes to the decode worker the router names in its admit (``decode``); a
-cancel is planned by the router at a point of the request's own life (``cancel``).
-
-A crash of any rank is the prefill worker's crash (spec ``EnvCrash``): every rank stops
-and drops what it holds. When the router restarts the worker, every rank takes the new
-incarnation (``restart_self``) with empty pools and joins new pair groups.
-
-Mutant ``release_before_install`` (spec/mutants.py): every rank frees its source
-blocks as soon as its chunks are sent, before the Ack. The leader's log states what its
-allocator holds after its RankDone (``observed.p``), which is how the checker sees it.
-"""
+A Nack resumes the source (PrefillResume) and, once, retries with the next epoch. No word
+from decode in time, or decode died: PrefillTimeout, the request fails (fail closed). A
+cancel before the offer ends it here (ClientCancel, PrefillQuiesce); after it, decode's
+word decides: on the Ack it goes on to decode, on a Nack it ends here. A crash of any rank
+is the prefill worker's crash (spec ``EnvCrash``): every rank stops, drops what it holds,
+and comes back as the new incarnation (``restart_self``). At the router's shutdown a rank
+says bye once nothing is in flight (``settled``; at most ACK_WAIT or CLOSE_WAIT timeouts).
+Mutant ``release_before_install``: every rank frees its source blocks once its chunks are
+sent, before the Ack; the leader logs what its allocator holds (``observed.p``)."""
 
 from __future__ import annotations
 
@@ -40,11 +31,12 @@ from typing import Any
 
 import torch
 
-from refimpl.api import State, channels
+from refimpl.api import State
+from refimpl.api.ranks import Epochs, RankSender, rank_route
 from refimpl.cluster.control import Message
-from refimpl.cluster.ends import held, prefill_end, rank_sender
-from refimpl.cluster.link import RAW_TAG, Link, is_link_message, rid_of
-from refimpl.cluster.worker import CLOSE_WAIT, Base, WorkerArgs
+from refimpl.cluster.ends import channel_proc, held, prefill_end, rank_sender
+from refimpl.cluster.link import RAW_TAG, Link, base_rid, is_link_message, rid_of
+from refimpl.cluster.worker import CLOSE_WAIT, Base, WorkerArgs, proc_name
 from refimpl.errors import OwnershipError
 
 MAX_ATTEMPTS = 2
@@ -75,9 +67,14 @@ class PrefillWorker(Base):
         super().__init__(a)
         self.leader = a.rank == 0
         self.link = Link(self.ch, self.pairs, self.route, self.wait)
-        self.w, self.tx = prefill_end(
-            self.spec.model(), a.prefill_tp, a.rank, self.spec.block_size, a.capacity, self.link
-        )
+        self.epochs = Epochs(self.store)  # the router's store: one epoch per attempt
+        self.w, tx0 = prefill_end(
+            self.spec.model(), a.prefill_tp, a.rank, self.spec.block_size, a.capacity,
+            self.link, dst_tp=a.decode_tp, epochs=self.epochs, inc=a.inc,
+        )  # fmt: skip
+        self.txs = {"d0": tx0}  # per decode worker: its ranks' incarnations are its own
+        p, d = a.prefill_tp, a.decode_tp
+        self.ranks = rank_route(range(p), range(p, p + d), self.spec.kv_heads)
         self.reqs: dict[str, PReq] = {}
         self.others = [f"p{r}" for r in range(1, a.prefill_tp)]
         self.down = False  # the prefill worker crashed (one of its ranks): stop until restart
@@ -87,15 +84,11 @@ class PrefillWorker(Base):
         self.admits: list[Message] = []  # admitted, not yet prefilled (one per loop turn)
         self.early: dict[str, list[Message]] = {}  # other ranks' "frozen" before our admit
         self.ended: set[str] = set()  # requests this leader is done with
+        self.decided: set[str] = set()  # the decode leader committed them (decode TP > 1)
 
     def route(self, channel: str) -> str:
-        """An API channel's process: the request's decode worker, or source rank r."""
-        if channel.endswith(">rx"):
-            return self.dest.get(rid_of(channel), "d0")
-        tail = channel.rpartition(">tx")[2]
-        if not tail.isdigit() or int(tail) >= self.a.prefill_tp:
-            raise ValueError(f"channel {channel!r} routes to no process of this cluster")
-        return f"p{int(tail)}"
+        worker = self.dest.get(base_rid(rid_of(channel)), "d0")
+        return channel_proc(self.ranks, self.a.prefill_tp, worker, channel)
 
     # ------------------------------------------------------------------ messages
     def handle(self, m: Message) -> None:
@@ -166,16 +159,19 @@ class PrefillWorker(Base):
         if r.cancel_pending:
             self.cancel_here(r)
             return
+        r.epoch = self.epochs.open(r.rid)  # this attempt's, for every rank of both sides
         try:
             self.offer(r.rid, r.epoch)  # queued: the manifest goes after the handoff
         except (ValueError, OwnershipError) as e:  # its blocks are gone (the mutant)
             self.fail(r, f"offer refused: {e}")
             return
         self.event("PrefillFreeze", r.rid)
-        self.ch.send(
-            r.decode, "handoff", rid=r.rid, epoch=r.epoch, first=r.first, steps=r.steps,
-            cancel_step=r.cancel_step,
-        )  # fmt: skip
+        k = int(r.decode[1:])
+        for j in range(self.a.decode_tp):  # every decode rank of the worker expects it
+            self.ch.send(
+                proc_name("decode", k, j), "handoff", rid=r.rid, epoch=r.epoch, first=r.first,
+                steps=r.steps, cancel_step=r.cancel_step,
+            )  # fmt: skip
         r.phase, r.deadline = "await_ready", self.now() + self.a.ready_wait_s
         if r.decode in self.dead:
             r.deadline = 0.0
@@ -183,20 +179,21 @@ class PrefillWorker(Base):
     def offer(self, rid: str, epoch: int) -> None:
         """This rank's offer of the attempt, every layer computed already."""
         self.end_offer(rid)
-        layers = self.w.geometry.num_layers
-        self.tx.offer(rid, self.prompts[rid], epoch=epoch, layers=layers, dst_tp=1)
-        for layer in range(layers):
-            self.tx.send_layer(rid, layer)
+        prompt = self.prompts[rid]
+        blocks = self.alloc.blocks_of(rid)[: self.w.geometry.blocks_for(len(prompt))]
+        self.tx(rid).offer(rid, prompt, blocks=blocks)  # at Epochs' current: ``epoch``
+        for layer in range(self.w.geometry.num_layers):
+            self.tx(rid).send_layer(rid, layer)
         self.offered[rid] = State.OFFERED
 
     def end_offer(self, rid: str) -> None:
         """This rank's offer of ``rid`` is over (its reply read, or aborted): forget it."""
         if rid not in self.offered:
             return
-        self.tx.poll(rid)
-        if not self.tx.state(rid).final:
-            self.tx.abort(rid, "ended by the prefill leader")
-        self.tx.forget(rid)
+        self.tx(rid).poll(rid)
+        if not self.tx(rid).state(rid).final:
+            self.tx(rid).abort(rid, "ended by the prefill leader")
+        self.tx(rid).forget(rid)
         del self.offered[rid]
 
     def poll_offers(self) -> bool:
@@ -204,11 +201,16 @@ class PrefillWorker(Base):
         moved = False
         for rid in list(self.offered):
             was = self.offered[rid]
-            moved |= self.tx.poll(rid) > 0
-            now = self.offered[rid] = self.tx.state(rid)
+            moved |= self.tx(rid).poll(rid) > 0
+            now = self.tx(rid).state(rid)
+            if not now.final:  # the group is SENDING from the offer on: Ready is ``answered``
+                now = State.SENDING if self.tx(rid).answered(rid) else State.OFFERED
+            elif now is State.DONE and self.a.decode_tp > 1 and rid not in self.decided:
+                now = State.SENDING  # every decode rank installed: its leader's word is next
+            self.offered[rid] = now
             if now is was:
                 continue
-            if was is State.OFFERED and now is not State.REFUSED:  # Ready came
+            if was is State.OFFERED and self.tx(rid).answered(rid):  # Ready came
                 self.on_ready(rid)
             if now.final:
                 (self.on_ack if now is State.DONE else self.on_nack)(rid)
@@ -241,7 +243,8 @@ class PrefillWorker(Base):
         if r is None or r.phase != "await_ack":
             return
         self.event("PrefillRelease", r.rid, msg="Ack", epoch=r.epoch, idx=0)
-        self.drop_everywhere(r.rid)
+        self.drop(r.rid)
+        self.tell_others("drop", rid=r.rid)
         del self.reqs[r.rid]
         self.ended.add(r.rid)
         self.early.pop(r.rid, None)
@@ -253,7 +256,7 @@ class PrefillWorker(Base):
         if r is None or r.phase not in ("await_ready", "await_ack"):
             return
         self.event("PrefillResume", r.rid, msg="Nack", epoch=r.epoch, idx=0)
-        why = "; ".join(self.tx.reasons(rid))
+        why = "; ".join(self.tx(rid).reasons(rid))
         self.tell_others("release", rid=r.rid, epoch=r.epoch)
         self.end_offer(rid)
         if r.cancel_pending:
@@ -262,9 +265,13 @@ class PrefillWorker(Base):
         if r.epoch >= MAX_ATTEMPTS:
             self.fail(r, f"decode refused {MAX_ATTEMPTS} attempts ({why})")
             return
-        r.epoch += 1
         r.phase = "admitted"  # every rank still holds its blocks: offer again at once
         self.maybe_handoff(r)
+
+    def on_commit(self, m: Message) -> None:
+        """Decode TP > 1: the decode leader logged its commit; the release may follow."""
+        if m["rid"] in self.offered:
+            self.decided.add(m["rid"])
 
     def on_release(self, m: Message) -> None:
         self.end_offer(m["rid"])
@@ -276,7 +283,8 @@ class PrefillWorker(Base):
     def drop(self, rid: str) -> None:
         """The request is over on this rank: its offer, its blocks, its late replies."""
         self.end_offer(rid)
-        self.link.fence(channels(rid).to_rank(self.a.rank), VOID)
+        self.decided.discard(rid)
+        [self.link.fence(inbox, VOID) for inbox in self.tx(rid).inboxes(rid)]
         self.alloc.free(rid)
         self.prompts.pop(rid, None)
 
@@ -320,17 +328,13 @@ class PrefillWorker(Base):
         self.report("outcome", rid=r.rid, outcome="failed", reason=reason)
 
     def end_here(self, r: PReq) -> None:
-        """The request is over on prefill: its blocks go on every rank, and a later turn
-        (an early "frozen" handled in the same admit) finds it ended."""
-        self.drop_everywhere(r.rid)
+        """Over on prefill: its blocks go on every rank; a later turn finds it ended."""
+        self.drop(r.rid)
+        self.tell_others("drop", rid=r.rid)
         self.reqs.pop(r.rid, None)
         r.phase = "ended"
         self.ended.add(r.rid)
         self.early.pop(r.rid, None)
-
-    def drop_everywhere(self, rid: str) -> None:
-        self.drop(rid)
-        self.tell_others("drop", rid=rid)
 
     def tell_others(self, kind: str, **body: Any) -> None:
         for p in self.others:
@@ -349,11 +353,9 @@ class PrefillWorker(Base):
                 late = now >= r.deadline or (self.closing is not None and now >= self.closing)
                 if r.phase in ("await_ready", "await_ack") and late:
                     self.event("PrefillTimeout", r.rid)
-                    why = (
-                        f"decode worker {r.decode} died"
-                        if r.decode in self.dead
-                        else f"no word from decode {r.decode} in {self.a.timeout_s}s"
-                    )
+                    d, t = r.decode, self.a.timeout_s
+                    gone = f"decode worker {d} died"
+                    why = gone if d in self.dead else f"no word from decode {d} in {t}s"
                     self.fail(r, f"prefill timeout: {why}")
                     busy = True
         self.link.flush()  # after the events of what was sent are logged
@@ -362,12 +364,11 @@ class PrefillWorker(Base):
     def on_dead(self, who: str) -> None:
         self.dead.add(who)
         if who.startswith("p"):
-            # The prefill worker has crashed: its replicas are gone (spec EnvCrash). This
-            # rank stops for good and tells the router where its clock stands.
+            # The prefill worker crashed (spec EnvCrash): this rank stops, says its clock.
             self.down = True
             for rid in list(self.alloc.holders()):
                 self.alloc.free(rid)
-            self.tx = rank_sender(self.w, self.a.rank, self.link)  # its offers are gone
+            self.txs.clear()  # its offers are gone
             self.link.clear()
             for d in (self.reqs, self.offered, self.prompts, self.early):
                 d.clear()
@@ -379,13 +380,20 @@ class PrefillWorker(Base):
                     r.deadline = 0.0
 
     def restart_self(self, inc: int) -> None:
-        """The restarted prefill worker: this rank comes back as incarnation ``inc``, its
-        pools empty (on_dead emptied them) and no request of the old one left."""
+        """The restarted prefill worker: this rank as incarnation ``inc``, pools empty."""
         self.down = False
+        self.txs.clear()
         self.link.clear()
         self.dest.clear()
         self.ended.clear()
         self.dead = {w for w in self.dead if not w.startswith("p")}
+
+    def tx(self, rid: str) -> RankSender:
+        """This rank's RankSender to the request's decode worker (made when first used)."""
+        a, d = self.a, self.dest.get(rid, "d0")
+        t = self.txs.get(d) or rank_sender(self.w, a.rank, self.link, dst_tp=a.decode_tp,
+                                           epochs=self.epochs, inc=self.ch.inc)  # fmt: skip
+        return self.txs.setdefault(d, t)
 
     def settled(self) -> bool:
         """No request open on the leader, no offer or block on any rank."""

@@ -22,85 +22,29 @@ Then ``finish`` measures the raw baseline, shuts the workers down and checks the
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from refimpl.cluster import eventlog
-from refimpl.cluster.control import Channel, ControlFaults, Message, heartbeats, serve_store
+from refimpl.cluster.control import Channel, Message, heartbeats, serve_store
 from refimpl.cluster.faults import DROPPABLE, CancelPlan, Kill, parse_kill
 from refimpl.cluster.procs import Procs
 from refimpl.cluster.report import ClusterReport
-from refimpl.cluster.worker import ROUTER, WorkerArgs, decode_names, prefill_names
-from refimpl.cluster.workload import ModelSpec, Request, make_requests
-from spec.mutants import MUTANTS
+from refimpl.cluster.worker import (
+    ROUTER,
+    WorkerArgs,
+    decode_names,
+    decode_procs,
+    parse_proc,
+    prefill_names,
+    proc_name,
+    worker_of,
+)
+from refimpl.cluster.workload import CLUSTER_MUTANTS, ClusterConfig, Request, make_requests
 
-CLUSTER_MUTANTS = ("release_before_install", "cancel_ignored")
 HOST = "127.0.0.1"
 PREFILL = "prefill"  # the prefill worker: every prefill rank together
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    requests: int = 20
-    prefill_tp: int = 2
-    decode_tp: int = 1
-    seed: int = 0
-    kill: str | None = None
-    cancel_p: float = 0.0
-    delay_p: float = 0.0
-    delay_s: float = 0.02
-    drop_p: float = 0.0
-    timeout_s: float = 3.0
-    deadline_s: float = 120.0
-    mutant: str | None = None
-    model: ModelSpec = field(default_factory=ModelSpec)
-    steps: int = 4
-    capacity: int = 64
-    max_inflight: int = 4
-    raw_baseline: bool = True
-    backend: str = "gloo"
-    log_dir: str = ""  # "": a new temporary folder
-    decode_workers: int = 1
-    restarts: int = 2  # restarts of killed workers, in all
-    retries: int = 2  # new attempts of a failed request
-
-    def __post_init__(self) -> None:
-        problems = []
-
-        def bounded(name: str, lo: float, hi: float) -> None:
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi
-            if not ok:
-                problems.append(f"{name}={v!r} not in [{lo}, {hi}]")
-
-        for name, lo, hi in (
-            ("requests", 1, 100_000), ("prefill_tp", 1, 4), ("decode_workers", 1, 4),
-            ("steps", 0, 256), ("capacity", 4, 4096), ("max_inflight", 1, 64),
-            ("restarts", 0, 8), ("retries", 0, 4), ("delay_s", 0.0, 10.0),
-            ("timeout_s", 1e-3, 600.0), ("deadline_s", 1e-3, 7 * 24 * 3600.0),
-        ):  # fmt: skip
-            bounded(name, lo, hi)
-        if self.decode_tp != 1:
-            problems.append(f"decode_tp={self.decode_tp}: only 1 is supported (decode TP > 1 "
-                            "is not built yet: use --decode-workers for more decode)")  # fmt: skip
-        if self.mutant is not None and self.mutant not in CLUSTER_MUTANTS:
-            known = "a spec mutant" if self.mutant in MUTANTS else "not a spec mutant"
-            problems.append(
-                f"mutant {self.mutant!r} ({known}) has no switch in the cluster workers; "
-                f"valid: {', '.join(CLUSTER_MUTANTS)}"
-            )
-        if self.backend != "gloo":
-            problems.append(
-                f"backend {self.backend!r}: only gloo (the workers send CPU tensors; an NCCL "
-                "path would stage them on the GPU and needs one GPU per rank)"
-            )
-        if problems:
-            raise ValueError("; ".join(problems))
-        parse_kill(self.kill, self.prefill_tp, self.decode_workers, self.seed)
-        CancelPlan(self.cancel_p)
-        ControlFaults(self.delay_p, self.delay_s, self.drop_p)
 
 
 Progress = Callable[[int, int, dict[str, int]], None]
@@ -113,11 +57,13 @@ class Router:
         self.dir = eventlog.fresh_log_dir(cfg.log_dir)  # deletes nothing of the user's
         self.reqs = make_requests(cfg.requests, cfg.model, seed=cfg.seed, steps=cfg.steps)
         self.by_id = {r.rid: r for r in self.reqs}
-        self.kill: Kill | None = parse_kill(cfg.kill, cfg.prefill_tp, cfg.decode_workers, cfg.seed)
+        self.kill: Kill | None = parse_kill(
+            cfg.kill, cfg.prefill_tp, cfg.decode_workers, cfg.seed, cfg.decode_tp
+        )
         self.cancels = CancelPlan(cfg.cancel_p)
         self.prefills = prefill_names(cfg.prefill_tp)
-        self.decodes = decode_names(cfg.decode_workers)
-        self.workers = self.prefills + self.decodes
+        self.decodes = decode_names(cfg.decode_workers)  # the decode workers (their leaders)
+        self.workers = self.prefills + decode_procs(cfg.decode_workers, cfg.decode_tp)
         self.rep = ClusterReport(cfg.requests, backend=cfg.backend, log_dir=str(self.dir))
         self.log = eventlog.ProcLog(self.dir, ROUTER, self.t0)
         self.store = serve_store(HOST, cfg.timeout_s)
@@ -135,6 +81,7 @@ class Router:
         self.booting: dict[str, float] = {}  # restarted process -> started at (no hello yet)
         self.restarting: dict[str, tuple[list[str], list[str], int]] = {}  # group -> ...
         self.rr = 0
+        self.restarts = 0
         self.stats: dict[str, dict[str, float]] = {}
         self.beats: dict[str, tuple[int, float]] = {}
         self.byes: dict[str, Message] = {}
@@ -162,12 +109,12 @@ class Router:
         c = self.cfg
         faults = {"delay_p": c.delay_p, "delay_s": c.delay_s, "drop_p": c.drop_p,
                   "droppable": sorted(DROPPABLE), "seed": c.seed}  # fmt: skip
-        role = PREFILL if name.startswith("p") else "decode"
+        role, rank, drank = parse_proc(name)
         return WorkerArgs(
-            role, int(name[1:]), c.prefill_tp, c.decode_tp, HOST, self.store.port, c.backend,
+            role, rank, c.prefill_tp, c.decode_tp, HOST, self.store.port, c.backend,
             str(self.dir), self.t0, c.timeout_s, asdict(c.model), c.capacity,
             c.timeout_s * (2 * c.max_inflight + 1), c.mutant, faults, c.decode_workers,
-            incs[name], incs, lc0,
+            incs[name], incs, lc0, drank, c.frames,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -222,13 +169,14 @@ class Router:
             self.procs.dump_stacks()
 
     def live_decodes(self) -> list[str]:
-        return [d for d in self.decodes if d not in self.down and d not in self.booting]
+        up = [d for d in self.decodes if d not in self.down]
+        return [d for d in up if not any(n in self.booting for n in self.members(d))]
 
     def can_admit(self) -> bool:
         return PREFILL not in self.down and bool(self.live_decodes()) and not self.booting
 
     def can_restart(self) -> bool:
-        return len(self.rep.restarted) < self.cfg.restarts
+        return self.restarts < self.cfg.restarts  # workers restarted (all their processes)
 
     def admit(self, aid: str, r: Request) -> None:
         live = self.live_decodes()
@@ -273,13 +221,20 @@ class Router:
             self.stats[m["rid"]] = m["stats"]
         elif kind == "hello" and m["src"] in self.booting:
             self.on_back(m["src"])
+        elif kind == "stalled" and self.group(m["src"]) not in self.down:
+            self.on_death(m["src"])  # a decode rank did not answer its leader: a crash
 
     # ------------------------------------------------------------------ faults
     def maybe_kill(self) -> None:
         k = self.kill
         if k is None or len(self.rep.outcomes) < k.at_fraction * self.cfg.requests:
             return
-        if self.booting or k.proc in self.down or PREFILL in self.down and k.role == PREFILL:
+        if (
+            self.booting
+            or self.group(k.proc) in self.down
+            or PREFILL in self.down
+            and k.role == PREFILL
+        ):
             return  # wait for the worker to be up
         self.kill = None
         if self.procs.alive(k.proc):
@@ -303,6 +258,8 @@ class Router:
 
         patience = self.cfg.timeout_s * load_factor()
         for w in live:
+            if self.group(w) in self.down:
+                continue  # its worker died in this turn (a decode rank's sibling)
             n = counts[w]
             last = self.beats.get(w)
             if last is None or last[0] != n:
@@ -312,7 +269,13 @@ class Router:
                 self.on_death(w)
 
     def group(self, w: str) -> str:
-        return PREFILL if w.startswith("p") else w
+        return PREFILL if w.startswith("p") else worker_of(w)
+
+    def members(self, g: str) -> list[str]:
+        """A worker's processes: every prefill rank, or every rank of a decode worker."""
+        if g == PREFILL:
+            return self.prefills
+        return [proc_name("decode", int(g[1:]), j) for j in range(self.cfg.decode_tp)]
 
     def log_name(self, w: str) -> str:
         return w if self.inc[w] == 0 else f"{w}.{self.inc[w]}"
@@ -327,8 +290,15 @@ class Router:
         self.rep.declared_dead.append(self.log_name(w))
         g = self.group(w)
         self.down.add(g)
-        victims = self.prefills if g == PREFILL else [w]
+        victims = self.members(g)
+        for v in victims:  # a decode worker's crash is every one of its ranks' crash
+            if g != PREFILL and v != w and self.procs.alive(v):
+                self.procs.kill(v, injected=False)
+                for m in self.ch.poll([v], limit=1 << 30):  # its last words count too
+                    self.on_message(m)
         lcs = [eventlog.last_clock(self.dir / f"{self.log_name(w)}.jsonl")]
+        if g != PREFILL:
+            lcs += [eventlog.last_clock(self.dir / f"{self.log_name(v)}.jsonl") for v in victims]
         if g == PREFILL:
             others = {p for p in self.prefills if p != w and self.procs.alive(p)}
             for p in others:
@@ -341,7 +311,7 @@ class Router:
         self.log.event("EnvCrash", None, time.time(), worker=g if g == PREFILL else "decode",
                        victims=names)  # fmt: skip
         if g == PREFILL:
-            live = {d for d in self.live_decodes()}
+            live = {n for d in self.live_decodes() for n in self.members(d)}
             for d in live:
                 self.ch.send(d, "dead", who=w, crash=crash)
             self.await_kind("settled", live, 2 * self.cfg.timeout_s)
@@ -351,16 +321,17 @@ class Router:
         else:
             for p in self.prefills:
                 if PREFILL not in self.down:
-                    self.ch.send(p, "dead", who=w, crash=crash)
+                    self.ch.send(p, "dead", who=g, crash=crash)
             for aid, d in list(self.committed.items()):
-                if d == w:
+                if d == g:
                     self.attempt_ended(aid, "failed", f"decode worker {w} crashed holding it")
         if self.can_restart():
             self.restart(g)
 
     def restart(self, g: str) -> None:
         """The crashed worker comes back as incarnation inc + 1 (spec EnvRestart)."""
-        names = self.prefills if g == PREFILL else [g]
+        names = self.members(g)
+        self.restarts += 1
         inc = self.inc[names[0]] + 1
         self.log.event("EnvRestart", None, time.time(), worker=g if g == PREFILL else "decode",
                        inc=inc)  # fmt: skip
@@ -397,3 +368,6 @@ class Router:
 
 def run_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> ClusterReport:
     return Router(cfg, progress).run()
+
+
+__all__ = ["CLUSTER_MUTANTS", "ClusterConfig", "Router", "run_cluster"]

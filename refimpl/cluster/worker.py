@@ -28,7 +28,7 @@ import torch
 from refimpl.cluster.control import Channel, ControlFaults, Message, connect_store, start_heartbeat
 from refimpl.cluster.ends import held
 from refimpl.cluster.eventlog import ProcLog
-from refimpl.cluster.pairs import Pairs
+from refimpl.cluster.pairs import Frames, Pairs
 from refimpl.cluster.workload import ModelSpec
 from spec.manifest import MAX_INT_DIGITS
 from spec.strict_json import StrictJSONError, loads_object, short
@@ -68,10 +68,12 @@ class WorkerArgs:
     inc: int = 0  # this worker's incarnation (its restarts so far)
     incs: dict[str, int] = field(default_factory=dict)  # peers' current incarnations
     lc0: int = 0  # a restarted incarnation's clock starts past the router's EnvRestart
+    drank: int = 0  # a decode process's TP rank within its worker (0: the worker's leader)
+    frames: bool = True  # control to a pair-group peer over that group (frames.py)
 
     @property
     def name(self) -> str:
-        return proc_name(self.role, self.rank)
+        return proc_name(self.role, self.rank, self.drank)
 
     @property
     def log_name(self) -> str:
@@ -103,19 +105,39 @@ def _required(f: Any) -> bool:
     return f.default is MISSING and f.default_factory is MISSING
 
 
-def proc_name(role: str, rank: int) -> str:
-    return f"{role[0]}{rank}"  # p0, p1, ..., d0
+def proc_name(role: str, rank: int, drank: int = 0) -> str:
+    """p0, p1, ..., d0 (decode worker 0, its rank 0), d0r1 (its decode rank 1)."""
+    return f"{role[0]}{rank}" + (f"r{drank}" if drank else "")
+
+
+def parse_proc(name: str) -> tuple[str, int, int]:
+    """(role, rank, decode rank) of a process name (``proc_name``'s inverse)."""
+    role = "prefill" if name.startswith("p") else "decode"
+    head, _, dr = name[1:].partition("r")
+    return role, int(head), int(dr or 0)
+
+
+def worker_of(name: str) -> str:
+    """A decode process's worker (``d0r1`` -> ``d0``); a prefill rank's own name."""
+    return name.partition("r")[0] if name.startswith("d") else name
+
+
+def decode_procs(workers: int, tp: int) -> list[str]:
+    """Every decode process: each worker's ranks, the leader (rank 0) first."""
+    return [proc_name("decode", k, j) for k in range(workers) for j in range(tp)]
 
 
 def peers_of(a: WorkerArgs) -> tuple[str, ...]:
     """Who may send to this process: the router; a prefill rank hears the other ranks
-    (the leader's control, a sibling Sender's abort) and every decode worker (each
-    Receiver answers every source rank); a decode worker hears every prefill rank
-    (decode workers never talk to each other)."""
+    (the leader's control, a sibling's group messages) and every decode process (each
+    decode rank answers the prefill ranks it hears from); a decode process hears every
+    prefill rank and the other ranks of its own worker (group messages, the leader's
+    attention requests; decode workers never talk to each other)."""
     if a.role == "decode":
-        names = [ROUTER, *prefill_names(a.prefill_tp)]
+        own = [proc_name("decode", a.rank, j) for j in range(a.decode_tp)]
+        names = [ROUTER, *prefill_names(a.prefill_tp), *own]
     else:
-        names = [ROUTER, *prefill_names(a.prefill_tp), *decode_names(a.decode_workers)]
+        names = [ROUTER, *prefill_names(a.prefill_tp), *decode_procs(a.decode_workers, a.decode_tp)]
     return tuple(n for n in names if n != a.name)
 
 
@@ -148,12 +170,17 @@ class Base:
         self.stop = False
         self.closing: float | None = None  # when the bye is due at the latest (``begin_close``)
         start_heartbeat(a.store_host, a.store_port, a.name, BEAT_EVERY_S, a.timeout_s)
+        self.backlog: list[Message] = []  # read while waiting for one reply, handled next
         self.dead: set[str] = set()  # peers the router declared dead
         self.seen: set[int] = set()  # crashes this process has heard of
         rendezvous = connect_store(a.store_host, a.store_port, RENDEZVOUS_S)
         self.pairs = Pairs(rendezvous, a.name, RENDEZVOUS_S)
+        if a.frames:
+            self.ch.side = Frames(self.pairs, self.wait)
         others = (
-            decode_names(a.decode_workers) if a.role == "prefill" else prefill_names(a.prefill_tp)
+            decode_procs(a.decode_workers, a.decode_tp)
+            if a.role == "prefill"
+            else prefill_names(a.prefill_tp)
         )
         self.data_peers = others
 
@@ -214,7 +241,8 @@ class Base:
 
     def loop(self) -> None:
         while not self.stop:
-            msgs = self.ch.poll()
+            msgs, self.backlog = self.backlog + self.ch.poll(), []
+            msgs.sort(key=lambda m: m.get("kind") == "shutdown")  # what came with it first
             for m in msgs:
                 self.handle(m)
             busy = self.step()
@@ -254,6 +282,12 @@ class Base:
     def step(self) -> bool:
         """Work not driven by a message (timeouts, decode steps); True if it did any."""
         return False
+
+    def on_shutdown(self, m: Message) -> None:
+        """The router ends the run. A decode rank's own timeouts end what it holds: its
+        bye is at once (``close`` after this loop turn, the messages that came with the
+        shutdown handled first); a prefill rank drains first (``PrefillWorker``)."""
+        self.begin_close(0)
 
     def bye(self, held: int, integrity: str | None) -> None:
         self.report(

@@ -5,17 +5,24 @@ Prompt lengths are drawn so that each prompt fills 1..``max_blocks`` blocks of t
 prefill block size (the per-request spec configs go up to 3 blocks). Every prompt starts
 with the same ``prefix`` tokens. The model is the tiny GQA+RoPE decoder of
 ``refimpl/model.py`` with random weights from ``model_seed``: every process builds the
-same weights from the same ``ModelSpec``.
+same weights from the same ``ModelSpec``. ``ClusterConfig`` is what a run is asked
+for (this workload, the faults, the ranks), checked when it is made.
 """
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from refimpl.cluster.control import ControlFaults
+from refimpl.cluster.faults import CancelPlan, parse_kill
 from refimpl.model import RopeConfig, TinyConfig, TinyDecoder, generate
+from spec.mutants import MUTANTS
+
+CLUSTER_MUTANTS = ("release_before_install", "cancel_ignored")
 
 
 @dataclass(frozen=True)
@@ -86,3 +93,68 @@ def make_requests(
 def reference_tokens(model: TinyDecoder, req: Request) -> tuple[int, ...]:
     """Prefill + greedy decode in one process, unpaged: the tokens a run must produce."""
     return generate(model, torch.tensor(req.prompt), req.steps).tokens
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    requests: int = 20
+    prefill_tp: int = 2
+    decode_tp: int = 1
+    seed: int = 0
+    kill: str | None = None
+    cancel_p: float = 0.0
+    delay_p: float = 0.0
+    delay_s: float = 0.02
+    drop_p: float = 0.0
+    timeout_s: float = 3.0
+    deadline_s: float = 120.0
+    mutant: str | None = None
+    model: ModelSpec = field(default_factory=ModelSpec)
+    steps: int = 4
+    capacity: int = 64
+    max_inflight: int = 4
+    raw_baseline: bool = True
+    backend: str = "gloo"
+    log_dir: str = ""  # "": a new temporary folder
+    decode_workers: int = 1
+    restarts: int = 2  # restarts of killed workers, in all
+    retries: int = 2  # new attempts of a failed request
+    frames: bool = True  # worker-to-worker control over the pair groups, not the TCPStore
+
+    def __post_init__(self) -> None:
+        problems = []
+
+        def bounded(name: str, lo: float, hi: float) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi
+            if not ok:
+                problems.append(f"{name}={v!r} not in [{lo}, {hi}]")
+
+        for name, lo, hi in (
+            ("requests", 1, 100_000), ("prefill_tp", 1, 4), ("decode_workers", 1, 4),
+            ("steps", 0, 256), ("capacity", 4, 4096), ("max_inflight", 1, 64),
+            ("restarts", 0, 8), ("retries", 0, 4), ("delay_s", 0.0, 10.0),
+            ("timeout_s", 1e-3, 600.0), ("deadline_s", 1e-3, 7 * 24 * 3600.0),
+        ):  # fmt: skip
+            bounded(name, lo, hi)
+        bounded("decode_tp", 1, 4)
+        kv = self.model.kv_heads
+        for name, tp in (("prefill_tp", self.prefill_tp), ("decode_tp", self.decode_tp)):
+            if isinstance(tp, int) and tp >= 1 and kv % tp:
+                problems.append(f"{name}={tp} does not divide the model's {kv} KV heads")
+        if self.mutant is not None and self.mutant not in CLUSTER_MUTANTS:
+            known = "a spec mutant" if self.mutant in MUTANTS else "not a spec mutant"
+            problems.append(
+                f"mutant {self.mutant!r} ({known}) has no switch in the cluster workers; "
+                f"valid: {', '.join(CLUSTER_MUTANTS)}"
+            )
+        if self.backend != "gloo":
+            problems.append(
+                f"backend {self.backend!r}: only gloo (the workers send CPU tensors; an NCCL "
+                "path would stage them on the GPU and needs one GPU per rank)"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        parse_kill(self.kill, self.prefill_tp, self.decode_workers, self.seed, self.decode_tp)
+        CancelPlan(self.cancel_p)
+        ControlFaults(self.delay_p, self.delay_s, self.drop_p)

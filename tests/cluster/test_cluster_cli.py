@@ -26,7 +26,8 @@ HOSTILE: tuple[tuple[str, ...], ...] = (
     ("--requests", "1e3"),
     ("--requests", "100001"),
     ("--prefill-tp", "5"),
-    ("--decode-tp", "2"),
+    ("--decode-tp", "3"),  # does not divide the model's 2 KV heads
+    ("--decode-tp", "5"),
     ("--decode-workers", "5"),
     ("--restarts", "9"),
     ("--retries", "5"),
@@ -48,6 +49,7 @@ HOSTILE: tuple[tuple[str, ...], ...] = (
     ("--kill", "prefill:2@10%"),
     ("--kill", "decode:3@5%"),
     ("--kill", "decode@100%"),
+    ("--kill", "decode:0.1@5%"),  # decode rank 1 without --decode-tp 2
     ("--kill", "x" * 10_000),
     ("--mutant", "nope"),
     ("--mutant", "mismatch_installed"),
@@ -82,3 +84,25 @@ def test_help_names_the_mutants_with_a_cluster_switch(capsys: pytest.CaptureFixt
     for m in CLUSTER_MUTANTS:
         assert f"{m} ({MUTANTS[m].expected})" in text
     assert f"the other {len(MUTANTS) - len(CLUSTER_MUTANTS)} spec mutants" in text
+
+
+def test_readme_option_table_is_the_commands() -> None:
+    """README's cluster option table names real options with their real bounds."""
+    import argparse
+    import re
+
+    from kvown_cli.cluster import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    opts = {s: a for a in p._actions for s in a.option_strings}
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## A cluster of processes", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| `--")]
+    named = {o for r in rows for o in re.findall(r"`(--[a-z-]+)", r.split(" | ")[0])}
+    assert named >= {"--prefill-tp", "--decode-tp", "--decode-workers", "--kill"}, named
+    assert named <= set(opts), named - set(opts)
+    for opt, lo, hi in (("--prefill-tp", 1, 4), ("--decode-tp", 1, 4), ("--decode-workers", 1, 4)):
+        row = next(r for r in rows if r.startswith(f"| `{opt} "))
+        assert f"({lo}..{hi}" in row, row
+        assert main(["cluster", opt, str(hi + 1), "--json"]) == 2  # the bound is the parser's

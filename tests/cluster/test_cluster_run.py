@@ -132,3 +132,46 @@ def test_done_when_300_requests_random_kill(tmp_path: Path, seed: int) -> None:
     assert c["finished"] >= 0.9 * (300 - c["cancelled"]), c
     assert len(j["restarted"]) >= 1
     assert _run(tmp_path / "b", **kw)["requests"] == c  # the same seed, the same counts
+
+
+def test_decode_tp_two_each_decode_rank_a_process(tmp_path: Path) -> None:
+    """--decode-tp 2: d0 and d0r1 are each a RankReceiver of their own heads; the
+    request runs once both installed, the leader decodes with d0r1's attention."""
+    j = _run(tmp_path, requests=6, decode_tp=2, cancel_p=0.3, seed=1)
+    counts = j["requests"]
+    assert counts["lost"] == 0 and sum(counts.values()) == 6, counts
+    assert counts["finished"] >= 3, counts
+    assert j["leaked_blocks"] == 0 and j["held_by"] == {"p0": 0, "p1": 0, "d0": 0, "d0r1": 0}
+    assert j["integrity_errors"] == [] and j["crashed"] == []
+    assert j["tokens_match_reference"] is True
+    assert j["conforms"] is True, j["violations"]
+    assert j["checked_requests"] == 6 and j["ok"] is True
+
+
+def test_decode_tp_two_a_killed_decode_rank_restarts_its_worker(tmp_path: Path) -> None:
+    j = _run(tmp_path, requests=6, decode_tp=2, kill="decode:0.1@30%", seed=3)
+    counts = j["requests"]
+    assert j["killed"] == ["d0r1"] and j["declared_dead"] == ["d0r1"]
+    assert j["restarted"] == ["d0.1", "d0r1.1"]  # every rank of the worker comes back
+    assert counts == {"finished": 6, "cancelled": 0, "failed": 0, "lost": 0}, counts
+    assert j["leaked_blocks"] == 0 and set(j["held_by"]) == {"p0", "p1", "d0", "d0r1"}
+    assert j["tokens_match_reference"] is True
+    assert j["conforms"] is True, j["violations"]
+    assert j["ok"] is True
+    merged = (tmp_path / "logs" / "merged.jsonl").read_text()
+    assert '"victims":["d0","d0r1"]' in merged
+    assert (tmp_path / "logs" / "d0r1.1.jsonl").exists()
+
+
+@pytest.mark.nightly
+def test_done_when_decode_tp_two_300_requests_random_kill(tmp_path: Path) -> None:
+    """Issue 31 item 6's bar: --prefill-tp 2 --decode-tp 2 --decode-workers 2 --kill
+    random, 300 requests: nothing lost or leaked, tokens equal, logs conform, >= 90 %
+    of the requests not cancelled finish."""
+    j = _run(tmp_path, requests=300, decode_tp=2, decode_workers=2, kill="random", seed=0,
+             deadline_s=1800.0)  # fmt: skip
+    c = j["requests"]
+    assert c["lost"] == 0 and j["leaked_blocks"] == 0, j
+    assert j["tokens_match_reference"] is True and j["conforms"] is True, j["violations"]
+    assert c["finished"] >= 0.9 * (300 - c["cancelled"]), c
+    assert j["ok"] is True

@@ -9,13 +9,22 @@ import pytest
 import torch
 
 from refimpl.api import State, channels
+from refimpl.api.ranks import Epochs, sub_id
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, ControlFaults, serve_store
-from refimpl.cluster.ends import decode_end, held, prefill_end
+from refimpl.cluster.ends import (
+    LAYOUT,
+    SplitKV,
+    decode_end,
+    held,
+    pack,
+    prefill_end,
+    rank_kv,
+    serve_attend,
+)
 from refimpl.cluster.faults import Kill, parse_kill
 from refimpl.cluster.router import ClusterConfig
 from refimpl.cluster.workload import ModelSpec, make_requests, reference_tokens
-from refimpl.errors import ChecksumError
 from refimpl.model import decode
 from refimpl.transport import Fault, InProcessTransport
 
@@ -30,6 +39,12 @@ def test_kill_specs() -> None:
         parse_kill("prefill:2@10%", 2, 1, 0)
     with pytest.raises(ValueError, match="expected random"):
         parse_kill("p1@10", 2, 1, 0)
+    assert parse_kill("decode:1.1@20%", 2, 2, 0, 2) == Kill("decode", 1, 0.2, 1)
+    assert parse_kill("decode:1.1@20%", 2, 2, 0, 2).proc == "d1r1"  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="decode rank 1 >= --decode-tp 1"):
+        parse_kill("decode:0.1@20%", 2, 1, 0)
+    picks = {parse_kill("random", 2, 1, s, 2).proc for s in range(40)}  # type: ignore[union-attr]
+    assert picks == {"p0", "p1", "d0", "d0r1"}  # any process, a decode rank's too
 
 
 def test_config_names_what_is_wrong() -> None:
@@ -37,8 +52,11 @@ def test_config_names_what_is_wrong() -> None:
         ClusterConfig(mutant="mismatch_installed")
     with pytest.raises(ValueError, match="not a spec mutant"):
         ClusterConfig(mutant="nope")
-    with pytest.raises(ValueError, match="decode_tp=2: only 1"):
-        ClusterConfig(decode_tp=2)
+    assert ClusterConfig(decode_tp=2).decode_tp == 2  # each decode rank its own process
+    with pytest.raises(ValueError, match="decode_tp=3 does not divide the model's 2 KV heads"):
+        ClusterConfig(decode_tp=3)
+    with pytest.raises(ValueError, match=r"decode_tp=8 not in \[1, 4\]"):
+        ClusterConfig(decode_tp=8)
     with pytest.raises(ValueError, match="drop_p=2"):
         ClusterConfig(drop_p=2.0)
     with pytest.raises(ValueError, match="backend 'nccl': only gloo"):
@@ -83,53 +101,82 @@ def test_merge_orders_by_clock_and_projects_requests() -> None:
     assert [e["action"] for e in per["r1"]] == ["PrefillAdmit"]  # the crash came before it
 
 
-def _handoff(flip_a_bit: bool) -> tuple[bool, int, int]:
-    """The cluster's two ends (``refimpl.cluster.ends``: one ``Sender(rank=r)`` per
-    prefill rank process, one ``Receiver`` on decode) over an in-process transport."""
+def _handoff(flip_a_bit: bool, dst_tp: int) -> tuple[bool, int, int]:
+    """The cluster's two ends (``refimpl.cluster.ends``: one ``RankSender`` per prefill
+    rank process, one ``RankReceiver`` per decode rank process) over an in-process
+    transport; the decode leader's ``SplitKV`` asks the other rank's ``serve_attend``
+    directly (in the cluster, a message to that rank's process)."""
     spec = ModelSpec()
     model = spec.model()
     req = make_requests(1, spec, seed=5)[0]
     t = InProcessTransport(copy_payload=True)
-    ends = [prefill_end(model, 2, r, spec.block_size, 8, t) for r in range(2)]
-    dec, rx = decode_end(model, spec.block_size, 16, t)
+    epochs = Epochs()
+    ends = [prefill_end(model, 2, r, spec.block_size, 8, t, dst_tp=dst_tp, epochs=epochs, inc=0)
+            for r in range(2)]  # fmt: skip
+    decs = [decode_end(model, spec.block_size, 16, t, tp=dst_tp, rank=d, src_tp=2, inc=0)
+            for d in range(dst_tp)]  # fmt: skip
     firsts = [int(w.prefill(req.rid, torch.tensor(req.prompt))[0][-1].argmax()) for w, _ in ends]
-    rx.expect(req.rid, decode_room=req.steps + 1)
-    if flip_a_bit:
-        t.inject(channels(req.rid).to_receiver, Fault.CORRUPT, skip=1)  # the first chunk
-    for _, tx in ends:
-        tx.offer(req.rid, req.prompt, epoch=1, layers=spec.layers, dst_tp=1)
+    for _, rx, _ in decs:
+        rx.expect(req.rid, decode_room=req.steps + 1)
+    if flip_a_bit:  # the first chunk decode rank 0 gets
+        t.inject(channels(sub_id(req.rid, 0)).to_receiver, Fault.CORRUPT, skip=1)
+    epochs.open(req.rid)
+    for w, tx in ends:
+        tx.offer(req.rid, req.prompt, blocks=w.rp.alloc.blocks_of(req.rid))
         for layer in range(spec.layers):
             tx.send_layer(req.rid, layer)
-    for _ in range(8):
-        rx.poll(req.rid)
+    for _ in range(12):
+        for _, rx, _ in decs:
+            rx.poll(req.rid)
         for _, tx in ends:
             tx.poll(req.rid)
-    states = {rx.state(req.rid), *(tx.state(req.rid) for _, tx in ends)}
-    if flip_a_bit:
-        assert states == {State.ABORTED}, states
-        with pytest.raises(ChecksumError):
-            rx.result(req.rid)
-        for w, _ in ends:
-            w.rp.alloc.free(req.rid)
-        return False, held(dec.rp.alloc), held(ends[0][0].rp.alloc)
-    assert states == {State.DONE}, states
-    got = rx.result(req.rid)
-    store = dec.store(got.blocks, got.num_tokens)
-    first = firsts[0]
-    toks = (first, *decode(model, first, len(req.prompt), req.steps, store)[1][1:])
+    states = {*(rx.state(req.rid) for _, rx, _ in decs), *(tx.state(req.rid) for _, tx in ends)}
     for w, _ in ends:
         w.rp.alloc.free(req.rid)
-    dec.rp.alloc.free(req.rid)
-    dec.rp.alloc.check_integrity()
-    return toks == reference_tokens(model, req), held(dec.rp.alloc), held(ends[0][0].rp.alloc)
+    if flip_a_bit:
+        assert states == {State.ABORTED}, states
+        assert any("checksum" in r.lower() for r in decs[0][1].reasons(req.rid))
+        return False, sum(held(own.alloc) for _, _, own in decs), held(ends[0][0].rp.alloc)
+    assert states == {State.DONE}, states
+    n = len(req.prompt)
+    stores = [rank_kv(model.cfg, LAYOUT, spec.block_size, dst_tp, own.pools[0].kv,
+                      rx.blocks(req.rid), n) for _, rx, own in decs]  # fmt: skip
+
+    def call(rank: int, layer: int, start: int, *qkv: torch.Tensor) -> torch.Tensor:
+        m = {"layer": layer, "start": start, **dict(zip("qkv", map(pack, qkv), strict=True))}
+        return serve_attend(model.cfg, stores[rank], dst_tp, rank, m)
+
+    first = firsts[0]
+    kv = SplitKV(model.cfg, stores[0], dst_tp, call)
+    toks = (first, *decode(model, first, n, req.steps, kv)[1][1:])
+    for d, (_, _, own) in enumerate(decs):
+        assert held(own.alloc) == len(stores[d].kv.block_tables[0])  # its heads' blocks only
+        own.alloc.free(sub_id(req.rid, d))
+        own.alloc.check_integrity()
+    left = sum(held(own.alloc) for _, _, own in decs)
+    return toks == reference_tokens(model, req), left, held(ends[0][0].rp.alloc)
 
 
-def test_data_path_tokens_equal_reference_and_nothing_held() -> None:
-    assert _handoff(False) == (True, 0, 0)
+@pytest.mark.parametrize("dst_tp", [1, 2])
+def test_data_path_tokens_equal_reference_and_nothing_held(dst_tp: int) -> None:
+    assert _handoff(False, dst_tp) == (True, 0, 0)
 
 
-def test_data_path_refuses_a_flipped_bit() -> None:
-    assert _handoff(True) == (False, 0, 0)
+@pytest.mark.parametrize("dst_tp", [1, 2])
+def test_data_path_refuses_a_flipped_bit(dst_tp: int) -> None:
+    assert _handoff(True, dst_tp) == (False, 0, 0)
+
+
+def test_attend_refuses_what_does_not_fit() -> None:
+    """A peer's attend is read against what the rank expects: a clear error, nothing written."""
+    from refimpl.cluster.ends import unpack
+
+    with pytest.raises(ValueError, match="shape"):
+        unpack({"shape": [1, 2], "b64": ""}, torch.float32, 3)
+    with pytest.raises(ValueError, match="4 bytes for shape"):
+        unpack({"shape": [1, 1, 2], "b64": "AAAAAA=="}, torch.float32, 3)
+    with pytest.raises(ValueError, match="not an object"):
+        unpack([1], torch.float32, 3)
 
 
 def test_cluster_configs_exist_for_every_request_shape() -> None:
@@ -242,3 +289,19 @@ def test_the_heartbeat_timeout_scales_with_the_machines_load(
 
     monkeypatch.setattr(control.os, "getloadavg", unknown)
     assert control.load_factor() == 1.0
+
+
+def test_await_reply_keeps_what_came_behind_the_reply() -> None:
+    """The decode leader waits for a rank's ``attended`` by polling that rank's mailbox;
+    a message the rank sent right after its answer (its "installed" of the next request)
+    comes in the same poll. It was dropped with the rest of the batch: the leader never
+    heard the rank installed, and the request died by its timer (``kvown cluster
+    --decode-tp 2``: ``test_decode_tp_two_each_decode_rank_a_process`` failed 1 run in 10,
+    "waiting on decode rank 1's install at epoch 1")."""
+    from refimpl.cluster.ends import await_reply
+
+    before, after = {"kind": "kv", "n": 1}, {"kind": "kv", "n": 2}
+    batches = [[before, {"kind": "attended", "seq": 7, "ok": True}, after]]
+    kept: list[dict[str, object]] = []
+    got = await_reply(lambda: batches.pop(0) if batches else [], kept.append, 7, 5.0)
+    assert got["seq"] == 7 and kept == [before, after]

@@ -297,9 +297,20 @@ class _Member:
         g.state = State.DONE
         fence(self.transport, group_channel(rid, self.side, self.rank), g.epoch)
 
-    def _drop(self, rid: str) -> None:
-        """Forget: whatever still waits on this rank's group channel goes too."""
-        self.transport.abort(group_channel(rid, self.side, self.rank))
+    def _drop(self, rid: str, floor: int = 0) -> None:
+        """Forget: what waits for this rank of the attempts it ends goes too (its group
+        channel's messages of their epoch or older, fenced), never a newer attempt's: a
+        faster rank's "installed" (or offer, or abort) of the next attempt, heard before
+        this rank's part of it came, stays for that attempt (forget dropped it, and the
+        rank never became ready). ``floor``: an attempt the engine said it took (the
+        epoch ``expect`` named), ended too. Call it before ``self._g`` forgets."""
+        g = self._g.get(rid)
+        e = max(g.epoch if g is not None else 0, floor)
+        if e > 0:
+            fence(self.transport, group_channel(rid, self.side, self.rank), e)
+        newer = [h for h in self._early.pop(rid, []) if (epoch_of(h) or 0) > e]
+        if newer:
+            self._early[rid] = newer
 
     def _end_group(self, rid: str, g: _Group, reasons: list[str], tell: bool) -> None:
         g.state, g.reasons = State.ABORTED, reasons

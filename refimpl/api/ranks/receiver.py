@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, sub_id
+from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, group_channel, sub_id
 from refimpl.api.receiver import Receiver
 from refimpl.api.switches import RANK_RECEIVER_SWITCHES, READY_ON_OWN_INSTALL, check_switches
-from refimpl.api.wire import ABORT, State
+from refimpl.api.wire import ABORT, State, channels, epoch_of
 from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 
@@ -56,10 +56,19 @@ class RankReceiver(_Member):
         self.pools, self.transport, self.epochs = pools, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, src_tp, geometry.tp, "d"
         self._g: dict[str, _Group] = {}
+        self._expected: dict[str, int] = {}  # the attempt ``expect`` named, per request
 
-    def expect(self, request_id: str, **kw: Any) -> None:
-        """As ``Receiver.expect`` (decode room, this rank's prefix blocks and tokens)."""
+    def expect(self, request_id: str, *, epoch: int | None = None, **kw: Any) -> None:
+        """As ``Receiver.expect`` (decode room, this rank's prefix blocks and tokens).
+        ``epoch``: the attempt this rank takes, where the engine knows it (its scheduler's
+        word of the attempt names it): a group message of an older attempt heard before
+        this rank's part arrives is void here (another rank's abort of the attempt
+        before, slower than the retry's word, no longer ends the retry)."""
+        if epoch is not None and (type(epoch) is not int or epoch < 1):
+            raise ValueError(f"{request_id!r}: epoch={epoch!r} must be an int >= 1")
         self.rx.expect(sub_id(request_id, self.rank), **kw)
+        if epoch is not None:
+            self._expected[request_id] = epoch
 
     def state(self, request_id: str) -> State:
         """DONE only once every decode rank installed (``ready``); else the sub-handoff's
@@ -93,6 +102,12 @@ class RankReceiver(_Member):
     def held(self) -> dict[str, tuple[int, ...]]:
         return self.rx.held()
 
+    def inboxes(self, request_id: str) -> list[str]:
+        """The channels this rank reads for the request (its group channel, its
+        sub-handoff's): what a transport fences once the request is over."""
+        sid = sub_id(request_id, self.rank)
+        return [group_channel(request_id, "d", self.rank), channels(sid).to_receiver]
+
     def poll(self, request_id: str) -> int:
         """The sub-handoff's messages and the group's; returns the messages read."""
         sid = sub_id(request_id, self.rank)
@@ -104,7 +119,9 @@ class RankReceiver(_Member):
             return n
         heard = self._heard(request_id)
         if e is None:  # no attempt here yet: an abort or a failed peer ends it now
-            self._before(request_id, heard, self._now(request_id))
+            floor = self._expected.get(request_id, 0)  # older attempts' messages are void
+            heard = [h for h in heard if (epoch_of(h) or 0) >= floor]
+            self._before(request_id, heard, max(floor, self._now(request_id)))
             return n + len(heard)
         if g is None or g.epoch < e:
             g = self._g[request_id] = _Group(e, State.RECEIVING)
@@ -184,6 +201,7 @@ class RankReceiver(_Member):
         self.rx.crash()
         self._g.clear()
         self._early.clear()
+        self._expected.clear()
 
     def forget(self, request_id: str) -> None:
         """Drop an ended attempt's records here (the Receiver's too)."""
@@ -191,6 +209,5 @@ class RankReceiver(_Member):
         if g is not None and not g.state.final:
             raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
         self.rx.forget(sub_id(request_id, self.rank))
+        self._drop(request_id, self._expected.pop(request_id, 0))
         self._g.pop(request_id, None)
-        self._drop(request_id)
-        self._early.pop(request_id, None)

@@ -7,10 +7,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import OFFER, Epochs, _Group, _Member, _pieces, sub_id
+from refimpl.api.ranks.group import (
+    OFFER,
+    Epochs,
+    _Group,
+    _Member,
+    _pieces,
+    group_channel,
+    sub_id,
+)
 from refimpl.api.sender import Sender
 from refimpl.api.switches import HEADS_OF_ANOTHER_RANK, RANK_SENDER_SWITCHES, check_switches
-from refimpl.api.wire import ABORT, State
+from refimpl.api.wire import ABORT, State, channels
 from refimpl.memory.registered import head_slice
 from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
@@ -77,6 +85,26 @@ class RankSender(_Member):
 
     def reasons(self, request_id: str) -> list[str]:
         return list(self._g[request_id].reasons)
+
+    def answered(self, request_id: str) -> bool:
+        """A decode rank this rank sends to answered its offer with Ready (its
+        sub-handoff went on to send): what an engine's leader waits for before it lets
+        the other prefill ranks offer."""
+        for d, (tx, _, _) in self._subs.items():
+            try:
+                st = tx.state(sub_id(request_id, d))
+            except KeyError:
+                continue  # not offered here (yet)
+            if st in (State.SENDING, State.DONE):  # DONE: acked, so Ready came first
+                return True
+        return False
+
+    def inboxes(self, request_id: str) -> list[str]:
+        """The channels this rank reads for the request (its group channel, its
+        sub-handoffs' replies): what a transport fences once the request is over."""
+        subs = [channels(sub_id(request_id, d)).to_rank(tx.rank or 0)
+                for d, (tx, _, _) in self._subs.items()]  # fmt: skip
+        return [group_channel(request_id, "p", self.rank), *subs]
 
     def stats(self, request_id: str) -> dict[int, tuple[int, int]]:
         """Per decode rank this rank sends to: (chunks, payload bytes) of the attempt
@@ -240,8 +268,7 @@ class RankSender(_Member):
             raise ValueError(f"{request_id!r} is still {g.state.value}; abort it first")
         for d, (tx, _, _) in self._subs.items():
             tx.forget(sub_id(request_id, d))
-        self._g.pop(request_id, None)
         self._drop(request_id)
+        self._g.pop(request_id, None)
         self._blocks.pop(request_id, None)
-        self._early.pop(request_id, None)
         self.epochs.release(request_id, self.rank)

@@ -198,3 +198,114 @@ def test_a_crashed_rank_loses_everything_and_its_siblings_end_on_its_failure() -
         assert x.state(RID) is State.ABORTED
         assert any("prefill rank 1 died" in r for r in x.reasons(RID)), x.reasons(RID)
     assert not g.dp[0].alloc.holders() and not g.rx[0].held()
+
+
+def _offer_and_send(g: Group, ranks: range) -> None:
+    for r in ranks:
+        g.tx[r].offer(RID, list(range(N)), blocks=g.blocks[r])
+    for layer in range(3):
+        g.write(layer)
+        for r in ranks:
+            g.tx[r].send_layer(RID, layer)
+
+
+def _poll(xs: list[RankSender | RankReceiver], rounds: int = 20) -> None:
+    for _ in range(rounds):
+        for x in xs:
+            x.poll(RID)
+
+
+def test_forget_before_the_attempt_keeps_a_faster_ranks_installed() -> None:
+    """The cluster's decode rank 1 forgets what it may hold of the request when its
+    leader's word of the attempt comes (``refimpl.cluster.decode``: ``on_handoff``). If
+    decode rank 0 installed first, its "installed" is already on rank 1's group channel:
+    forget dropped it, rank 1 never became ready, and the attempt died by its timer
+    (``kvown cluster --decode-tp 2``: 164 requests failed). A forget drops only what is
+    of the attempts it ends, never a newer attempt's messages."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    g.rx[0].expect(RID, decode_room=2)
+    _offer_and_send(g, range(2))
+    _poll([g.rx[0], *g.tx])  # decode rank 0 installs and tells everyone, rank 1 idle
+    assert "decode rank 1" in " ".join(g.rx[0].waiting(RID))
+    g.rx[1].forget(RID)  # nothing of the request here yet: nothing to drop
+    g.rx[1].expect(RID, decode_room=2)
+    g.poll()
+    assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2
+
+
+def test_forget_of_an_ended_attempt_keeps_the_retrys_installed() -> None:
+    """The same on a retry, on both sides: attempt 1 ended on every rank; decode rank 0
+    and prefill rank 0 run attempt 2 to decode rank 0's install before decode rank 1 and
+    prefill rank 1 forget attempt 1: their forget keeps attempt 2's "installed"."""
+    g = Group(2, 2)
+    g.run(upto=1)
+    g.tx[0].abort(RID, "a Ready was lost")
+    g.poll()
+    assert all(x.state(RID) is State.ABORTED for x in [*g.tx, *g.rx])
+    g.tx[0].forget(RID)
+    g.rx[0].forget(RID)
+    assert g.epochs.open(RID) == 2
+    g.rx[0].expect(RID, decode_room=2)
+    _offer_and_send(g, range(1))
+    _poll([g.rx[0], g.tx[0]])  # decode rank 0 installed attempt 2
+    assert "decode rank 1's install at epoch 2" in g.rx[0].waiting(RID)
+    assert g.rx[0].rx.state(f"{RID}@0") is State.DONE  # its own part committed
+    g.tx[1].forget(RID)
+    g.rx[1].forget(RID)
+    g.rx[1].expect(RID, decode_room=2)
+    g.tx[1].offer(RID, list(range(N)), blocks=g.blocks[1])
+    for layer in range(3):
+        g.tx[1].send_layer(RID, layer)
+    g.poll()
+    assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2, [tx.reasons(RID) for tx in g.tx]
+
+
+def test_an_older_attempts_abort_heard_before_the_retry_arrives_does_not_end_it() -> None:
+    """``kvown cluster --decode-tp 2`` (5 of 300 requests failed "waiting on decode rank
+    1's install at epoch 2"): attempt 1's Ready was dropped, decode rank 0 timed out and
+    told every rank (its abort rides the router's store to decode rank 1), while the
+    retry's word reached decode rank 1 first over its pair group. Decode rank 1 took
+    attempt 2 (``expect(epoch=2)``); attempt 1's abort, heard before attempt 2's manifest
+    came, ended attempt 2 there, and it was never installed. An abort of an older
+    attempt than the one expected is void."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    for rx in g.rx:
+        rx.expect(RID, decode_room=2, epoch=1)
+    _offer_and_send(g, range(1))  # prefill rank 1 never offers attempt 1 (no "go")
+    _poll([g.rx[0], g.tx[0]])
+    g.rx[0].abort(RID, "not committed within 6s of its ready")
+    g.rx[1].abort(RID, "superseded by a newer attempt")  # its part never came
+    for x in [g.tx[0], *g.rx]:
+        x.poll(RID)
+        x.forget(RID)
+    assert g.epochs.open(RID) == 2
+    g.rx[1].expect(RID, decode_room=2, epoch=2)
+    g.rx[1].poll(RID)  # attempt 1's abort arrives now, before attempt 2's manifest
+    assert g.rx[1].state(RID) is State.WAITING, g.rx[1].reasons(RID)
+    g.rx[0].expect(RID, decode_room=2, epoch=2)
+    g.tx[1].forget(RID)
+    _offer_and_send(g, range(2))
+    g.poll()
+    assert [rx.state(RID) for rx in g.rx] == [State.DONE] * 2, [rx.reasons(RID) for rx in g.rx]
+    assert [tx.state(RID) for tx in g.tx] == [State.DONE] * 2, [tx.reasons(RID) for tx in g.tx]
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_forget_keeps_nothing_of_the_attempt_it_ends(named: bool) -> None:
+    """What forget keeps is a newer attempt's alone: a rank that heard attempt 1's offer
+    before its part came, then ended it, keeps none of it when ``expect`` named epoch 1
+    (without the epoch the rank cannot tell attempt 1's messages from a retry's: they
+    wait for the next attempt, which reads them as older and void)."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    g.rx[1].expect(RID, decode_room=2, **({"epoch": 1} if named else {}))
+    _offer_and_send(g, range(1))
+    g.rx[1].poll(RID)  # prefill rank 0's offer at epoch 1, heard before its own part
+    assert len(g.rx[1]._early[RID]) == 1  # noqa: SLF001
+    g.rx[1].abort(RID, "the request failed")
+    g.rx[1].forget(RID)
+    assert (RID in g.rx[1]._early) is not named  # noqa: SLF001
