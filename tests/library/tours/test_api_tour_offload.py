@@ -22,6 +22,7 @@ from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 from tests.library.lib_helpers import Pair, geo, held, pair, prefill
+from tests.library.tours.tour_helpers import walks_to
 
 EDGES = {"offload_crash": (2050, 2050)}  # (closed edges, edges covered): measured
 MOVES = ("PrefillOffloadBegin", "PrefillOffloadCommit", "PrefillReloadBegin", "PrefillReloadCommit")
@@ -41,10 +42,14 @@ def test_offload_crash_is_toured_edge_by_edge_on_the_api_with_no_divergence() ->
 
 
 def test_the_tour_kills_an_offload_that_frees_the_device_copy_before_the_host_commits() -> None:
-    plan = plan_api(get_world("offload_crash"))
+    """Every walk of the tour that offloads, to its first ``PrefillOffloadBegin``
+    (``walks_to``: the walks that never offload cannot meet the switch): each diverges
+    there, by the refinement map."""
+    plan = walks_to(plan_api(get_world("offload_crash")), "PrefillOffloadBegin")
     res = run_api_tour(ApiAdapter(), plan, frozenset({RELEASE_BEFORE_INSTALL}))
     first = {str(e).splitlines()[0].split(": ", 1)[-1] for _, e in res.failures}
-    assert res.failures and all(e.kind == "state differs" for _, e in res.failures)
+    assert len(res.failures) == res.sequences == len(plan.sequences) > 0
+    assert all(e.kind == "state differs" for _, e in res.failures)
     assert {e.program[-1]["action"] for _, e in res.failures} == {"PrefillOffloadBegin"}
     assert any("r0.p: complete -> none" in f for f in first), sorted(first)[:3]
 
