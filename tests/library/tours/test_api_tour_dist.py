@@ -19,7 +19,7 @@ from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.remote import RemoteDecode
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
-from tests.library.tours.tour_helpers import walks_to
+from tests.library.tours.tour_helpers import walks_to_early_ends
 
 pytestmark = pytest.mark.xdist_group("dist-tour")  # one process group per worker at a time
 
@@ -116,13 +116,11 @@ def test_the_unrevocable_worlds_nacks_and_timeouts_under_writes_across_processes
 ) -> None:
     """unrevocable_one with the Receiver over ``DistTransport(revocable=False)`` in its own
     process, the edge tour's walks that resume after a Nack or time out, each to its first
-    ``PrefillResume`` / ``PrefillTimeout`` (``walks_to``; 583 of the 2,133 steps): the
+    ``PrefillResume`` / ``PrefillTimeout`` (``walks_to_early_ends``; 583 of the 2,133 steps): the
     Nacks the Senders read and the aborts they are given while writes are in flight
     (``on_api.early``; measured: 8 and 89), the quarantine until the Sender's Quiesced.
     Every closed edge across processes (2,133 steps over gloo, minutes): nightly, below."""
-    plan = plan_api(get_world("unrevocable_one"))
-    cuts = [walks_to(plan, a).sequences for a in ("PrefillResume", "PrefillTimeout")]
-    plan = dataclasses.replace(plan, sequences=[s for cut in cuts for s in cut])
+    plan = walks_to_early_ends(plan_api(get_world("unrevocable_one")))
     res = run_api_tour(ApiAdapter(remote=rd), plan)
     assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
     rep = api_report(plan, res)

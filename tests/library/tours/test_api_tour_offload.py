@@ -19,15 +19,26 @@ from refimpl.api.offload import begin_offload, begin_reload, reload
 from refimpl.api.switches import RELEASE_BEFORE_INSTALL
 from refimpl.errors import ChecksumError
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
+from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 from tests.library.lib_helpers import Pair, geo, held, pair, prefill
-from tests.library.tours.tour_helpers import walks_to
+from tests.library.tours.tour_helpers import assert_every_pair, walks_to
 
 EDGES = {"offload_crash": (2050, 2050)}  # (closed edges, edges covered): measured
 MOVES = ("PrefillOffloadBegin", "PrefillOffloadCommit", "PrefillReloadBegin", "PrefillReloadCommit")
 
 
+def test_offload_crash_covers_every_pair_on_the_api_taking_every_offload_step() -> None:
+    """The suite's tour of offload_crash: every reachable (action, outcome) pair (44
+    walks); every edge (1,049 walks, 2050/2050): nightly, below."""
+    assert unexpressed(get_world("offload_crash")) == []
+    plan = plan_api_pairs(get_world("offload_crash"))
+    assert set(MOVES) <= {st["action"] for seq in plan.sequences for st in seq}
+    assert_every_pair("offload_crash", (44, 44))
+
+
+@pytest.mark.nightly
 def test_offload_crash_is_toured_edge_by_edge_on_the_api_with_no_divergence() -> None:
     c = get_world("offload_crash")
     assert unexpressed(c) == []

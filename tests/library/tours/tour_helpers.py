@@ -32,6 +32,14 @@ def walks_to(plan: ApiPlan, action: str) -> ApiPlan:
     return dataclasses.replace(plan, sequences=list(seen.values()))
 
 
+def walks_to_early_ends(plan: ApiPlan) -> ApiPlan:
+    """An unrevocable world's edge walks that resume after a Nack or time out, each to
+    that step (``walks_to``): where the tour hands the Senders a Nack or the engine's
+    abort while writes are in flight (``on_api.early``), in a quarter of the steps."""
+    cuts = [walks_to(plan, a).sequences for a in ("PrefillResume", "PrefillTimeout")]
+    return dataclasses.replace(plan, sequences=[s for cut in cuts for s in cut])
+
+
 def assert_every_pair(name: str, pinned: tuple[int, int]) -> None:
     """World ``name``'s pair tour on the API: (pairs, covered) as pinned, no divergence,
     the refusal probes run."""
