@@ -185,8 +185,7 @@ def test_the_pair_plan_takes_each_pair_at_its_shallowest_closed_state() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "stream_one",
+    [  # stream_one's pairs: the CLI's tour below (and across processes, test_api_tour_dist)
         "handoff_decode_fail",
         pytest.param("handoff_tp2to1", marks=pytest.mark.nightly),
         pytest.param("handoff_two", marks=pytest.mark.nightly),

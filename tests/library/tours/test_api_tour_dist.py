@@ -19,6 +19,7 @@ from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.remote import RemoteDecode
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
+from tests.library.tours.tour_helpers import walks_to_early_ends
 
 pytestmark = pytest.mark.xdist_group("dist-tour")  # one process group per worker at a time
 
@@ -50,12 +51,10 @@ def test_kvown_fuzz_tour_impl_api_across_processes(capsys: pytest.CaptureFixture
     assert main([*argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["across_processes"] and got["complete"]
+    [row] = got["configs"]  # the streamed world across processes: every pair
+    assert row["goal"] == "pairs" and (row["pairs"], row["pairs_covered"]) == (42, 42)
+    assert row["pairs_missed"] == [] and row["divergences"] == {}
     assert main(["fuzz", "--across-processes"]) == 2  # the engine's tour runs in process
-
-
-def test_a_streamed_world_across_processes_covers_every_pair(rd: RemoteDecode) -> None:
-    rep = _tour(rd, "stream_one", pairs=True)
-    assert (rep["pairs"], rep["pairs_covered"]) == (42, 42), rep["pairs_missed"]
 
 
 def test_the_tour_across_processes_kills_a_layer_ready_only_in_staging(
@@ -112,6 +111,24 @@ def test_restart_handoff_across_processes_covers_every_pair(rd: RemoteDecode) ->
     assert (rep["pairs"], rep["pairs_covered"]) == (41, 41), rep["pairs_missed"]
 
 
+def test_the_unrevocable_worlds_nacks_and_timeouts_under_writes_across_processes(
+    rd: RemoteDecode,
+) -> None:
+    """unrevocable_one with the Receiver over ``DistTransport(revocable=False)`` in its own
+    process, the edge tour's walks that resume after a Nack or time out, each to its first
+    ``PrefillResume`` / ``PrefillTimeout`` (``walks_to_early_ends``; 583 of the 2,133 steps): the
+    Nacks the Senders read and the aborts they are given while writes are in flight
+    (``on_api.early``; measured: 8 and 89), the quarantine until the Sender's Quiesced.
+    Every closed edge across processes (2,133 steps over gloo, minutes): nightly, below."""
+    plan = walks_to_early_ends(plan_api(get_world("unrevocable_one")))
+    res = run_api_tour(ApiAdapter(remote=rd), plan)
+    assert not res.failures, [str(e).splitlines()[0] for _, e in res.failures[:5]]
+    rep = api_report(plan, res)
+    assert res.sequences == 62 and res.probes > 0
+    assert rep["early_nacks"] == 8 and rep["early_aborts"] == 89, rep
+
+
+@pytest.mark.nightly
 def test_the_small_unrevocable_world_across_processes_covers_every_edge(rd: RemoteDecode) -> None:
     """unrevocable_one with the Receiver over ``DistTransport(revocable=False)`` in its own
     process: its quarantine until the nacked Sender's Quiesced, the Nacks the Senders

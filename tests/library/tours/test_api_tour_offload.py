@@ -19,14 +19,26 @@ from refimpl.api.offload import begin_offload, begin_reload, reload
 from refimpl.api.switches import RELEASE_BEFORE_INSTALL
 from refimpl.errors import ChecksumError
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
+from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 from tests.library.lib_helpers import Pair, geo, held, pair, prefill
+from tests.library.tours.tour_helpers import assert_every_pair, walks_to
 
 EDGES = {"offload_crash": (2050, 2050)}  # (closed edges, edges covered): measured
 MOVES = ("PrefillOffloadBegin", "PrefillOffloadCommit", "PrefillReloadBegin", "PrefillReloadCommit")
 
 
+def test_offload_crash_covers_every_pair_on_the_api_taking_every_offload_step() -> None:
+    """The suite's tour of offload_crash: every reachable (action, outcome) pair (44
+    walks); every edge (1,049 walks, 2050/2050): nightly, below."""
+    assert unexpressed(get_world("offload_crash")) == []
+    plan = plan_api_pairs(get_world("offload_crash"))
+    assert set(MOVES) <= {st["action"] for seq in plan.sequences for st in seq}
+    assert_every_pair("offload_crash", (44, 44))
+
+
+@pytest.mark.nightly
 def test_offload_crash_is_toured_edge_by_edge_on_the_api_with_no_divergence() -> None:
     c = get_world("offload_crash")
     assert unexpressed(c) == []
@@ -41,10 +53,14 @@ def test_offload_crash_is_toured_edge_by_edge_on_the_api_with_no_divergence() ->
 
 
 def test_the_tour_kills_an_offload_that_frees_the_device_copy_before_the_host_commits() -> None:
-    plan = plan_api(get_world("offload_crash"))
+    """Every walk of the tour that offloads, to its first ``PrefillOffloadBegin``
+    (``walks_to``: the walks that never offload cannot meet the switch): each diverges
+    there, by the refinement map."""
+    plan = walks_to(plan_api(get_world("offload_crash")), "PrefillOffloadBegin")
     res = run_api_tour(ApiAdapter(), plan, frozenset({RELEASE_BEFORE_INSTALL}))
     first = {str(e).splitlines()[0].split(": ", 1)[-1] for _, e in res.failures}
-    assert res.failures and all(e.kind == "state differs" for _, e in res.failures)
+    assert len(res.failures) == res.sequences == len(plan.sequences) > 0
+    assert all(e.kind == "state differs" for _, e in res.failures)
     assert {e.program[-1]["action"] for _, e in res.failures} == {"PrefillOffloadBegin"}
     assert any("r0.p: complete -> none" in f for f in first), sorted(first)[:3]
 

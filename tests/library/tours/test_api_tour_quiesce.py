@@ -26,6 +26,7 @@ from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 from refimpl.transport import InProcessTransport
 from tests.library.lib_helpers import MODEL, Pair, geo, held, prefill
+from tests.library.tours.tour_helpers import walks_to_early_ends
 
 
 def test_the_tour_kills_a_sender_that_aborts_under_its_writes() -> None:
@@ -152,6 +153,20 @@ def test_a_quarantine_holds_until_every_prefill_rank_said_quiesced() -> None:
     assert rx.quarantined() == {} and rx.held() == {} and held(rx.pools) == {}
 
 
+def test_the_unrevocable_tp2_worlds_nacks_and_timeouts_under_writes_per_rank() -> None:
+    """unrevocable_tp2_one on one ``Sender(rank=r)`` per prefill rank, the edge walks that
+    resume after a Nack or time out, to that step (``walks_to_early_ends``: 116 walks,
+    1,202 of the 4,763 steps): the Nacks and aborts handed to both ranks' Senders while
+    writes are in flight (measured: 22 and 207). Every edge: nightly, below."""
+    plan = walks_to_early_ends(plan_api(get_world("unrevocable_tp2_one")))
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert not res.failures, str(res.failures[0][1])[:2000]
+    assert res.sequences == 116 and res.probes > 0
+    assert (rep["early_nacks"], rep["early_aborts"]) == (22, 207), rep
+
+
+@pytest.mark.nightly
 def test_every_edge_of_the_unrevocable_tp2_world_on_one_sender_per_rank() -> None:
     """unrevocable_tp2_one (prefill TP 2, no revoke): every closed edge on one
     ``Sender(rank=r)`` per prefill rank, whose Quiesced the Receiver needs from both. The

@@ -18,7 +18,7 @@ from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.on_api.worlds.recompute import RecomputeActions
 from refimpl.testing.worlds import get_world
 from spec.state import PREEMPTED
-from tests.library.tours.tour_helpers import assert_every_pair, assert_machine_walks
+from tests.library.tours.tour_helpers import assert_every_pair, assert_machine_walks, walks_to
 
 EDGES = {"offload_contend": (1090, 1090)}  # (closed edges, edges covered): measured
 
@@ -64,9 +64,12 @@ def test_a_store_in_flight_pins_the_blocks_and_preemption_is_refused() -> None:
 def test_the_tour_judges_a_preemption_under_a_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal probes judge PrefillPreempt (``tour.judged``): a scheduler that does
     not read the store's pin refuses for another reason than the spec's NoReuseUnderIO,
-    and the tour says so at every state where a store is in flight."""
+    and the tour says so where a store is in flight: walked here to the state after each
+    walk's first ``PrefillOffloadBegin`` (``walks_to``; the rest of the tour meets the
+    same probes or none)."""
     monkeypatch.setattr(RecomputeActions, "pinned_by_move", lambda self, i: ())
-    res = run_api_tour(ApiAdapter(), plan_api(get_world("offload_contend")))
+    plan = walks_to(plan_api(get_world("offload_contend")), "PrefillOffloadBegin")
+    res = run_api_tour(ApiAdapter(), plan)
     first = {str(e).splitlines()[0].split(": ", 1)[-1] for _, e in res.failures}
     assert res.failures
     assert {e.program[-1]["action"] for _, e in res.failures} == {"PrefillPreempt"}
