@@ -11,7 +11,7 @@ One exit-code contract for every command (the README's table):
 - 3: an internal error (a bug in kvown): one ``error: internal error`` line, never 1
   (``KVOWN_DEBUG=1`` shows the traceback instead);
 - 4: (``check``) the state bound reached: a verdict on the states explored only;
-- 130: interrupted (Ctrl-C or SIGTERM): one line, every child process ended
+- 130: interrupted (Ctrl-C, SIGTERM or SIGHUP): one line, every child process ended
   (``model_checks.children``: also when kvown itself is killed); a command not ended by
   its own way out ``FORCE_S`` after the signal, or at a second one, ends itself at once.
 
@@ -212,15 +212,17 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 
 def _install_signal_handlers() -> None:
-    """Ctrl-C and SIGTERM end the workers and the command (exit 130); forked children die
-    with this process (``model_checks.children``)."""
+    """Ctrl-C, SIGTERM and SIGHUP (the terminal closed) end the workers and the command
+    (exit 130); forked children die with this process (``model_checks.children``). A
+    signal ignored at the start (``nohup``) stays ignored."""
     from model_checks import children
 
     children.install()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigint)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _on_sigint)
     watch.start(_on_landed)
 
 

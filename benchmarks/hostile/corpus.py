@@ -360,6 +360,8 @@ def main() -> None:
     print(f"kvown processes: {len(RSS_KB)}, peak RSS {top[0] / 1024:.0f} MB ({top[1]}),"
           f" {len(over)} over 256 MB or unmeasured")  # fmt: skip
     bad += [f"process over 256 MB: {c} {kb} KB" for kb, c in over]
+    if cluster_cases.STARTUP:
+        print(f"cluster signals before kvown's handlers (Python's own): {cluster_cases.STARTUP}")
     for line in bad[:40]:
         print("  " + line[:220])
     if len(bad) > 40:
