@@ -26,6 +26,11 @@ Surfaces (the generators of the tests are reused, not copied):
   60 MB files past it) and a FIFO whose writer writes a torn line and leaves, each in a
   kvown process of its own under ``/usr/bin/time``: 2, and its peak RSS under 256 MB. (A
   FIFO no writer ever opens is waited on, as ``cat`` does: that is how a log streams.)
+- ``cluster``: bad, huge and negative values of every ``kvown cluster`` option, ``--kill``
+  and ``--mutant`` forms, bad ``--log-dir`` paths (2, ``{"error"}``);
+  ``cluster-runs``: legal extremes and a non-empty ``--log-dir`` run for real, SIGTERM,
+  SIGHUP and SIGINT at seeded points of a run (``benchmarks/hostile/cluster_cases.py``).
+  ``--only cluster,cluster-runs`` runs just these.
 
 CLI cases run in this process (``kvown_cli.main.main``) with a 10 s alarm, from a folder
 of "user" files that is compared before and after. Columns: cases, hangs (no answer in
