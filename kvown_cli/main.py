@@ -126,10 +126,10 @@ def _mute_stderr() -> None:
     _REAL_STDERR.append(saved)
 
 
-def _partial() -> str | None:
+def _partial(wait_s: float | None = None) -> str | None:
     """What the interrupted command had done (its progress line), if it had a progress."""
     progress = sys.modules.get("kvown_cli.progress")
-    return None if progress is None else progress.partial()
+    return None if progress is None else progress.partial(wait_s)
 
 
 def _say_interrupted(name: str, done: str | None = None) -> None:
@@ -156,10 +156,10 @@ def _unmute_stderr() -> None:
     os.close(saved)
 
 
-# The bound on an interrupt's end: the command's own cleanup (the KeyboardInterrupt's way
-# out) normally takes well under a second; a timer armed by the first signal ends the
-# process itself after FORCE_S, whatever the main thread is stuck in (a C call that never
-# returns, a library that swallowed the interrupt), and a second signal ends it at once.
+# The bound on an interrupt's end: the command's own cleanup normally takes well under a
+# second (the cluster's workers' grace: seconds at load); a timer armed by the first signal
+# ends the process after FORCE_S whatever the main thread is stuck in (a C call that never
+# returns, a swallowed interrupt), with the same line; a second signal ends it at once.
 FORCE_S = 5.0
 _FORCE: list[threading.Timer] = []
 _SAID: list[bool] = []
@@ -171,8 +171,8 @@ def _force_exit() -> None:
     left are the watchdog's (``model_checks.children``), which sees this process end."""
     _mute_stderr()
     _end_children()
-    if not _SAID:
-        _say_interrupted(_NAME[0])
+    if not _SAID:  # what was done, unless the main thread holds the progress's lock
+        _say_interrupted(_NAME[0], _partial(wait_s=0.5))
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -212,9 +212,7 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 
 def _install_signal_handlers() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP (the terminal closed) end the workers and the command
-    (exit 130); forked children die with this process (``model_checks.children``). A
-    signal ignored at the start (``nohup``) stays ignored."""
+    """Ctrl-C, SIGTERM and SIGHUP end the workers and the command, exit 130 (unless ignored)."""
     from model_checks import children
 
     children.install()
