@@ -11,7 +11,7 @@ One exit-code contract for every command (the README's table):
 - 3: an internal error (a bug in kvown): one ``error: internal error`` line, never 1
   (``KVOWN_DEBUG=1`` shows the traceback instead);
 - 4: (``check``) the state bound reached: a verdict on the states explored only;
-- 130: interrupted (Ctrl-C or SIGTERM): one line, every child process ended
+- 130: interrupted (Ctrl-C, SIGTERM or SIGHUP): one line, every child process ended
   (``model_checks.children``: also when kvown itself is killed); a command not ended by
   its own way out ``FORCE_S`` after the signal, or at a second one, ends itself at once.
 
@@ -126,10 +126,10 @@ def _mute_stderr() -> None:
     _REAL_STDERR.append(saved)
 
 
-def _partial() -> str | None:
+def _partial(wait_s: float | None = None) -> str | None:
     """What the interrupted command had done (its progress line), if it had a progress."""
     progress = sys.modules.get("kvown_cli.progress")
-    return None if progress is None else progress.partial()
+    return None if progress is None else progress.partial(wait_s)
 
 
 def _say_interrupted(name: str, done: str | None = None) -> None:
@@ -156,10 +156,10 @@ def _unmute_stderr() -> None:
     os.close(saved)
 
 
-# The bound on an interrupt's end: the command's own cleanup (the KeyboardInterrupt's way
-# out) normally takes well under a second; a timer armed by the first signal ends the
-# process itself after FORCE_S, whatever the main thread is stuck in (a C call that never
-# returns, a library that swallowed the interrupt), and a second signal ends it at once.
+# The bound on an interrupt's end: the command's own cleanup normally takes well under a
+# second (the cluster's workers' grace: seconds at load); a timer armed by the first signal
+# ends the process after FORCE_S whatever the main thread is stuck in (a C call that never
+# returns, a swallowed interrupt), with the same line; a second signal ends it at once.
 FORCE_S = 5.0
 _FORCE: list[threading.Timer] = []
 _SAID: list[bool] = []
@@ -171,8 +171,8 @@ def _force_exit() -> None:
     left are the watchdog's (``model_checks.children``), which sees this process end."""
     _mute_stderr()
     _end_children()
-    if not _SAID:
-        _say_interrupted(_NAME[0])
+    if not _SAID:  # what was done, unless the main thread holds the progress's lock
+        _say_interrupted(_NAME[0], _partial(wait_s=0.5))
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -212,15 +212,15 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 
 def _install_signal_handlers() -> None:
-    """Ctrl-C and SIGTERM end the workers and the command (exit 130); forked children die
-    with this process (``model_checks.children``)."""
+    """Ctrl-C, SIGTERM and SIGHUP end the workers and the command, exit 130 (unless ignored)."""
     from model_checks import children
 
     children.install()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigint)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _on_sigint)
     watch.start(_on_landed)
 
 

@@ -55,10 +55,16 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def partial() -> str | None:
-    """The running command's progress as one line (for the Ctrl-C summary), or None."""
+def partial(wait_s: float | None = None) -> str | None:
+    """The running command's progress as one line (for the Ctrl-C summary), or None.
+    ``wait_s``: from another thread (the forced exit), the longest wait for its lock."""
     if _CURRENT:
-        return _CURRENT[-1].body(final=True)
+        p = _CURRENT[-1]
+        if wait_s is not None:
+            if not p._lock.acquire(timeout=wait_s):
+                return None
+            p._lock.release()
+        return p.body(final=True)
     return _INTERRUPTED.pop() if _INTERRUPTED else None
 
 

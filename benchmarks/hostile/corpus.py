@@ -26,6 +26,11 @@ Surfaces (the generators of the tests are reused, not copied):
   60 MB files past it) and a FIFO whose writer writes a torn line and leaves, each in a
   kvown process of its own under ``/usr/bin/time``: 2, and its peak RSS under 256 MB. (A
   FIFO no writer ever opens is waited on, as ``cat`` does: that is how a log streams.)
+- ``cluster``: bad, huge and negative values of every ``kvown cluster`` option, ``--kill``
+  and ``--mutant`` forms, bad ``--log-dir`` paths (2, ``{"error"}``);
+  ``cluster-runs``: legal extremes and a non-empty ``--log-dir`` run for real, SIGTERM,
+  SIGHUP and SIGINT at seeded points of a run (``benchmarks/hostile/cluster_cases.py``).
+  ``--only cluster,cluster-runs`` runs just these.
 
 CLI cases run in this process (``kvown_cli.main.main``) with a 10 s alarm, from a folder
 of "user" files that is compared before and after. Columns: cases, hangs (no answer in
@@ -56,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.hostile import cluster_cases  # noqa: E402
 from benchmarks.hostile.surfaces import (  # noqa: E402
     disk_cases,
     fingerprint,
@@ -79,10 +85,11 @@ def _alarm(signum: int, frame: object) -> None:
     raise Hang
 
 
-def run_case(fn: Callable[[], Outcome]) -> tuple[str, str]:
-    """(kind, detail): kind is ok, hang, traceback, wrong, held or touched."""
+def run_case(fn: Callable[[], Outcome], alarm_s: int = TIMEOUT_S) -> tuple[str, str]:
+    """(kind, detail): kind is ok, hang, traceback, wrong, held or touched (a case that
+    runs processes bounds them itself, reports "hang: ..." and gets a longer alarm)."""
     signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(TIMEOUT_S)
+    signal.alarm(alarm_s)
     try:
         got = fn()
     except Hang:
@@ -93,7 +100,8 @@ def run_case(fn: Callable[[], Outcome]) -> tuple[str, str]:
         signal.alarm(0)
     if got == "ok":
         return "ok", ""
-    return got.split(" ")[0] if got.split(" ")[0] in ("held", "touched") else "wrong", got
+    kind = got.split(" ")[0].rstrip(":")
+    return kind if kind in ("held", "touched", "hang") else "wrong", got
 
 
 # ------------------------------------------------------------------ the CLI, in process
@@ -292,6 +300,7 @@ def user_files(d: Path) -> dict[str, tuple[int, int, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="about a fifth of the cases")
+    ap.add_argument("--only", help="a comma-separated list of the surfaces to run")
     args = ap.parse_args()
     torch.set_num_threads(1)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -303,18 +312,26 @@ def main() -> None:
             (home / name).parent.mkdir(parents=True, exist_ok=True)
             (home / name).write_text(f"{name}: the user's own\n")
         before = user_files(home)
-        for sub in ("logs", "cex", "disk", "cli", "cexgen", "procs"):
+        for sub in ("logs", "cex", "disk", "cli", "cexgen", "procs", "cluster", "runs"):
             (t / sub).mkdir()
-        cex = counterexample(t / "cexgen")
+        only = set(args.only.split(",")) if args.only else None
+        want = only is None or "replay" in only
+        cex = counterexample(t / "cexgen") if want else ""
         surfaces: dict[str, Iterator[tuple[str, Callable[[], Outcome]]]] = {
             "check-trace": trace_cases(t / "logs", args.quick),
-            "replay": replay_cases(t / "cex", cex),
+            "replay": replay_cases(t / "cex", cex) if want else iter(()),
             "manifest": manifest_cases(args.quick),
             "frame": frame_cases(),
             "disk": disk_cases(t / "disk", args.quick),
             "cli": misuse_cases(t / "cli"),
             "process": process_cases(t / "procs", args.quick),
+            "cluster": cluster_cases.option_cases(cli, t / "cluster"),
+            "cluster-runs": cluster_cases.process_cases(t / "runs", args.quick),
         }
+        if only is not None:
+            if only - set(surfaces):
+                ap.error(f"--only: no surface {sorted(only - set(surfaces))}")
+            surfaces = {k: v for k, v in surfaces.items() if k in only}
         cwd = os.getcwd()
         os.chdir(home)
         rows, bad = [], []
@@ -323,7 +340,7 @@ def main() -> None:
                 c: Counter[str] = Counter()
                 t0 = time.monotonic()
                 for name, fn in gen:
-                    kind, detail = run_case(fn)
+                    kind, detail = run_case(fn, 300 if surface == "cluster-runs" else TIMEOUT_S)
                     c[kind] += 1
                     if kind != "ok":
                         bad.append(f"{surface}: {name}: {kind} {detail}")
@@ -348,6 +365,8 @@ def main() -> None:
     print(f"kvown processes: {len(RSS_KB)}, peak RSS {top[0] / 1024:.0f} MB ({top[1]}),"
           f" {len(over)} over 256 MB or unmeasured")  # fmt: skip
     bad += [f"process over 256 MB: {c} {kb} KB" for kb, c in over]
+    if cluster_cases.STARTUP:
+        print(f"cluster signals before kvown's handlers (Python's own): {cluster_cases.STARTUP}")
     for line in bad[:40]:
         print("  " + line[:220])
     if len(bad) > 40:

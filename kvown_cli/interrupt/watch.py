@@ -5,7 +5,7 @@ thread is inside one long C call (a z3 ``check()`` of ``kvown prove --jobs 1``, 
 read of a library) the handler does not run at all, so nothing it would arm (the forced
 exit of ``kvown_cli.main``) is armed. ``signal.set_wakeup_fd`` makes the C-level handler
 write the signal's number to a pipe the moment the signal arrives; ``start`` points it at
-a pipe read by a daemon thread, which calls ``on_signal(n)`` (``n``: the SIGINT/SIGTERM
+a pipe read by a daemon thread, which calls ``on_signal(n)`` (``n``: the SIGINT/SIGTERM/SIGHUP
 seen since the last ``reset``), so the bound on an interrupt's end holds whatever the
 main thread is in. A forked child (multiprocessing's workers) drops the wakeup fd, so its
 own signals never count as its parent's.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 __all__ = ["reset", "start", "watching"]
 
-_COUNTED = (int(signal.SIGINT), int(signal.SIGTERM))
+_COUNTED = (int(signal.SIGINT), int(signal.SIGTERM), int(signal.SIGHUP))
 _SEEN = [0]
 _ON: list[Callable[[int], None]] = []
 _STARTED: list[bool] = []

@@ -149,6 +149,7 @@ def test_ctrl_c_while_a_child_starts_ends_that_child(
     finally:
         signal.signal(signal.SIGINT, old)
         kvown_main._unmute_stderr()
+        kvown_main._disarm_forced_exit()  # else it ends this test process 5 s later (130)
     (p,) = signalled
     assert _ended(p.pid), "the child started as Ctrl-C came outlived the interrupt"
 

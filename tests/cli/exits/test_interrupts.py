@@ -212,13 +212,14 @@ def _argv(argv: list[str], tmp: Path) -> list[str]:
 
 
 # The suite's cases: ``check --workers 2`` after SIGINT, SIGKILL (the forked workers die
-# with it) and SIGTERM; mutate's process groups and copies after SIGINT and SIGKILL (the
+# with it), SIGTERM and SIGHUP; mutate's process groups and copies after SIGINT and SIGKILL (the
 # refimpl target's runner is the same: its cases are nightly); prove's claim workers after
 # SIGINT and SIGKILL; fuzz, repro --all and cluster after SIGINT (SIGKILL nightly).
 SUITE = [
     ("check --workers 2", signal.SIGINT),
     ("check --workers 2", signal.SIGKILL),
     ("check --workers 2", signal.SIGTERM),
+    ("check --workers 2", signal.SIGHUP),  # the terminal closed: as Ctrl-C (issue #34)
     ("mutate --target spec", signal.SIGINT),
     ("mutate --target spec", signal.SIGKILL),
     ("prove", signal.SIGINT),
