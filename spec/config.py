@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from spec.behaviours import turn_worlds as TW
 from spec.behaviours.host_cache_worlds import HC_DEEP, HC_DEFAULT, HC_FAULTS, HC_WORLDS
-from spec.behaviours.worlds import COMPOSED, DERIVED, WINDOW
+from spec.behaviours.worlds import COMPOSED, DERIVED, DERIVED_DEEP, DERIVED_DEFAULT, WINDOW
 from spec.state import COMPLETE, Req, World
 from spec.stream.worlds import STREAM_DEEP, STREAM_DEFAULT, STREAM_WORLDS, layer_problems
 
@@ -337,7 +337,7 @@ DEFAULT_SUITE: tuple[str, ...] = (
     "restart_handoff",
     "crash_both",
     "identity_prefix",
-    *TW.DEFAULT,
+    *TW.DEFAULT + DERIVED_DEFAULT,
     *HC_DEFAULT + STREAM_DEFAULT + tuple(WINDOW),
 )
 # The deep suite: the larger worlds (``kvown check --suite deep``; CI runs it nightly);
@@ -345,7 +345,7 @@ TOO_BIG: frozenset[str] = frozenset({"reject_retry"})  # its small variants: beh
 DEEP_SUITE: tuple[str, ...] = tuple(
     c.name for c in NEW_WORLDS if c.name not in TOO_BIG and c.name not in DEFAULT_SUITE
 )
-DEEP_SUITE += ("slots_two", *DERIVED, *TW.DEEP, *HC_DEEP, *COMPOSED, *STREAM_DEEP)  # + composed
+DEEP_SUITE += ("slots_two", *DERIVED_DEEP, *TW.DEEP, *HC_DEEP, *COMPOSED, *STREAM_DEEP)
 SUITES: dict[str, tuple[str, ...]] = {"default": DEFAULT_SUITE, "deep": DEEP_SUITE}
 # Bigger instances: the scale curve and a world to check on its own.
 SCALE: dict[str, Config] = {

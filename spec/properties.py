@@ -41,6 +41,7 @@ from spec.state import (
     G_POSTEND,
     G_STALE,
     IDLE,
+    NONE,
     PREFILLING,
     QUARANTINED,
     RESERVED,
@@ -51,7 +52,7 @@ from spec.state import (
     msg_inc,
     msg_kind,
 )
-from spec.stream.layers import stream_bytes_held, stream_ready_installed
+from spec.stream.layers import stream_bytes_held, stream_ready_installed, stream_sent_given
 from spec.window import window_io_ok
 
 Pred = Callable[[World, Config], bool]
@@ -76,15 +77,19 @@ def no_partial_use(w: World, c: Config) -> bool:
 
 def nothing_lost(w: World, c: Config) -> bool:
     """Every live request that has KV (prefilling or running) holds a complete or
-    writable copy somewhere; a queued or preempted one holds none by design (it is
-    prefilled, again, from its tokens)."""
+    writable copy somewhere, on a worker that is up (a crashed worker's GPU and host
+    memory are gone: a copy there is no copy); a queued or preempted one holds none by
+    design (it is prefilled, again, from its tokens)."""
     for r in w.reqs:
-        if r.st in _HAS_KV and r.p not in _HELD and r.d not in _HELD and r.h != COMPLETE:
+        on_p = w.p_up and (r.p in _HELD or r.h == COMPLETE)
+        if r.st in _HAS_KV and not on_p and not (w.d_up and r.d in _HELD):
             return False
     return turns_kept(w, c)  # a turn routed to decode: the session's KV is there
 
 
 def frozen_snapshot(w: World, c: Config) -> bool:
+    if not stream_sent_given(w, c):  # a streamed chunk sent before its layers were given
+        return False
     return all(not r.g & G_FROZEN_WRITE for r in w.reqs) and steps_write_writable(w, c)
 
 
@@ -145,8 +150,27 @@ def manifest_gate(w: World, c: Config) -> bool:
     return all(not (r.d in _HELD and r.dfl & DF_MISMATCH) for r in w.reqs)
 
 
+def pools_recounted(w: World, c: Config) -> bool:
+    """The pool counts that admission, reservation and the stores read (spec.common's
+    ``used_p``, ``used_h``, ``used_d``: the allocators' counters) are the blocks the
+    replicas hold, recounted replica by replica: a prefill copy holds its blocks unless
+    its stream gave them back (``fs``), less the window it pruned (``pw``); a host copy
+    its blocks, as do the shared host cache's copy and each late completion's orphan; a
+    decode replica its blocks less its prefix hit, and the cached prefix its own. As the
+    prefix refcount is exact below, a counter that misses a holder (and so admits past
+    capacity) breaks it. The z3 domains define the pools themselves by the same count
+    (``finite.FCtx.used_p``, the unbounded model's counters; the tracer reads this
+    check as true there, tests/symbolic/test_props_derived compares)."""
+    p = sum(c.blocks - r.pw for r in w.reqs if r.p != NONE and not r.fs)
+    h = c.blocks * (sum(1 for r in w.reqs if r.h != NONE) + (w.hc != NONE) + w.hc_late)
+    d = sum(c.blocks - r.hit for r in w.reqs if r.d != NONE) + (c.prefix if w.pfx else 0)
+    return (used_p(w, c), used_h(w, c), used_d(w, c)) == (p, h, d)
+
+
 def capacity_refcount(w: World, c: Config) -> bool:
     if used_p(w, c) > c.cap_p or used_d(w, c) > c.cap_d or used_h(w, c) > c.cap_h:
+        return False
+    if not pools_recounted(w, c):
         return False
     if not host_pins_exact(w):
         return False

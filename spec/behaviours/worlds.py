@@ -51,7 +51,21 @@ DERIVED: dict[str, tuple[str, dict[str, Any]]] = {
             "fault_kinds": frozenset({"lose", "duplicate", "crash"}),
         },
     ),
+    "async_offload": (
+        "async_handoff",
+        {
+            "doc": "one request, 1 block, async steps and offload/reload, no handoff, no"
+            " cancel: an offload freezes the source only once no step is in flight (17"
+            " states; in the default suite: the one world where async steps meet a store)",
+            "handoff": False,
+            "offload": True,
+            "cap_h": 1,
+            "cancel": False,
+        },
+    ),
 }
+DERIVED_DEFAULT = ("async_offload",)  # the derived worlds in the default suite
+DERIVED_DEEP = tuple(k for k in DERIVED if k not in DERIVED_DEFAULT)  # the others
 
 # Behaviours that compose (issue #32 item 2; SPEC.md, "Behaviours that compose"): a small
 # world for each pair that interacts, and one with every behaviour on. ``spec/config.py``
@@ -182,4 +196,4 @@ WINDOW: dict[str, dict[str, Any]] = {
     },
 }
 
-__all__ = ["COMPOSED", "DERIVED", "PAIRS", "WINDOW"]
+__all__ = ["COMPOSED", "DERIVED", "DERIVED_DEEP", "DERIVED_DEFAULT", "PAIRS", "WINDOW"]

@@ -86,6 +86,7 @@ INVARIANTS: dict[str, Conjunct] = {
         Conjunct("ChunkOnce", "slot", "a chunk in flight once, sent, not landed", _c.chunk_once),
         Conjunct("LandedSent", "slot", "what landed was sent", _c.landed_sent),
         Conjunct("StepHeld", "request", "a step in flight has its replica", _c.step_held),
+        Conjunct("DownEmpty", "request", "a crashed worker holds nothing", _c.down_empty),
         Conjunct("PrefixOwn", "global", "the cached prefix holds its KV", _c.prefix_own, _unstaged),
         Conjunct(
             "StagedOnly",

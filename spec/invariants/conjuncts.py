@@ -179,6 +179,17 @@ def failed_needs_switch(w: World, c: Config) -> bool:
     return c.decode_failure or all(not r.dfl & DF_FAILED for r in w.reqs)
 
 
+def down_empty(w: World, c: Config) -> bool:
+    """A crashed worker holds nothing: its GPU and host memory are gone (EnvCrash frees
+    every replica there, and nothing allocates on a worker that is down)."""
+    for r in w.reqs:
+        if not w.p_up and (r.p != NONE or r.h != NONE):
+            return False
+        if not w.d_up and r.d != NONE:
+            return False
+    return True
+
+
 def step_held(w: World, c: Config) -> bool:
     for r in w.reqs:
         if r.pstep not in (0, 1) or r.dstep not in (0, 1):
@@ -322,6 +333,7 @@ __all__ = [
     "decode_current",
     "decode_epoch",
     "decode_live_source",
+    "down_empty",
     "failed_needs_switch",
     "frozen",
     "handoff_fresh",

@@ -35,6 +35,7 @@ from spec.common import NOT_ENABLED, Mutants, Result, full_chunks, put, refuse
 from spec.config import Config
 from spec.state import (
     AWAIT_READY,
+    CHUNKS,
     COMPLETE,
     DF_CORRUPT,
     FAILED,
@@ -47,6 +48,7 @@ from spec.state import (
     WRITABLE,
     Req,
     World,
+    msg_kind,
 )
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "layers_installed",
     "stream_bytes_held",
     "stream_ready_installed",
+    "stream_sent_given",
     "stream_resume",
 ]
 
@@ -137,6 +140,21 @@ def stream_bytes_held(w: World, c: Config) -> bool:
     """NoReuseUnderIO: a request that gave its source blocks back has copied every
     layer (the bytes still to send are not read from blocks another may hold)."""
     return not c.layers or all(not r.fs or r.cpy >= c.layers for r in w.reqs)
+
+
+def stream_sent_given(w: World, c: Config) -> bool:
+    """FrozenSnapshot: no chunk of a streamed offer is in flight before every layer was
+    given to the sender (a chunk carries the block with every layer: sent earlier, it
+    would leave while the engine still computes the layers not given, into the blocks
+    the snapshot is read from)."""
+    if not c.layers:
+        return True
+    for r in w.reqs:
+        if r.lay < c.layers:
+            for code in r.net:
+                if msg_kind(code) in CHUNKS:
+                    return False
+    return True
 
 
 def stream_ready_installed(w: World, c: Config) -> bool:

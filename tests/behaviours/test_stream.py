@@ -17,6 +17,7 @@ from spec.state import (
     COMPLETE,
     FAILED,
     FILLING,
+    M_CHUNK,
     M_HANDOFF,
     M_NACK,
     NONE,
@@ -56,6 +57,12 @@ CASES = [
 PROPERTY_CASES = [  # (property, config, a state that breaks it, one that does not)
     ("NoReuseUnderIO", ST, W(FROZEN._replace(lay=2, cpy=1, fs=1)), W(GIVEN._replace(fs=1))),
     ("NoPartialUse", ST, W(LANDED._replace(rdy=1)), W(LANDED._replace(inl=1, rdy=1))),
+    (  # a chunk in flight before every layer was given (PrefillSendChunk's guard)
+        "FrozenSnapshot",
+        ST,
+        W(FROZEN._replace(ps=SENDING, dep=1, d=RESERVED, net=(msg(M_CHUNK, 1, 0),))),
+        W(FROZEN._replace(ps=SENDING, dep=1, d=RESERVED, lay=2, cpy=2, net=(msg(M_CHUNK, 1, 0),))),
+    ),
 ]
 
 

@@ -62,6 +62,18 @@ CASES = [
         W(R(st=PREFILLING)),
         W(R(st=PREFILLING, p=WRITABLE)),
     ),
+    (  # admitted on a crashed prefill: its writable copy is a ghost (PrefillAdmit's p_up)
+        "NothingLost",
+        HO,
+        W(R(st=PREFILLING, p=WRITABLE), p_up=False),
+        W(R(st=PREFILLING, p=WRITABLE)),
+    ),
+    (  # a committed copy on a crashed decode is no copy either
+        "NothingLost",
+        HO,
+        W(GOOD_D, d_up=False),
+        W(GOOD_D._replace(p=COMPLETE), d_up=False, p_up=True),
+    ),
     ("FrozenSnapshot", HO, W(GOOD_D._replace(g=G_FROZEN_WRITE)), W(GOOD_D)),
     ("Fencing", HO, W(GOOD_D._replace(g=G_STALE)), W(GOOD_D)),
     ("NoReuseUnderIO", HO, W(IN_FLIGHT._replace(d=NONE)), W(IN_FLIGHT)),
@@ -166,3 +178,17 @@ def test_quiescent_terminal_goal() -> None:
     assert not quiescent_terminal(W(R(st=FAILED, net=(CHUNK,))), HO)
     assert not quiescent_terminal(W(R(st=FAILED, ps=AWAIT_ACK)), HO)
     assert not quiescent_terminal(W(R(st=RUNNING)), HO)
+
+
+def test_pool_counts_are_recounted_from_the_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CapacityRefcount recounts the pools: a counter that misses a holder (the
+    ``used_p`` mutant that counts only given-back stream sources) admits past capacity
+    and reads as within it; the recount sees the two writable copies."""
+    import spec.properties as props
+
+    two = W(R(st=RUNNING, p=WRITABLE), R(st=RUNNING, p=WRITABLE))
+    one = W(R(st=RUNNING, p=WRITABLE), R())
+    assert props.capacity_refcount(one, OFF) and props.pools_recounted(two, OFF)
+    monkeypatch.setattr(props, "used_p", lambda w, c: 0)
+    assert not props.pools_recounted(one, OFF)
+    assert "CapacityRefcount" in violated_safety(one, OFF)

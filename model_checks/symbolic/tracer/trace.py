@@ -46,7 +46,7 @@ from model_checks.symbolic.core import (
 )
 from model_checks.symbolic.tracer import symstate as S
 from model_checks.symbolic.tracer.oracle import _EQ_MEMO, paths
-from spec import common, state, steps
+from spec import common, properties, state, steps
 from spec.actions import ACTIONS
 from spec.behaviours import decode_ranks, host_cache, slots
 from spec.common import Refused
@@ -153,6 +153,8 @@ _SYMBOLIC: dict[Any, Any] = {
     common.used_d: _pool("used_d"),
     common.admit_possible: _pool("admit_possible"),
     common.prefix_refs: lambda w: S.lift(_ctx().refs()),
+    # the domains define the pools by the replicas' count themselves (FCtx.used_p, ...)
+    properties.pools_recounted: lambda w, c: True,
     host_cache.host_pins: lambda w: S.lift(_ctx().host_pins()),
     common.full_chunks: lambda c, hit: S.Full(hit),
     common.full_ranks: lambda c: S.Full(None),
