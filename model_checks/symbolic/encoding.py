@@ -236,7 +236,7 @@ class Encoding:
         """When ``go`` would put a code outside ``codes`` in flight (a message of epoch 0,
         say, from a pinned state that is never reached), that state is left out."""
         out = []
-        for op in go.net:
+        for op in (op for g in (go, *go.others.values()) for op in g.net):
             if op.op in ("send", "add") and isinstance(op.e, int) and isinstance(op.i, int):
                 inc = op.inc if isinstance(op.inc, int) else 0
                 if msg(op.kind, op.e, op.i, inc) not in self.codes:
@@ -253,6 +253,8 @@ class Encoding:
             if not same(v, s[("g", gname)]):
                 ch[("g", gname)] = v
         ch.update(self._net(x, s, i, go.net))
+        for j, o in go.others.items():  # another request the step changes (by its slot)
+            ch.update(self._changes(x, s, j, o))
         return ch
 
     def _net(self, x: FCtx, s: FState, i: int, ops: tuple[NetOp, ...]) -> dict[Key, Z]:
