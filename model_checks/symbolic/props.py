@@ -110,6 +110,8 @@ _HANDOFF = (
     "HandoffFresh",
     "NackGaveUp",
     "AckCommitted",
+    "TurnIdle",
+    "TurnQuiet",
 )
 _IO = (
     "SameHit",
@@ -127,7 +129,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "SingleWriter": _HANDOFF,
     "NoPartialUse": (),
     "NothingLost": (*_HANDOFF, "SingleWriter"),
-    "FrozenSnapshot": ("StepHeld",),
+    "FrozenSnapshot": ("StepHeld", *_HANDOFF),
     "Fencing": (),
     "NoReuseUnderIO": (*_HANDOFF, *_IO, "SingleWriter", "NothingLost", "NoPartialUse"),
     "StickyEnd": ("FailedNeedsSwitch",),
@@ -136,5 +138,5 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "RankAgreement": (),
     "PublishAfterCommit": (),
     "LoadXorStore": (),
-    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged"),
+    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged", *_HANDOFF),
 }

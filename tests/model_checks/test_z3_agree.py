@@ -80,9 +80,8 @@ def test_a_divergence_is_caught() -> None:
     assert rep.mismatches and "DecodeAbort" in rep.mismatches[0].detail
 
 
-# (the unbounded model keeps the shared host cache's, the turns', the streamed offers' and
-# the restarts' fields at 0: those
-# worlds are the finite encoding's, above)
+# (the unbounded model keeps the shared host cache's, the streamed offers' and the
+# restarts' fields at 0: those worlds are the finite encoding's, above; it holds the turns')
 UNBOUNDED = [
     n
     for n in ENCODED
@@ -90,7 +89,6 @@ UNBOUNDED = [
         CONFIGS[n].identity
         or CONFIGS[n].slots
         or CONFIGS[n].host_cache
-        or CONFIGS[n].turns
         or CONFIGS[n].layers
         or CONFIGS[n].restarts
     )
