@@ -6,8 +6,7 @@ in flight are one array ``net[r, kind, epoch, idx] -> count``. Every config boun
 a symbolic constant (blocks, capacities, prefix, attempts, moves, fault budget, which
 features and fault kinds are on), except ``src_tp``, which is concrete so that chunk
 indices (rank * per_rank + pos) stay linear; ``UModel(src_tp)`` is one instance per
-TP degree. The mutants are off (the induction is about the correct spec), but for the
-tests that show a proof fails on a mutant spec (``UModel(mutants=...)``).
+TP degree. The mutants are off but in the tests of a proof's teeth (``UModel(mutants=)``).
 
 Model.  The actions are the traced ones (``actions.PER_REQ``, ``symbolic.trace``). A per-
 request action is "some request ``r0`` takes it": each field array becomes
@@ -59,9 +58,7 @@ from spec.config import FAULT_KINDS
 from spec.state import M_CHUNK, M_CHUNK_BAD, M_CHUNK_UNSTAGED, MSG_NAMES, NONE, TO_DECODE
 
 REQ = z3.DeclareSort("Req")
-# The request fields held as arrays: the core's, and multi-turn append's (``Config.turns``
-# a free Boolean of the proof, ``max_turns`` a free bound).
-UFIELDS = FIELDS + TURN_FIELDS
+UFIELDS = FIELDS + TURN_FIELDS  # the arrays: the core's, multi-turn append's (turns free)
 UNBOUNDED_TOO = ("spec.behaviours.turns",)  # of actions.FINITE_ONLY's modules
 INT = z3.IntSort()
 COUNTERS = ("used_p", "used_h", "used_d_own", "refs")
@@ -179,13 +176,9 @@ class UNet(NetView):
         return b
 
     def empty(self) -> Z:
-        """``not r.net`` (a turn ends with nothing in flight): as ``no_chunks``, a fresh
-        Boolean that implies no message of the request at every probed message."""
+        """``not r.net``: as ``no_chunks``, no message of the request at every probe."""
         b = z3.Bool(f"no_msgs_{len(self.side)}@{self.s.tag}")
-        facts = [
-            z3.Implies(pr == self.r, self.s.net[pr, pk, pe, pi] == 0)
-            for pr, pk, pe, pi in self.probes
-        ]
+        facts = [z3.Implies(p[0] == self.r, self.s.net[p] == 0) for p in self.probes]
         self.side.append(z3.Implies(b, z3.And(*facts)))
         return b
 
