@@ -168,7 +168,6 @@ def _mutant(args: argparse.Namespace, _err: Callable[[str], int]) -> int:
     from model_checks.explicit.trace import pretty
     from model_checks.symbolic.bmc import (
         SAFETY_MUTANTS,
-        UNENCODED_MUTANTS,
         bfs_depth,
         mutant_bmc,
     )
@@ -183,8 +182,6 @@ def _mutant(args: argparse.Namespace, _err: Callable[[str], int]) -> int:
         prop = MUTANTS[name].expected
         kind = PROPERTIES[prop].kind if prop in PROPERTIES else "safety"  # INVARIANTS.md
         why = f"a {kind} property"
-        if name in UNENCODED_MUTANTS:  # safety, but outside what the z3 encoding holds
-            why += f" on {MUTANTS[name].configs[0]}, outside the z3 encoding's claims"
         return _err(
             f"mutant {name!r} breaks {prop}, {why}: not a BMC claim"
             f" (see `kvown check --mutant {name}`); BMC mutants: {', '.join(SAFETY_MUTANTS)}"

@@ -21,8 +21,16 @@ import z3
 
 from model_checks.symbolic.actions import GLOBAL
 from model_checks.symbolic.agree import random_states
-from model_checks.symbolic.core import FIELDS, Msg, Z
-from model_checks.symbolic.unbounded import REQ, Probe, UAction, UModel, UState, contributions
+from model_checks.symbolic.core import Msg, Z
+from model_checks.symbolic.unbounded import (
+    REQ,
+    UFIELDS,
+    Probe,
+    UAction,
+    UModel,
+    UState,
+    contributions,
+)
 from spec.actions import apply
 from spec.config import Config
 from spec.state import NONE, Req, World, msg, msg_epoch, msg_idx, msg_kind
@@ -74,6 +82,8 @@ class UChecker:
             p.async_steps == c.async_steps,
             p.revocable == c.revocable,
             p.decode_failure == c.decode_failure,
+            p.turns == c.turns,
+            p.max_turns == c.max_turns,
         ]
         fixed += [v == (k in c.fault_kinds) for k, v in p.fault_kinds.items()]
         if len(self.reqs) > 1:
@@ -104,7 +114,7 @@ class UChecker:
         """``s`` is ``w`` (at the requests and the probed slots)."""
         out: list[Z] = []
         for r, rec in zip(self.reqs, w.reqs, strict=True):
-            for f in FIELDS:
+            for f in UFIELDS:
                 v = getattr(rec, f)
                 out.append(s.f[f][r] == (self._landed(v) if f == "landed" else v))
         for r, k, e, i in self.probes:
@@ -123,7 +133,7 @@ class UChecker:
 
         reqs = []
         for r in self.reqs:
-            rec = {f: val(t.f[f][r]) for f in FIELDS if f != "landed"}
+            rec = {f: val(t.f[f][r]) for f in UFIELDS if f != "landed"}
             rec["landed"] = sum(1 << b for b in range(self.width) if val(t.f["landed"][r][b]))
             net: list[int] = []
             for pr, k, e, i in self.probes:

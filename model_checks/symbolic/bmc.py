@@ -47,22 +47,17 @@ from spec.state import World
 from spec.steps import STEP_PREDS, check_step
 
 SAFETY_IDS = tuple(p.id for p in SAFETY)
-# Mutants the z3 encodings do not mirror: the one whose step changes another request than
-# the acting one (the encodings' rules change only the acting request's fields): explicit
-# explorer only.
-UNENCODED_MUTANTS = ("slot_reused_unfenced",)
+# Every safety mutant is BMC's (one whose step changes another request than the one it is
+# about, ``slot_reused_unfenced``, is traced on every request: ``tracer.trace``).
 SAFETY_MUTANTS = tuple(
     n
     for n, m in MUTANTS.items()
-    if (m.expected in INVARIANTS or PROPERTIES[m.expected].kind == "safety")
-    and n not in UNENCODED_MUTANTS
+    if m.expected in INVARIANTS or PROPERTIES[m.expected].kind == "safety"
 )
 LIVENESS_MUTANTS = tuple(
     n
     for n, m in MUTANTS.items()
-    if m.expected in PROPERTIES
-    and PROPERTIES[m.expected].kind == "liveness"
-    and n not in UNENCODED_MUTANTS
+    if m.expected in PROPERTIES and PROPERTIES[m.expected].kind == "liveness"
 )
 
 # Correct-spec bound K per default config: the deepest unrolling that answers in a

@@ -119,6 +119,9 @@ class Go:
     req: dict[str, Z] = field(default_factory=dict)
     glob: dict[str, Z] = field(default_factory=dict)
     net: tuple[NetOp, ...] = ()
+    # the other requests it changes, by slot (their fields and messages; only a finite
+    # encoding's trace on every request has them: ``tracer.trace``)
+    others: dict[int, Go] = field(default_factory=dict)
 
 
 @dataclass

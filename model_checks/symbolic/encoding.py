@@ -1,7 +1,6 @@
 """The spec's transition system in z3, for one finite config: <init, trans, bad>.
 
-System.  A ``Config`` (and a set of mutants, by the spec's names) fixes the number of
-requests and the message codes that can ever exist (``finite.possible_codes``).
+System.  A ``Config`` (and mutants) fixes the requests and the possible message codes.
 
 Model.  A symbolic state (``FState``) holds, per request, the scalar ``Req`` fields of
 the config's behaviours, one count per possible message code (the multiset ``Req.net``),
@@ -236,7 +235,7 @@ class Encoding:
         """When ``go`` would put a code outside ``codes`` in flight (a message of epoch 0,
         say, from a pinned state that is never reached), that state is left out."""
         out = []
-        for op in go.net:
+        for op in (op for g in (go, *go.others.values()) for op in g.net):
             if op.op in ("send", "add") and isinstance(op.e, int) and isinstance(op.i, int):
                 inc = op.inc if isinstance(op.inc, int) else 0
                 if msg(op.kind, op.e, op.i, inc) not in self.codes:
@@ -253,6 +252,8 @@ class Encoding:
             if not same(v, s[("g", gname)]):
                 ch[("g", gname)] = v
         ch.update(self._net(x, s, i, go.net))
+        for j, o in go.others.items():  # another request the step changes (by its slot)
+            ch.update(self._changes(x, s, j, o))
         return ch
 
     def _net(self, x: FCtx, s: FState, i: int, ops: tuple[NetOp, ...]) -> dict[Key, Z]:
@@ -322,8 +323,7 @@ class Encoding:
         return A(O(*enabled), *(t[key] == val for key, val in chains.items()))
 
     def step_fast(self, s: FState, t: FState, sel: Z) -> Z:
-        """``step``, built once on template states and renamed (z3.substitute) onto
-        ``s``, ``t`` and ``sel``: the same formula, without rebuilding it in Python."""
+        """``step`` built once on template states, renamed onto ``s``, ``t``, ``sel``."""
         if self._tmpl_step is None:
             a, b = self.state("tmpl_a"), self.state("tmpl_b")
             tsel = z3.BitVec("tmpl_sel", sel.size()) if z3.is_bv(sel) else z3.Int("tmpl_sel")

@@ -173,8 +173,10 @@ class Prover:
     each conjunct's instances and each transition are built once and shared by every
     query of this prover."""
 
-    def __init__(self, src_tp: int = 2, minimize_core: bool = False) -> None:
-        m = self.m = UModel(src_tp)
+    def __init__(
+        self, src_tp: int = 2, minimize_core: bool = False, mutants: frozenset[str] = frozenset()
+    ) -> None:
+        m = self.m = UModel(src_tp, mutants)
         self.minimize_core = minimize_core
         self.s, self.t, self.s0 = m.state("pre"), m.state("post"), m.state("init")
         self.r0, self.x = z3.Const("r0", REQ), z3.Const("x", REQ)
@@ -360,6 +362,10 @@ class Prover:
             if f in names and z3.is_int_value(val) and 0 <= val.as_long() < len(names[f]):
                 txt = names[f][val.as_long()]
             parts.append(f"{f}={txt}")
+        for f in ("pstep", "dstep", "tn", "ti", "tdv", "tc"):  # shown where not 0
+            val = ev(v.get(f))
+            if not (z3.is_int_value(val) and val.as_long() == 0):
+                parts.append(f"{f}={val}")
         e, i = (ev(t) for t in pt)
         for k in KINDS:
             n = ev(s.net[r, k, pt[0], pt[1]])

@@ -110,6 +110,8 @@ _HANDOFF = (
     "HandoffFresh",
     "NackGaveUp",
     "AckCommitted",
+    "TurnIdle",
+    "TurnQuiet",
 )
 _IO = (
     "SameHit",
@@ -127,7 +129,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "SingleWriter": _HANDOFF,
     "NoPartialUse": (),
     "NothingLost": (*_HANDOFF, "SingleWriter", "DownEmpty"),
-    "FrozenSnapshot": ("StepHeld",),
+    "FrozenSnapshot": ("StepHeld", *_HANDOFF),
     "Fencing": (),
     "NoReuseUnderIO": (
         *_HANDOFF,
@@ -143,5 +145,5 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "RankAgreement": (),
     "PublishAfterCommit": (),
     "LoadXorStore": (),
-    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged"),
+    "ContentIdentity": ("PrefixOwn", "StagedOnly", "NoUnstaged", *_HANDOFF),
 }

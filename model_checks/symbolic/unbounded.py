@@ -6,7 +6,7 @@ in flight are one array ``net[r, kind, epoch, idx] -> count``. Every config boun
 a symbolic constant (blocks, capacities, prefix, attempts, moves, fault budget, which
 features and fault kinds are on), except ``src_tp``, which is concrete so that chunk
 indices (rank * per_rank + pos) stay linear; ``UModel(src_tp)`` is one instance per
-TP degree. The mutants are off (the induction is about the correct spec).
+TP degree. The mutants are off but in the tests of a proof's teeth (``UModel(mutants=)``).
 
 Model.  The actions are the traced ones (``actions.PER_REQ``, ``symbolic.trace``). A per-
 request action is "some request ``r0`` takes it": each field array becomes
@@ -42,6 +42,7 @@ from model_checks.symbolic.core import (
     FIELDS,
     ITE,
     RV,
+    TURN_FIELDS,
     A,
     Ctx,
     Go,
@@ -57,6 +58,8 @@ from spec.config import FAULT_KINDS
 from spec.state import M_CHUNK, M_CHUNK_BAD, M_CHUNK_UNSTAGED, MSG_NAMES, NONE, TO_DECODE
 
 REQ = z3.DeclareSort("Req")
+UFIELDS = FIELDS + TURN_FIELDS  # the arrays: the core's, multi-turn append's (turns free)
+UNBOUNDED_TOO = ("spec.behaviours.turns",)  # of actions.FINITE_ONLY's modules
 INT = z3.IntSort()
 COUNTERS = ("used_p", "used_h", "used_d_own", "refs")
 
@@ -98,6 +101,8 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         retract=z3.Bool("cfg_retract"),
         decode_ranks=z3.Bool("cfg_decode_ranks"),
         dst_full=z3.BitVec("cfg_dst_full", 4),
+        turns=z3.Bool("cfg_turns"),
+        max_turns=z3.Int("cfg_max_turns"),
     )
     facts = [
         ("cfg: blocks >= 1", p.blocks >= 1),
@@ -105,6 +110,7 @@ def sym_params(src_tp: int) -> tuple[Params, list[tuple[str, Z]]]:
         ("cfg: prefix <= cap_d", p.prefix <= p.cap_d),
         ("cfg: capacities >= 0", z3.And(p.cap_p >= 0, p.cap_h >= 0)),
         ("cfg: max_attempts >= 1", p.max_attempts >= 1),
+        ("cfg: max_turns >= 1", p.max_turns >= 1),
         ("cfg: budgets >= 0", z3.And(p.faults >= 0, p.max_moves >= 0)),
         (
             "cfg: dst_full is 2^dst_tp - 1, or 0",
@@ -134,7 +140,7 @@ class UState:
 
     def __init__(self, tag: str, src_tp: int) -> None:
         self.tag = tag
-        self.f = {f: z3.Array(f"{f}@{tag}", REQ, field_sort(f, src_tp)) for f in FIELDS}
+        self.f = {f: z3.Array(f"{f}@{tag}", REQ, field_sort(f, src_tp)) for f in UFIELDS}
         self.net = z3.Array(f"net@{tag}", REQ, INT, INT, INT, INT)
         self.g: dict[str, Z] = {
             "faults": z3.Int(f"faults@{tag}"),
@@ -149,8 +155,9 @@ Probe = tuple[Z, Z, Z, Z]  # (request, kind, epoch, idx): a message the query lo
 
 class UNet(NetView):
     """Messages of request ``r``. ``no_chunks`` is a fresh Boolean that implies "no chunk
-    of that epoch in flight" at every probed message (``side`` collects those facts):
-    it only ever selects a refusal, so the relation over-approximates the spec's."""
+    of that epoch in flight" at every probed message (``side`` collects those facts), and
+    ``empty`` one that implies no message at all there: the relation over-approximates
+    the spec's (a proof over it is one of the spec)."""
 
     def __init__(self, s: UState, r: Z, probes: Sequence[Probe], side: list[Z]) -> None:
         self.s, self.r, self.probes, self.side = s, r, probes, side
@@ -165,6 +172,13 @@ class UNet(NetView):
             kinds = z3.Or(pk == M_CHUNK, pk == M_CHUNK_BAD, pk == M_CHUNK_UNSTAGED)
             chunk = z3.And(pr == self.r, kinds, pe == e)
             facts.append(z3.Implies(chunk, self.s.net[pr, pk, pe, pi] == 0))
+        self.side.append(z3.Implies(b, z3.And(*facts)))
+        return b
+
+    def empty(self) -> Z:
+        """``not r.net``: as ``no_chunks``, no message of the request at every probe."""
+        b = z3.Bool(f"no_msgs_{len(self.side)}@{self.s.tag}")
+        facts = [z3.Implies(p[0] == self.r, self.s.net[p] == 0) for p in self.probes]
         self.side.append(z3.Implies(b, z3.And(*facts)))
         return b
 
@@ -231,8 +245,8 @@ class UAction:
 
 
 class UModel:
-    def __init__(self, src_tp: int = 2) -> None:
-        self.src_tp = src_tp
+    def __init__(self, src_tp: int = 2, mutants: frozenset[str] = frozenset()) -> None:
+        self.src_tp, self.mutants = src_tp, frozenset(mutants)  # mutants: a proof's teeth
         self.params, self.param_facts = sym_params(src_tp)
 
     def state(self, tag: str) -> UState:
@@ -242,17 +256,19 @@ class UModel:
         self, s: UState, r: Z, probes: Sequence[Probe] = (), side: list[Z] | None = None
     ) -> RV:
         net = UNet(s, r, probes, side if side is not None else [])
-        return RV(**{f: s.f[f][r] for f in FIELDS}, net=net)
+        return RV(**{f: s.f[f][r] for f in UFIELDS}, net=net)
 
     def ctx(self, s: UState) -> UCtx:
-        return UCtx(self.params, s)
+        x = UCtx(self.params, s)
+        x.m = self.mutants
+        return x
 
     def actions(self) -> Iterator[UAction]:
         """Every transition of the model; the unencoded actions (restarts) and those of the
         host cache and turns (``FINITE_ONLY``) are not in it: the proofs cover the worlds
         without them (INVARIANTS.md)."""
         for name, a in ACTIONS.items():
-            if name in FINITE_ONLY:
+            if name in FINITE_ONLY and ACTIONS[name].fn.__module__ not in UNBOUNDED_TOO:
                 continue
             if a.arg == "msg":
                 yield from (UAction(name, kind=k) for k in sorted(a.msgs))
@@ -264,7 +280,7 @@ class UModel:
     def init(self, s: UState, probes: Sequence[Probe]) -> Z:
         """The initial state (the message array: empty at every probed message)."""
         c = self.params
-        eqs = [s.f[f] == z3.K(REQ, _zero(field_sort(f, self.src_tp))) for f in FIELDS]
+        eqs = [s.f[f] == z3.K(REQ, _zero(field_sort(f, self.src_tp))) for f in UFIELDS]
         eqs += [s.net[p] == 0 for p in probes]
         eqs += [s.g["faults"] == 0, s.g["pfx_ref"] == 0, s.g["p_up"], s.g["d_up"], s.g["pfx_ok"]]
         eqs.append(s.g["pfx"] == (c.prefix > 0))
@@ -303,7 +319,7 @@ class UModel:
     ) -> Z:
         eqs = [O(*(g for g, _ in cases))]
         new: dict[str, Z] = {}
-        for f in FIELDS:
+        for f in UFIELDS:
             val = s.f[f][r0]
             for g, go in cases:
                 if f in go.req:
@@ -353,8 +369,8 @@ class UModel:
         eqs = [cr.cond]
         for y in dict.fromkeys(p[0] for p in probes):
             per = cr.per_req(self.view(s, y))
-            eqs += [t.f[f][y] == _lift(per[f], s.f[f][y]) for f in FIELDS if f in per]
-            eqs += [t.f[f][y] == s.f[f][y] for f in FIELDS if f not in per]
+            eqs += [t.f[f][y] == _lift(per[f], s.f[f][y]) for f in UFIELDS if f in per]
+            eqs += [t.f[f][y] == s.f[f][y] for f in UFIELDS if f not in per]
         for p in probes:
             keep = z3.Or(*(p[1] == kind for kind in sorted(cr.keep)))
             eqs.append(t.net[p] == z3.If(keep, s.net[p], 0))

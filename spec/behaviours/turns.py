@@ -37,7 +37,7 @@ from __future__ import annotations
 from spec.actions_decode import _free
 from spec.common import NOT_ENABLED, Mutants, Result, put, refuse
 from spec.config import Config
-from spec.state import COMPLETE, NONE, PREEMPTED, RUNNING, WRITABLE, Req, World
+from spec.state import COMPLETE, ENDED, IDLE, NONE, PREEMPTED, RUNNING, WRITABLE, Req, World
 
 __all__ = [
     "DecodeAppend",
@@ -49,6 +49,8 @@ __all__ = [
     "TurnPrefill",
     "TurnRoute",
     "session_pinned",
+    "turn_idle",
+    "turn_quiet",
     "turns_single_writer",
     "turns_identity",
     "turns_kept",
@@ -181,3 +183,35 @@ def turns_identity(w: World, c: Config) -> bool:
             if r.tn == APPENDING or (r.st == RUNNING and r.ti == 0):
                 return False
     return True
+
+
+# -- the inductive invariant's conjuncts (spec/INVARIANTS.md, spec/invariants) --------------
+def turn_idle(w: World, c: Config) -> bool:
+    """``TurnIdle``: the turn fields in range (all 0 without ``turns``); a session between
+    turns (``ti``, ``tn`` or ``tdv`` set) ended its handoff (no source, the sender idle,
+    no host copy), decodes nothing (no decode step in flight) and holds decode's KV
+    writable or not at all; a routed turn is between turns, with the KV (``turns_kept``);
+    an appending one has no divergent tail; a divergent tail outlives its turn only on an
+    ended request."""
+    if not turns_kept(w, c):  # a routed turn has the session's KV (NothingLost's part)
+        return False
+    for r in w.reqs:
+        if not (0 <= r.tn <= APPENDING and 0 <= r.ti <= 1 and 0 <= r.tdv <= 1):
+            return False
+        if not 0 <= r.tc <= c.max_turns or (r.tc and not c.turns):
+            return False
+        if not (r.ti or r.tn or r.tdv):
+            continue
+        if not c.turns or r.p != NONE or r.ps != IDLE or r.h != NONE or r.dstep:
+            return False
+        if r.d not in (NONE, WRITABLE) or (r.tn and not r.ti) or (r.tn == APPENDING and r.tdv):
+            return False
+        if r.tdv and not r.ti and r.st not in ENDED:
+            return False
+    return True
+
+
+def turn_quiet(w: World, c: Config) -> bool:
+    """``TurnQuiet``: a session between turns has no message in flight (its turn ended
+    with none, and nothing sends one until the next turn is prefilled)."""
+    return all(not (r.ti or r.tn or r.tdv) for r in w.reqs for _ in r.net)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from spec.behaviours.turns import turn_idle, turn_quiet
 from spec.config import Config
 from spec.invariants import conjuncts as _c
 from spec.state import World
@@ -96,6 +97,8 @@ INVARIANTS: dict[str, Conjunct] = {
             _unstaged,
         ),
         Conjunct("NoUnstaged", "slot", "no unstaged chunk in flight", _c.no_unstaged, _unstaged),
+        Conjunct("TurnIdle", "request", "a session between turns ended its handoff", turn_idle),
+        Conjunct("TurnQuiet", "slot", "a session between turns has nothing in flight", turn_quiet),
     )
 }
 

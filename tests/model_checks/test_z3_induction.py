@@ -64,6 +64,31 @@ def test_weakened_invariant_yields_a_cti(prover: Prover) -> None:
     assert cti.failed  # names the conjunct the successor breaks
 
 
+# Multi-turn append is in the induction (TurnIdle, TurnQuiet): on each turns mutant's spec
+# the proof of the property it breaks fails at exactly the mutant's action (about 6 CPU s
+# each: one in the suite, the others nightly).
+TURN_MUTANTS = {
+    "two_writers_on_session": ("SingleWriter", "TurnRoute"),
+    "append_divergent_uncut": ("ContentIdentity", "DecodeAppend"),
+    "append_after_evict": ("NothingLost", "TurnRoute"),
+    "evict_pinned_session": ("NothingLost", "SessionEvict"),
+}
+
+
+@pytest.mark.parametrize(
+    "mutant",
+    [
+        m if m == "two_writers_on_session" else pytest.param(m, marks=pytest.mark.nightly)
+        for m in TURN_MUTANTS
+    ],
+)
+def test_a_turns_mutant_breaks_its_induction(mutant: str) -> None:
+    pid, action = TURN_MUTANTS[mutant]
+    proof = Prover(2, mutants=frozenset({mutant})).proof(pid)
+    assert proof.result == "unknown"
+    assert [s.action for s in proof.steps if s.result == "cti"] == [action]
+
+
 def test_property_alone_is_not_inductive(prover: Prover) -> None:
     """Why the strengthening exists: SingleWriter alone has counterexamples."""
     assert prover.proof("SingleWriter", ["SingleWriter"]).result == "unknown"

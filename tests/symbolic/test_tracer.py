@@ -284,3 +284,34 @@ def test_every_derived_action_traces_in_every_encodable_config(config: str) -> N
             cr = W.trace_worker(name, x, worker)
             for i in range(enc.c.n_reqs):
                 cr.per_req(enc.view(s, i))
+
+
+def test_a_step_that_changes_another_request_is_traced_on_every_request() -> None:
+    """``slot_reused_unfenced``'s DecodeReceiveDone reads the other requests (which holds
+    the slot) and counts a late RankDone for the holder: traced again on every request,
+    its successor changes the holder (``Go.others``), and z3's transition from that state
+    is the spec's step, the holder's change included (and not the step without it)."""
+    from model_checks.symbolic.finite import Inst
+    from spec.actions import apply
+    from spec.state import M_DONE
+    from tests.behaviours.test_slots_guards import HOLDER, LATE, SL
+    from tests.spec.spec_helpers import W as World2
+
+    m = frozenset({"slot_reused_unfenced"})
+    enc = Encoding(SL, m, instances=False)  # the variables only: one action's relation
+    s, t = enc.state("pre"), enc.state("post")
+    late = Msg(M_DONE, 1, 0)
+    rules = PER_REQ["DecodeReceiveDone"](FCtx(enc, s), enc.view(s, 0), late)
+    held = [b.go.others for b in rules.branches if b.go is not None and b.go.others]
+    assert held and all(set(o) == {1} and set(o[1].req) == {"rmask", "g"} for o in held)
+    w, code = World2(LATE, HOLDER), msg(M_DONE, 1, 0)
+    w2 = apply(w, SL, m, "DecodeReceiveDone", 0, code)
+    assert isinstance(w2, tuple) and w2.reqs[1].rmask == 1
+    step = enc.action(Inst("DecodeReceiveDone", 0, code), s, t)
+    for succ, want in ((w2, True), (w2._replace(reqs=(w2.reqs[0], HOLDER)), False)):
+        sol = z3.Solver()
+        sol.add(step, enc.is_world(s, w), enc.is_world(t, succ))
+        assert (sol.check() == z3.sat) == want
+    plain = Encoding(SL, instances=False)  # the spec without the mutant reads no other request
+    rules = PER_REQ["DecodeReceiveDone"](FCtx(plain, s), plain.view(s, 0), late)
+    assert not any(b.go.others for b in rules.branches if b.go is not None)

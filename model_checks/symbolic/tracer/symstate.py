@@ -375,11 +375,16 @@ class KindOf:
     net: SymNet
 
 
+class OtherRead(TraceError):
+    """An action read another request than the acting one: a finite encoding traces it
+    again on the world of every request (``trace._trace``)."""
+
+
 class Others:
     """The requests other than the acting one: read only through pool helpers."""
 
     def __getattr__(self, name: str) -> Any:
-        raise TraceError(f"another request's field {name!r} read (use a pool helper)")
+        raise OtherRead(f"another request's field {name!r} read (use a pool helper)")
 
 
 OTHERS = Others()

@@ -6,7 +6,8 @@ encodings consume) that runs ``spec.actions.ACTIONS[name].fn`` on a ``World`` of
 path oracle, which replays the decisions of the path being traced and queues the other
 side (depth first). Each run ends in ``NOT_ENABLED``, a refusal naming its property, or
 a successor; the path's decisions are its condition (paths are disjoint by
-construction), the successor's changed fields its effect.
+construction), the successor's changed fields its effect. An action that reads another
+request is traced again on every request (a finite encoding's: ``Go.others``).
 
 While an action runs, the spec's primitives on messages and pools (``spec.common``:
 ``send``, ``take``, ``drop_chunks``, ``chunks_in_flight``, ``used_*``,
@@ -243,11 +244,6 @@ def sym_world(x: Ctx, reqs: tuple[Any, ...]) -> World:
     return World(reqs=reqs, **glob, **_WORLD_FIXED)
 
 
-def _world(x: Ctx, r: RV | None) -> World:
-    """The acting request ``r`` in slot 0 (none for a global action), then the others."""
-    return sym_world(x, (S.OTHERS,) if r is None else (sym_req(r), S.OTHERS))
-
-
 def _unwrap(x: Ctx, f: str, v: Any) -> Any:
     if isinstance(v, (S.Landed, S.RMask)):
         return v.t
@@ -293,21 +289,27 @@ def _fixed(w: World, r: Any) -> None:
             raise S.TraceError(f"the successor sets {f}, which the encodings leave out")
 
 
-def _effect(x: Ctx, w0: World, w: World, view: RV | None) -> Go:
+def _effect(x: Ctx, w0: World, w: World, views: tuple[Any, ...], at: int) -> Go:
+    """``w0`` to ``w`` as a ``Go`` of the acting request (slot ``at`` of ``views``: the
+    world's requests, None where the ``Ctx`` summarises them); others' in ``Go.others``."""
     last: Any = w.reqs[-1]
-    if len(w.reqs) != len(w0.reqs) or last is not S.OTHERS:
+    if len(w.reqs) != len(w0.reqs) or (last is S.OTHERS) != (views[-1] is None):
         raise S.TraceError("the successor changes another request")
     glob = _changed(x, _GFIELDS, w0, w, x)
-    if len(w.reqs) == 1:
+    gos: dict[int, Go] = {}
+    for j, (r0, r, view) in enumerate(zip(w0.reqs, w.reqs, views, strict=True)):
+        if view is None:
+            continue
+        _fixed(w, r)
+        net = r.net
+        if not isinstance(net, S.SymNet):
+            raise S.TraceError("messages not built by spec.common's helpers")
+        gos[j] = Go(_changed(x, _RFIELDS, r0, r, view), {}, net.ops)
+    if not gos:
         _fixed(w, None)
         return Go({}, glob, ())
-    r0, r = w0.reqs[0], w.reqs[0]
-    _fixed(w, r)
-    req = _changed(x, _RFIELDS, r0, r, view)
-    net = r.net
-    if not isinstance(net, S.SymNet):
-        raise S.TraceError("the successor's messages are not built by spec.common's helpers")
-    return Go(req, glob, net.ops)
+    me = gos.pop(at)
+    return Go(me.req, glob, me.net, {j: g for j, g in gos.items() if g.req or g.net})
 
 
 def _k(v: Any) -> Any:
@@ -348,15 +350,27 @@ def trace(name: str, x: Ctx, r: RV | None, a: Msg | None = None) -> Rules:
 
 
 def _trace(name: str, x: Ctx, r: RV | None, a: Msg | None) -> Rules:
+    """``r`` in slot 0, the others summarised by the ``Ctx``; where the action reads
+    another (``OtherRead``), on every request of ``Ctx.views``, ``r`` at its own slot."""
+    try:
+        return _trace_on(name, x, (None,) if r is None else (r, None), 0, a)
+    except S.OtherRead:
+        views, at = x.views(), getattr(getattr(r, "net", None), "i", None)
+        if r is None or views is None or not isinstance(at, int):
+            raise
+        return _trace_on(name, x, tuple(r if j == at else v for j, v in enumerate(views)), at, a)
+
+
+def _trace_on(name: str, x: Ctx, views: tuple[Any, ...], at: int, a: Msg | None) -> Rules:
     _EQ_MEMO.clear()
     fn = ACTIONS[name].fn
     rules = Rules(name, disjoint=True)
     with _symbolic(x):
-        w0 = _world(x, r)
+        w0 = sym_world(x, tuple(S.OTHERS if v is None else sym_req(v) for v in views))
         c = SymConfig(x)
         arg: Any = 0 if a is None else S.SymMsg(a.kind, S.lift(a.e), S.lift(a.i), S.lift(a.inc))
         m = x.m
-        for lits, out in paths(lambda: fn(w0, c, m, 0, arg)):  # type: ignore[arg-type]
+        for lits, out in paths(lambda: fn(w0, c, m, at, arg)):  # type: ignore[arg-type]
             cond = A(*lits)
             if out is None or cond is False:
                 continue
@@ -364,7 +378,7 @@ def _trace(name: str, x: Ctx, r: RV | None, a: Msg | None) -> Rules:
                 if out.prop is not None:
                     rules.branches.append(Branch(cond, f"refuse {out.prop}", None))
                 continue
-            rules.branches.append(Branch(cond, "go", _effect(x, w0, out, r)))
+            rules.branches.append(Branch(cond, "go", _effect(x, w0, out, views, at)))
     return rules
 
 
