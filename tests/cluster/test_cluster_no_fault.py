@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from refimpl.cluster.router import ClusterConfig, run_cluster
 from refimpl.cluster.workload import ModelSpec
 from tests.cluster.test_cluster_run import _alive
@@ -45,4 +47,20 @@ def test_a_run_cut_by_its_deadline_gives_back_every_block(tmp_path: Path) -> Non
     assert j["unreported_workers"] == []
     assert j["leaked_blocks"] == 0 and set(j["held_by"].values()) == {0}, j["held_by"]
     assert j["integrity_errors"] == []
+    assert j["conforms"] is True, j["violations"]
+
+
+@pytest.mark.nightly
+def test_the_corpus_commands_at_full_size(tmp_path: Path) -> None:
+    """The hostile corpus's two commands as it ran them: 16 requests at block size 1 with
+    64 in flight (every one conforms), and 400 requests cut by a 2 s deadline (0 held)."""
+    full = ClusterConfig(
+        requests=16, max_inflight=64, model=ModelSpec(block_size=1),
+        log_dir=str(tmp_path / "a"), deadline_s=600.0,
+    )  # fmt: skip
+    j = run_cluster(full).to_json()
+    assert j["ok"] is True and j["conforms"] is True, j["violations"]
+    cut = ClusterConfig(requests=400, deadline_s=2.0, log_dir=str(tmp_path / "b"))
+    j = run_cluster(cut).to_json()
+    assert j["requests"]["lost"] > 0 and j["leaked_blocks"] == 0, j["held_by"]
     assert j["conforms"] is True, j["violations"]
