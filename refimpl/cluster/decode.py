@@ -45,14 +45,16 @@ from refimpl.cluster.ends import (
     await_reply,
     channel_proc,
     decode_end,
+    held,
     pack,
     rank_kv,
+    room,
     sent_bytes,
     serve_attend,
     unpack,
 )
 from refimpl.cluster.link import RAW_TAG, Link, is_link_message
-from refimpl.cluster.worker import Base, WorkerArgs, proc_name
+from refimpl.cluster.worker import CLOSE_WAIT, Base, WorkerArgs, proc_name
 from refimpl.errors import CapacityError
 from refimpl.model import PagedKV
 
@@ -70,6 +72,7 @@ class Pending:
     first: int
     steps: int
     cancel_step: int | None
+    tokens: int  # the prompt's and its decode room: what the attempt reserves
     deadline: float = 0.0  # set at DecodeReserve
     t_ready: float = 0.0
 
@@ -130,15 +133,15 @@ class DecodeWorker(Base):
     # ------------------------------------------------------------------ handoff
     def on_handoff(self, m: Message) -> None:
         rid = m["rid"]
-        if self.prefill_down or rid in self.running or rid in self.stores:
-            return  # its sender is gone (the router fails the request), or a duplicate
+        ended = self.closing is not None or rid in self.running or rid in self.stores
+        if self.prefill_down or ended:
+            return  # its sender is gone (the router fails it), the run's end, or a duplicate
         if rid in self.pending and not self.rx.state(rid).final:
             self.end(rid, "superseded by a newer attempt")
         self.forget(rid)
-        cs = m.get("cancel_step")
-        p = Pending(
-            int(m["epoch"]), int(m["first"]), int(m["steps"]), None if cs is None else int(cs)
-        )
+        cs, n, steps = m.get("cancel_step"), m.get("tokens"), int(m["steps"])
+        p = Pending(int(m["epoch"]), int(m["first"]), steps, None if cs is None else int(cs),
+                    n + steps + 1 if type(n) is int else 0)  # fmt: skip
         self.rx.expect(rid, decode_room=p.steps + 1, epoch=p.epoch)  # older attempts' words: void
         self.pending[rid] = p
 
@@ -148,6 +151,8 @@ class DecodeWorker(Base):
         moved = False
         for rid in list(self.pending):
             p, was = self.pending[rid], self.rx.state(rid)
+            if was is State.WAITING and not room(self.alloc, p.tokens, self.spec.block_size):
+                continue  # its manifest stays unread until a request here gives back room
             moved |= self.rx.poll(rid) > 0
             now = self.rx.state(rid)
             if was is State.WAITING and now is not State.WAITING and now is not State.REFUSED:
@@ -327,6 +332,26 @@ class DecodeWorker(Base):
             r.cancelled = True
 
     # ------------------------------------------------------------------ the router
+    def on_shutdown(self, m: Message) -> None:
+        """The run is over (its deadline too): a decoding request is cancelled, a reserved
+        one times out, one not reserved is dropped; the bye waits (``settled``, bounded)
+        for their blocks (issue #34: decode said bye holding its decoding requests')."""
+        self.poll_handoffs()
+        for r in list(self.running.values()):
+            if not r.cancelled:
+                self.event("ClientCancel", r.rid)
+            self.event("DecodeAbort", r.rid)
+            self.finish(r.rid)
+        for rid in list(self.pending):
+            self.forget(rid) if self.rx.state(rid) is State.WAITING else self.end(rid, "run ended")
+        for rid in list(self.stores):
+            self.finish(rid)
+        self.link.flush()
+        self.begin_close(CLOSE_WAIT if self.leader else 1)
+
+    def settled(self) -> bool:
+        return not self.pending and not self.running and held(self.alloc) == 0
+
     def on_dead(self, m: Message) -> None:
         self.learned(m)
         self.dead.add(m["who"])

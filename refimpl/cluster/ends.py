@@ -105,6 +105,15 @@ def held(alloc: BlockAllocator) -> int:
     return int(c["reserved"] + c["owned"] + c["quarantined"])
 
 
+def room(alloc: BlockAllocator, tokens: int, block_size: int) -> bool:
+    """Room for an attempt of ``tokens`` (its prompt and its decode steps), or never enough.
+    A decode without room leaves the handoff waiting, as the engines' do (EVENTLOG.md),
+    instead of a Nack no request's log can explain (issue #34: its one-request config's
+    pool always has room for it)."""
+    need = sm.blocks_needed(tokens, block_size)
+    return alloc.num_free >= need or need > alloc.capacity
+
+
 def sent_bytes(geometry: KVGeometry, blocks: int) -> int:
     """Payload bytes of ``blocks`` blocks of every rank of ``geometry``."""
     return blocks * geometry.rank_pool_geometry().block_bytes * geometry.tp

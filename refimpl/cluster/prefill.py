@@ -170,7 +170,7 @@ class PrefillWorker(Base):
         for j in range(self.a.decode_tp):  # every decode rank of the worker expects it
             self.ch.send(
                 proc_name("decode", k, j), "handoff", rid=r.rid, epoch=r.epoch, first=r.first,
-                steps=r.steps, cancel_step=r.cancel_step,
+                steps=r.steps, cancel_step=r.cancel_step, tokens=len(r.prompt),
             )  # fmt: skip
         r.phase, r.deadline = "await_ready", self.now() + self.a.ready_wait_s
         if r.decode in self.dead:
