@@ -5,16 +5,15 @@ encodings consume) that runs ``spec.actions.ACTIONS[name].fn`` on a ``World`` of
 ``symstate`` stand-ins, once per path: every ``bool()`` of a symbolic condition asks the
 path oracle, which replays the decisions of the path being traced and queues the other
 side (depth first). Each run ends in ``NOT_ENABLED``, a refusal naming its property, or
-a successor; the path's decisions are its condition (paths are disjoint by
-construction), the successor's changed fields its effect. An action that reads another
-request is traced again on every request (a finite encoding's: ``Go.others``).
+a successor; the path's decisions are its condition (disjoint by construction), the
+successor's changed fields its effect; one reading another request, on each (``Go.others``).
 
 While an action runs, the spec's primitives on messages and pools (``spec.common``:
 ``send``, ``take``, ``drop_chunks``, ``chunks_in_flight``, ``used_*``,
 ``admit_possible``, ``full_chunks``, ``full_ranks``, ``landed_at``, ``landed_chunks``;
 ``spec.state``'s ``msg*``; ``spec.behaviours.slots.slot_free``) are rebound, in every
-module of ``spec`` that imports them, to their symbolic meaning over the ``Ctx``.
-Nothing else of the spec is written again here.
+module of ``spec`` that imports them, to their symbolic meaning over the ``Ctx`` (nothing
+else of the spec is written again here).
 
 A path decides each condition once: a condition already decided on the path, and
 ``x == k`` for an ``x`` whose value (or an excluded value) the path fixed, fold.
@@ -154,8 +153,7 @@ _SYMBOLIC: dict[Any, Any] = {
     common.used_d: _pool("used_d"),
     common.admit_possible: _pool("admit_possible"),
     common.prefix_refs: lambda w: S.lift(_ctx().refs()),
-    # the domains define the pools by the replicas' count themselves (FCtx.used_p, ...)
-    properties.pools_recounted: lambda w, c: True,
+    properties.pools_recounted: lambda w, c: True,  # the domains count pools by replicas
     host_cache.host_pins: lambda w: S.lift(_ctx().host_pins()),
     common.full_chunks: lambda c, hit: S.Full(hit),
     common.full_ranks: lambda c: S.Full(None),
