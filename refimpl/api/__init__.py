@@ -21,15 +21,49 @@ wait on or cancel. ``HostTier`` is the host's prefix cache on the same chunk key
 (``Kept``: the chunks held; a longer prompt hits a shorter one's chunks there too).
 """
 
-from refimpl.api.disk import DiskTier, Stored
-from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.handoff import Handoff, HandoffResult, handoff
-from refimpl.api.offload import begin_offload, begin_reload, offload, reload
-from refimpl.api.receiver import Received, Receiver
-from refimpl.api.sender import Sender
-from refimpl.api.tokens import read_kv, write_kv, write_kv_layer
-from refimpl.api.wire import Channels, State, channels
-from refimpl.tiers.host import HostTier, Kept
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names load on first use (PEP 562), so importing one module of the package
+# (``refimpl.api.geometry``, say, as ``refimpl.tiers`` does) runs no other: the package
+# holds no import cycle through this file (tests/architecture/test_layout.py).
+_WHERE = {
+    "DiskTier": "refimpl.api.disk",
+    "Stored": "refimpl.api.disk",
+    "KVGeometry": "refimpl.api.geometry",
+    "ModelIdentity": "refimpl.api.geometry",
+    "Handoff": "refimpl.api.handoff",
+    "HandoffResult": "refimpl.api.handoff",
+    "handoff": "refimpl.api.handoff",
+    "begin_offload": "refimpl.api.offload",
+    "begin_reload": "refimpl.api.offload",
+    "offload": "refimpl.api.offload",
+    "reload": "refimpl.api.offload",
+    "Received": "refimpl.api.receiver",
+    "Receiver": "refimpl.api.receiver",
+    "Sender": "refimpl.api.sender",
+    "read_kv": "refimpl.api.tokens",
+    "write_kv": "refimpl.api.tokens",
+    "write_kv_layer": "refimpl.api.tokens",
+    "Channels": "refimpl.api.wire",
+    "State": "refimpl.api.wire",
+    "channels": "refimpl.api.wire",
+    "HostTier": "refimpl.tiers.host",
+    "Kept": "refimpl.tiers.host",
+}
+
+if TYPE_CHECKING:
+    from refimpl.api.disk import DiskTier, Stored
+    from refimpl.api.geometry import KVGeometry, ModelIdentity
+    from refimpl.api.handoff import Handoff, HandoffResult, handoff
+    from refimpl.api.offload import begin_offload, begin_reload, offload, reload
+    from refimpl.api.receiver import Received, Receiver
+    from refimpl.api.sender import Sender
+    from refimpl.api.tokens import read_kv, write_kv, write_kv_layer
+    from refimpl.api.wire import Channels, State, channels
+    from refimpl.tiers.host import HostTier, Kept
 
 __all__ = [
     "Channels",
@@ -55,3 +89,16 @@ __all__ = [
     "HostTier",
     "Kept",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'refimpl.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
