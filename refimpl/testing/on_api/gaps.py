@@ -1,7 +1,8 @@
 """Where the API leaves the spec: every divergence class the tour on the API finds
 (``tour.gap_of``), with its reason. A gap is a finding, not an excuse: each names either
 an API bug (the API must change) or a spec question (the spec may be too strict for a
-revocable transport). The table is empty: the tour on the API covers every edge of its
+revocable transport). Outside the streamed worlds and ``host_cache_warm`` (a DiskTier
+finds bad bytes earlier than the spec) the tour on the API covers every edge of its
 worlds with no divergence (``tests/fuzz/test_api_tour.py`` asserts it stays so, and
 ``kvown fuzz --tour --impl api`` prints a new class as "new").
 
@@ -30,7 +31,26 @@ _LAYER_CHUNKS = (
     "every layer, sent once every layer was given (spec/stream/layers.py)",
 )
 
+_READ_EARLY = (
+    SPEC_QUESTION,
+    "a DiskTier load verifies each block as its I/O thread reads it (HostLoadCopy); the "
+    "spec finds unreadable bytes only at HostLoadFail. So a copy damaged after a load "
+    "read and verified every block is committed (its blocks hold verified bytes: the "
+    "spec's HostLoadCommit refuses, NoPartialUse), and a load whose read failed, then "
+    "cancelled by the engine (PrefillQuiesce), unpublishes the bad copy as HostLoadFail "
+    "would (the spec leaves it published and bad). Safe both ways; the spec's hc_bad is "
+    "the copy's, not the load's (on_api/worlds/host_cache.py)",
+)
+
 GAPS: dict[str, tuple[str, str]] = {
+    # the shared host cache on a DiskTier (host_cache_warm: EnvLoadFail)
+    **{
+        f"state differs at HostLoadFail ({f}p{st})": _READ_EARLY
+        for f in ("", "hc, ", "hc, hc_bad, hc_hl, ")
+        for st in ("", ", st")
+    },
+    "state differs at PrefillQuiesce (hc)": _READ_EARLY,
+    "state differs at PrefillQuiesce (hc, hc_bad, hc_hl)": _READ_EARLY,
     # streamed worlds (Config.layers, on_api/worlds/streamed.py)
     "state differs at PrefillRecvReady (net)": _LAYER_CHUNKS,
     "state differs at PrefillSendLayer (net)": _LAYER_CHUNKS,
