@@ -9,7 +9,7 @@ from model_checks.explicit.runner import check_mutant
 from refimpl.engine import Engine
 from refimpl.errors import OwnershipError
 from spec.actions import apply
-from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_STORE
+from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_READ_BAD, HK_STORE
 from spec.common import Refused
 from spec.config import CONFIGS
 from spec.properties import violated_safety
@@ -51,6 +51,8 @@ def _w(c: object, *steps: tuple[str, int]) -> World:
     return go(c.initial(), c, *steps)  # type: ignore[attr-defined]
 
 
+# r0's load reads its second block after the copy's bytes went bad: it found them out
+BAD = (*LOADED[:3], ("EnvLoadFail", 0), LOADED[3])
 RAN = (("PrefillAdmit", 0), ("PrefillRun", 0))  # r0 computed its KV (host_cache_store)
 BEGUN = (*RAN, ("HostStoreBegin", 0))
 OFF = ("disabled", None)
@@ -67,8 +69,13 @@ CASES = [
     ("HostLoadCommit", WARM, _w(WARM, *LOADED), 0, 0, {"st": PREFILLING, "hk": 0}),
     ("HostLoadCommit", WARM, _w(WARM, *LOADED[:3]), 0, 0, ("refused", "NoPartialUse")),
     ("HostLoadCommit", WARM, _w(WARM), 0, 0, OFF),
-    ("HostLoadFail", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, {"p": NONE, "hk": 0}),
+    ("HostLoadCommit", WARM, _w(WARM, *BAD), 0, 0, ("refused", "NoPartialUse")),  # read bad
+    ("HostLoadCommit", WARM, _w(WARM, *LOADED, ("EnvLoadFail", 0)), 0, 0, {"st": PREFILLING}),
+    ("HostLoadCopy", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, {"hk": HK_READ_BAD}),
+    ("HostLoadCopy", WARM, _w(WARM, *LOADED[:2], ("EnvLoadFail", 0), LOADED[2]), 0, 0, OFF),
+    ("HostLoadFail", WARM, _w(WARM, *BAD), 0, 0, {"p": NONE, "hk": 0, "gl": 0}),
     ("HostLoadFail", WARM, _w(WARM, *LOADED[:3]), 0, 0, OFF),  # the bytes read fine
+    ("HostLoadFail", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, OFF),  # not read yet
     ("EnvLoadFail", WARM, _w(WARM), 0, 0, {"hk": 0}),
     ("EnvLoadFail", WARM, _w(WARM, ("EnvLoadFail", 0)), 0, 0, OFF),  # already unreadable
     ("HostStoreBegin", STORE, _w(STORE, *RAN), 0, 0, {"hk": HK_STORE, "p": COMPLETE}),
@@ -113,7 +120,8 @@ def test_a_delete_is_two_phases_and_waits_for_the_pins() -> None:
 
 
 def test_a_failed_load_gives_back_its_blocks_and_turns_the_hit_into_a_miss() -> None:
-    w = go(WARM.initial(), WARM, *LOADED[:3], ("EnvLoadFail", 0))
+    w = go(WARM.initial(), WARM, *BAD)
+    assert (w.reqs[0].hk, w.reqs[0].gl, w.hc) == (HK_READ_BAD, WARM.blocks, COMPLETE)
     assert refused(w, WARM, "HostLoadCommit") == "NoPartialUse"  # never reported loaded
     w = go(w, WARM, ("HostLoadFail", 0))
     r = w.reqs[0]
@@ -138,6 +146,15 @@ def test_an_ended_request_lets_go_of_its_pin() -> None:
     assert w.reqs[0].hk == HK_LOAD
     w = go(w, WARM, ("PrefillQuiesce", 0))
     assert w.hc_pin == 0 and w.reqs[0].p == NONE and w.reqs[0].hk == 0
+    assert w.hc == COMPLETE  # its load read good bytes: the copy stays published
+
+
+def test_a_load_cancelled_after_it_read_bad_bytes_unpublishes_the_copy() -> None:
+    w = go(WARM.initial(), WARM, ("HostLookup", 1), *BAD, ("ClientCancel", 0))
+    w = go(w, WARM, ("PrefillQuiesce", 0))  # the reader learned the copy is bad, as a fail
+    assert (w.reqs[0].hk, w.hc_pin, w.hc, w.hc_bad) == (0, 1, QUARANTINED, True)  # a miss now
+    cold = go(WARM.initial(), WARM, ("EnvLoadFail", 0), ("HostLookup", 0), ("ClientCancel", 0))
+    assert go(cold, WARM, ("PrefillQuiesce", 0)).hc == COMPLETE  # nothing read: not known bad
 
 
 @pytest.mark.parametrize(
@@ -145,7 +162,7 @@ def test_an_ended_request_lets_go_of_its_pin() -> None:
     [
         (WARM, (("HostLookup", 0), ("HostEvict", 0)), "HostFree", "NoReuseUnderIO"),
         (WARM, (("HostEvict", 0),), "HostLookup", "PublishAfterCommit"),
-        (WARM, (*LOADED[:3], ("EnvLoadFail", 0), *LOADED[3:]), "HostLoadCommit", "NoPartialUse"),
+        (WARM, BAD, "HostLoadCommit", "NoPartialUse"),
     ],
 )
 def test_the_engine_refuses_as_the_spec_and_changes_nothing(
@@ -172,7 +189,7 @@ def test_the_engine_refuses_as_the_spec_and_changes_nothing(
         ("reload_consumes_shared", 6),
         ("publish_before_commit", 4),
         ("late_completion_publishes", 5),
-        ("failed_load_counted_loaded", 4),
+        ("failed_load_counted_loaded", 5),
         ("failed_load_keeps_hit", 1),
     ],
 )
