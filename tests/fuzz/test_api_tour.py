@@ -36,16 +36,13 @@ def test_no_divergence_class_is_left_named_but_the_streamed_layer_chunks() -> No
     """Every gap the tour on the API found in the handoff worlds is closed (issue #30): a
     new one is a failure of the tour tests below, not an entry here. Left: the streamed
     world's two (the API's chunk is one layer, the spec's every layer of a block), which
-    tests/behaviours/test_stream.py pins as the only divergences of stream_one, and the
-    shared host cache's early read of bad bytes (host_cache_warm: a DiskTier verifies as
-    it reads; tests/library/tours/test_api_tour_host_cache.py)."""
-    streamed = {
+    tests/behaviours/test_stream.py pins as the only divergences of stream_one. The shared
+    host cache's early read of bad bytes is closed: the spec's load reads the copy at each
+    HostLoadCopy (tests/library/tours/test_api_tour_host_cache.py)."""
+    assert set(GAPS) == {
         "state differs at PrefillRecvReady (net)",
         "state differs at PrefillSendLayer (net)",
     }
-    assert streamed <= set(GAPS)
-    early = {k for k in set(GAPS) - streamed if GAPS[k][1].startswith("a DiskTier load")}
-    assert set(GAPS) == streamed | early and len(early) == 8
 
 
 def test_the_closed_graph_has_no_eager_step_left_and_its_walks_take_every_edge() -> None:

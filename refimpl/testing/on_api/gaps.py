@@ -1,10 +1,9 @@
 """Where the API leaves the spec: every divergence class the tour on the API finds
 (``tour.gap_of``), with its reason. A gap is a finding, not an excuse: each names either
 an API bug (the API must change) or a spec question (the spec may be too strict for a
-revocable transport). Outside the streamed worlds and ``host_cache_warm`` (a DiskTier
-finds bad bytes earlier than the spec) the tour on the API covers every edge of its
-worlds with no divergence (``tests/fuzz/test_api_tour.py`` asserts it stays so, and
-``kvown fuzz --tour --impl api`` prints a new class as "new").
+revocable transport). Outside the streamed worlds the tour on the API covers every
+edge of its worlds with no divergence (``tests/fuzz/test_api_tour.py`` asserts it stays
+so, and ``kvown fuzz --tour --impl api`` prints a new class as "new").
 
 Closed (issue #30): the Receiver heard of a request's end only through ``abort`` (API
 bug: ``Receiver.end``, a manifest of an ended request is refused with a nack alone and
@@ -15,7 +14,10 @@ manifest (spec: DecodeAbort fences and frees at once where writes can be revoked
 DecodeReject refuses a HandoffBadManifest at intake); a ranked Sender's abort left its
 chunks in flight (API bug: ``wire.revoke``, the spec's flush at PrefillTimeout); the
 Receiver answered a sender's abort with a nack to the very ranks that sent it (API bug:
-only the sibling ranks that have not aborted are told).
+only the sibling ranks that have not aborted are told); a DiskTier checks each block
+as its I/O thread reads it while the spec found bad bytes only at HostLoadFail (spec: a
+load's HostLoadCopy reads the copy as it is then and carries its own "read bad bytes"
+fact; only such a load fails, and its end, a fail or a cancel, unpublishes the copy).
 """
 
 from __future__ import annotations
@@ -31,26 +33,7 @@ _LAYER_CHUNKS = (
     "every layer, sent once every layer was given (spec/stream/layers.py)",
 )
 
-_READ_EARLY = (
-    SPEC_QUESTION,
-    "a DiskTier load verifies each block as its I/O thread reads it (HostLoadCopy); the "
-    "spec finds unreadable bytes only at HostLoadFail. So a copy damaged after a load "
-    "read and verified every block is committed (its blocks hold verified bytes: the "
-    "spec's HostLoadCommit refuses, NoPartialUse), and a load whose read failed, then "
-    "cancelled by the engine (PrefillQuiesce), unpublishes the bad copy as HostLoadFail "
-    "would (the spec leaves it published and bad). Safe both ways; the spec's hc_bad is "
-    "the copy's, not the load's (on_api/worlds/host_cache.py)",
-)
-
 GAPS: dict[str, tuple[str, str]] = {
-    # the shared host cache on a DiskTier (host_cache_warm: EnvLoadFail)
-    **{
-        f"state differs at HostLoadFail ({f}p{st})": _READ_EARLY
-        for f in ("", "hc, ", "hc, hc_bad, hc_hl, ")
-        for st in ("", ", st")
-    },
-    "state differs at PrefillQuiesce (hc)": _READ_EARLY,
-    "state differs at PrefillQuiesce (hc, hc_bad, hc_hl)": _READ_EARLY,
     # streamed worlds (Config.layers, on_api/worlds/streamed.py)
     "state differs at PrefillRecvReady (net)": _LAYER_CHUNKS,
     "state differs at PrefillSendLayer (net)": _LAYER_CHUNKS,

@@ -9,10 +9,14 @@ checks: before each block read, before the file written, before the renames):
                      PublishAfterCommit)
     HostLoadBegin    ``reload_async(prefix=the lookup's, stepper=)``: the device blocks
                      RESERVED, the I/O thread waits before block 0
-    HostLoadCopy     the thread reads and verifies one block (``Stepper.step``)
-    HostLoadCommit   ``Transfer.poll``: committed (a load still reading: NoPartialUse)
-    HostLoadFail     the thread runs on to its end (the bad block), ``poll``: a
-                     ``MissError``, the blocks given back, the chunk unpublished
+    HostLoadCopy     the thread reads and verifies one block (``Stepper.step``); a block
+                     that fails its checksum ends the thread, the load's ``Prefix.bad``
+                     set (the spec's HK_READ_BAD: the load's fact, not the copy's)
+    HostLoadCommit   ``Transfer.poll``: committed (a load still reading, or one whose
+                     read failed: NoPartialUse)
+    HostLoadFail     a load whose read failed: ``poll``, a ``MissError``, the blocks
+                     given back, the chunk unpublished (a cancel of it, at the request's
+                     quiesce, unpublishes it too)
     HostStoreBegin   ``offload_async(stepper=)``: the blocks pinned, the temp file written
                      (the eager ``HostStoreCopy``), the thread waits before the renames
     HostPublish      the thread renames, ``poll``: the pin dropped
@@ -20,8 +24,9 @@ checks: before each block read, before the file written, before the renames):
                      cancel waits for the writer (the eager ``HostLateComplete``)
     HostEvict        ``tier.remove``: lookups miss at once; the file goes at its last
                      reader (the eager ``HostFree``)
-    EnvLoadFail      the copy's last block damaged in place on disk (one byte flipped:
-                     its checksum fails; the header still checks, so lookups still hit)
+    EnvLoadFail      the copy's blocks damaged in place on disk (one byte of each
+                     flipped: every read of the copy fails its checksum, the spec's
+                     hc_bad; the header still checks, so lookups still hit)
 
 The refinement map (``refimpl.api.abstract.host_cache_part``) reads the tier (a lookup,
 the pins, the temp files, the bytes against their checksums) and the engine's handles.
@@ -41,7 +46,7 @@ from refimpl.api.offload import offload, offload_async, reload_async
 from refimpl.engine.data import RankPools
 from refimpl.errors import MissError, OwnershipError
 from refimpl.tiers.transfer import Stepper, Transfer
-from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_STORE
+from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_READ_BAD, HK_STORE
 from spec.config import Config
 from spec.state import COMPLETE, FILLING, PREEMPTED, PREFILLING, QUEUED, RUNNING
 
@@ -113,7 +118,8 @@ class HostCacheActions:
         if self.look[i] is not None:
             return {"hk": HK_HIT}
         if (m := self.loads[i]) is not None:
-            return {"hk": HK_LOAD, "gl": m[1].passed, "p": FILLING}
+            hk = HK_READ_BAD if m[2].bad is not None else HK_LOAD  # its read failed
+            return {"hk": hk, "gl": m[1].passed, "p": FILLING}
         if self.store is not None and self.store[0] == i:
             return {"hk": HK_STORE, "p": COMPLETE, "mv": self.mv[i]}  # read-only: pinned
         return {"mv": self.mv[i]} if self.c.host_cache else {}
@@ -149,8 +155,9 @@ class HostCacheActions:
 
     def quiesce_cache(self, i: int) -> None:
         """An ended request lets go: its lookup closed, its load cancelled (a finished
-        one's result stands: its blocks are then freed with the rest); a store it feeds
-        must end first."""
+        one's result stands: its blocks are then freed with the rest; one whose read
+        failed unpublishes the bad chunk as it settles); a store it feeds must end
+        first."""
         if self.store is not None and self.store[0] == i:
             raise OwnershipError(f"{self.rid(i)}: a store reads its blocks", prop="NoReuseUnderIO")
         if (p := self.look[i]) is not None:
@@ -199,8 +206,10 @@ class HostCacheActions:
         self._need(self._load(i)[1].step(), "every block read")
 
     def _HostLoadCommit(self, i: int, arg: int) -> None:
-        t, s, _ = self._load(i)
+        t, s, p = self._load(i)
         self._need(self.st[i] in _WAITING, "an ended request's load is not used")
+        if p.bad is not None:  # asked before poll, which would settle it (HostLoadFail)
+            raise OwnershipError(f"{self.rid(i)}: its load read bad bytes", prop="NoPartialUse")
         if s.parked or not t.poll():
             raise OwnershipError(f"{self.rid(i)}: its load is still reading", prop="NoPartialUse")
         self.loads[i] = None
@@ -211,17 +220,15 @@ class HostCacheActions:
         self.st[i] = PREFILLING
 
     def _HostLoadFail(self, i: int, arg: int) -> None:
-        t, s, _ = self._load(i)
-        while s.step():  # the thread reads on, to the bad block
-            pass
+        t, _, p = self._load(i)
+        self._need(p.bad is not None, "its reads found no bad bytes")
         self._need(t.poll(), "the load has not ended")
         self.loads[i] = None
         try:
             t.wait()
         except MissError:
             return
-        if self.st[i] in _WAITING:  # it verified every block: committed (gaps.py)
-            self.st[i] = PREFILLING
+        raise AssertionError(f"{self.rid(i)}: a load whose read failed was committed")
 
     def _HostStoreBegin(self, i: int, arg: int) -> None:
         tier = self._cache()
@@ -266,7 +273,7 @@ class HostCacheActions:
         tier = self._cache()
         ok = "load_fail" in self.c.fault_kinds and self.faults < self.c.faults
         self._need(ok and tier.path(self.key).exists(), "no fault left or no copy")
-        damage_last_block(tier, self.key)
+        damage_blocks(tier, self.key, self.c.blocks)
         self.faults += 1
 
     def cache_snapshot(self) -> object:
@@ -284,16 +291,18 @@ class HostCacheActions:
         return MODEL
 
 
-def damage_last_block(tier: DiskTier, key: str) -> None:
-    """Flip one byte of the last block of ``key``'s file, in place (its readers' open
-    files see it): a read of that block fails its checksum."""
+def damage_blocks(tier: DiskTier, key: str, blocks: int) -> None:
+    """Flip one byte of each of the ``blocks`` blocks of ``key``'s file, in place (its
+    readers' open files see it): every read of the copy fails its checksum."""
     from refimpl.tiers.files import read_header
 
     with open(tier.path(key), "r+b") as f:
         h = read_header(f)
         e = h.entries["kv"]
-        at = h.data_start + e.end - 1  # the last byte of the last block
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0xFF]))
+        nbytes = (e.end - e.begin) // blocks
+        for k in range(blocks):
+            at = h.data_start + e.begin + (k + 1) * nbytes - 1  # the last byte of block k
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0xFF]))
