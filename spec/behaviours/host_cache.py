@@ -34,8 +34,10 @@ shares it): ``World.hc`` is its copy in host memory, ``Req.hk`` a request's role
   block as its I/O thread reads it, an LMCache-style chunk store each chunk): a copy
   step that reads while the copy is bad finds it out, and the load stops there
   (``HK_READ_BAD``: the load's own fact, not the copy's). Such a load is never reported
-  as loaded (``HostLoadCommit`` refuses it, NoPartialUse) and only it may fail:
-  ``HostLoadFail`` gives back the partly loaded GPU blocks and the pin, turns the hit
+  as loaded (``HostLoadCommit`` refuses it, NoPartialUse) and it may fail; so may a
+  load with a block left to read while the copy is bad (``HostLoadFail`` is then one
+  step that reads that block and finds it bad: logs say "load failed" without the
+  read). ``HostLoadFail`` gives back the partly loaded GPU blocks and the pin, turns the hit
   into a miss (unpublishes the copy: the next lookup misses) and leaves the request
   queued, to be computed again. A load that read every block before the bytes went bad
   read verified bytes: it commits. Whichever way a load that found bad bytes ends (its
@@ -161,10 +163,16 @@ def HostLoadCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 def HostLoadFail(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """A load that read unreadable bytes fails: the partly loaded blocks and the pin go
-    back, the hit becomes a miss (the copy is unpublished), the request is computed again."""
+    back, the hit becomes a miss (the copy is unpublished), the request is computed again.
+    Either its read already found the bytes bad (``HK_READ_BAD``), or this one step reads
+    the next block and finds it bad (the copy is bad and a block is left to read: a log
+    says "load failed" without the read that found it). A load that read every block
+    before the damage cannot fail: it commits."""
     r = w.reqs[i]
-    if not c.host_cache or not w.p_up or r.hk != HK_READ_BAD or r.p != FILLING:
+    if not c.host_cache or not w.p_up or r.hk not in HK_LOADING or r.p != FILLING:
         return NOT_ENABLED
+    if r.hk == HK_LOAD and (not w.hc_bad or r.gl >= c.blocks):
+        return NOT_ENABLED  # no read found bad bytes, and none is left that would
     if "failed_load_counted_loaded" in m:  # reported as loaded (dynamo #15079)
         return _pin(put(w, i, r._replace(st=PREFILLING, p=WRITABLE, gl=0, hk=0)), -1)
     w2 = _pin(put(w, i, r._replace(p=NONE, gl=0, hk=0)), -1)

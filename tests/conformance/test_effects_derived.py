@@ -41,7 +41,7 @@ def _once_and_twice(log: str, lines: int) -> tuple[str, str]:
 DOUBLE_FREES = {
     "DecodeRetract": ("fixed_retract_loses_kv.jsonl", 15),
     "SessionEvict": ("fixed_append_after_evict.jsonl", 16),
-    "HostLoadFail": ("fixed_failed_load_keeps_hit.jsonl", 7),
+    "HostLoadFail": ("fixed_failed_load_keeps_hit.jsonl", 6),
 }
 
 

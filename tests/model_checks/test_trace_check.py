@@ -68,7 +68,7 @@ EXPECTED: dict[str, tuple[int, str] | None] = {
     "bug_publish_before_commit.jsonl": (5, "PublishAfterCommit"),
     "bug_late_completion_publishes.jsonl": (7, "PublishAfterCommit"),
     "bug_failed_load_counted_loaded.jsonl": (7, "NoPartialUse"),
-    "bug_failed_load_keeps_hit.jsonl": (7, "PublishAfterCommit"),
+    "bug_failed_load_keeps_hit.jsonl": (6, "PublishAfterCommit"),
     # multi-turn append on decode (issue #22 item 5)
     "bug_append_after_evict.jsonl": (17, "NothingLost"),
     "bug_append_divergent_uncut.jsonl": (18, "ContentIdentity"),

@@ -161,8 +161,10 @@ class HostCacheActions(EnvActions):
 
     def HostLoadFail(self, req: int) -> None:
         i, r = req, self.req[req]
-        if not self.p_up or self.hk[i] != HK_READ_BAD or not r.reloading:
-            raise self._hc_ne("HostLoadFail", i)  # only a load that read bad bytes fails
+        if not self.p_up or self.hk[i] not in HK_LOADING or not r.reloading:
+            raise self._hc_ne("HostLoadFail", i)
+        if self.hk[i] == HK_LOAD and (r.loaded >= self.n or not self.hc_bad()):
+            raise self._hc_ne("HostLoadFail", i)  # else: this step reads the next block, bad
         if "failed_load_counted_loaded" in self.m:
             self._hc_loaded(i)  # the bug: reported loaded, the request runs on unread blocks
             return
