@@ -14,6 +14,7 @@ import pytest
 
 from refimpl.api.switches import FAILED_LOAD_KEEPS_HIT
 from refimpl.testing.harness import Divergence, Harness
+from refimpl.testing.on_api.actions import ApiRefusal
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.gaps import GAPS
 from refimpl.testing.on_api.tour import ApiHarness, api_report, gap_of, plan_api, run_api_tour
@@ -22,7 +23,7 @@ from spec.behaviours.host_cache import HK_READ_BAD
 from spec.state import COMPLETE, NONE, PREFILLING, QUARANTINED
 from tests.library.tours.tour_helpers import first_lines
 
-EDGES = {"host_cache_store": (121, 121), "host_cache_warm": (3625, 3625)}  # measured
+EDGES = {"host_cache_store": (121, 121), "host_cache_warm": (3801, 3801)}  # measured
 FAILED_LOAD = ["HostLookup", "EnvLoadFail", "HostLoadBegin", "HostLoadCopy"]  # it reads bad
 
 
@@ -118,3 +119,24 @@ def test_a_cancelled_load_that_read_bad_bytes_unpublishes_the_copy() -> None:
     s = h.impl
     assert h.w.hc in (QUARANTINED, NONE)  # unpublished (freed with its last reader)
     assert s.tier.lookup(s.gp, s.token_ids()) == 0  # type: ignore[attr-defined]  # a miss
+
+
+def test_a_fail_without_its_read_steps_the_io_thread_to_the_bad_block_then_polls() -> None:
+    h = _harness()
+    for name in ["HostLookup", "HostLoadBegin", "HostLoadCopy", "EnvLoadFail", "HostLoadFail"]:
+        h.step(name, _args(name))  # HostLoadFail: the second block's read fails, then poll
+        h.check_state()
+    s = h.impl
+    assert h.w.hc in (QUARANTINED, NONE) and h.w.reqs[0].p == NONE  # freed: no pin left
+    assert s.tier.lookup(s.gp, s.token_ids()) == 0  # type: ignore[attr-defined]  # a miss
+    assert not s.pp[0].alloc.blocks_of("r0")  # type: ignore[attr-defined]  # given back
+
+
+def test_a_load_that_read_every_block_before_the_damage_cannot_fail() -> None:
+    h = _harness()
+    for name in ["HostLookup", "HostLoadBegin", "HostLoadCopy", "HostLoadCopy", "EnvLoadFail"]:
+        h.step(name, _args(name))
+    before = h.impl.snapshot()
+    with pytest.raises(ApiRefusal):  # the spec: not enabled; nothing is read or settled
+        h.impl.step("HostLoadFail", {"req": 0})
+    assert h.impl.snapshot() == before

@@ -16,7 +16,8 @@ checks: before each block read, before the file written, before the renames):
                      read failed: NoPartialUse)
     HostLoadFail     a load whose read failed: ``poll``, a ``MissError``, the blocks
                      given back, the chunk unpublished (a cancel of it, at the request's
-                     quiesce, unpublishes it too)
+                     quiesce, unpublishes it too); a load whose reads found nothing
+                     bad yet: the thread steps to its next read (which fails), then poll
     HostStoreBegin   ``offload_async(stepper=)``: the blocks pinned, the temp file written
                      (the eager ``HostStoreCopy``), the thread waits before the renames
     HostPublish      the thread renames, ``poll``: the pin dropped
@@ -220,8 +221,12 @@ class HostCacheActions:
         self.st[i] = PREFILLING
 
     def _HostLoadFail(self, i: int, arg: int) -> None:
-        t, _, p = self._load(i)
-        self._need(p.bad is not None, "its reads found no bad bytes")
+        t, s, p = self._load(i)
+        if p.bad is None:  # one step: the I/O thread reads the next block, which fails
+            self._need(s.parked, "every block read, none found bad")
+            s.step()
+            if p.bad is None:
+                raise AssertionError(f"{self.rid(i)}: its next read found no bad bytes")
         self._need(t.poll(), "the load has not ended")
         self.loads[i] = None
         try:
