@@ -17,7 +17,8 @@ Receiver answered a sender's abort with a nack to the very ranks that sent it (A
 only the sibling ranks that have not aborted are told); a DiskTier checks each block
 as its I/O thread reads it while the spec found bad bytes only at HostLoadFail (spec: a
 load's HostLoadCopy reads the copy as it is then and carries its own "read bad bytes"
-fact; only such a load fails, and its end, a fail or a cancel, unpublishes the copy).
+fact; such a load fails, or a HostLoadFail that itself reads the next, bad block, and
+the end of a load that read bad bytes, a fail or a cancel, unpublishes the copy).
 """
 
 from __future__ import annotations
