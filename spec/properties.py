@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from spec.behaviours.async_steps import steps_drained, steps_held, steps_write_writable
 from spec.behaviours.decode_ranks import all_dst_ranks
 from spec.behaviours.host_cache import (
-    HK_LOAD,
+    HK_LOADING,
     host_io_ok,
     host_pins_exact,
     host_published_whole,
@@ -109,7 +109,7 @@ def no_reuse_under_io(w: World, c: Config) -> bool:
             return False
         if r.h == FILLING and r.p != COMPLETE:  # a store reads freed or live blocks
             return False
-        if r.p == FILLING and r.h not in (COMPLETE, FILLING) and r.hk != HK_LOAD:
+        if r.p == FILLING and r.h not in (COMPLETE, FILLING) and r.hk not in HK_LOADING:
             return False  # a load reads a freed copy
         if r.hk and not host_io_ok(w, r):  # the shared host cache (behaviours/host_cache)
             return False

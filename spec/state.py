@@ -179,7 +179,7 @@ class World(NamedTuple):
     hc_hl: int = 0  # blocks the current store attempt has written into that copy
     hc_pin: int = 0  # pins on the copy (lookup hits whose load has not completed)
     hc_late: int = 0  # completions of abandoned (older) store attempts still in flight
-    hc_bad: bool = False  # the copy's bytes are unreadable: every load of it fails
+    hc_bad: bool = False  # the copy's bytes are unreadable: a load that reads them fails
 
 
 _KEEP = object()  # "field not given" in the fast ``_replace`` below
@@ -245,7 +245,7 @@ def type_ok(w: World, n_blocks: int, src_tp: int, max_epoch: int) -> list[str]:
             ("rinc", 0 <= r.rinc <= w.d_inc),
             ("stg", 0 <= r.stg <= n_blocks),
             ("sl", r.sl in (0, 1)),
-            ("hk", 0 <= r.hk <= 3),
+            ("hk", 0 <= r.hk <= 4),
             ("tn/ti/tdv", 0 <= r.tn <= 2 and r.ti in (0, 1) and r.tdv in (0, 1)),
             ("tc", 0 <= r.tc <= 15),
             ("lay/cpy/inl/rdy", all(0 <= x <= 15 for x in (r.lay, r.cpy, r.inl, r.rdy))),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spec.behaviours.decode_failure import nothing_after_decode_failure
+from spec.behaviours.host_cache import HK_READ_BAD
 from spec.behaviours.identity import sent_staged
 from spec.behaviours.restarts import older_incarnation
 from spec.behaviours.slots import others_unchanged
@@ -141,9 +142,9 @@ def nothing_after_end(pre: World, name: str, i: int, arg: int, post: World, c: C
 
 def whole_reload(pre: World, name: str, i: int, arg: int, post: World, c: Config) -> bool:
     """NoPartialUse: a reload makes the GPU copy usable only once every block is back;
-    a load from the shared host cache, only once read from readable bytes."""
+    a load from the shared host cache, only if none of its reads found unreadable bytes."""
     for a, b in changed(pre, post):
-        if a.p == FILLING and b.p in _HELD and (a.gl != c.blocks or (a.hk and pre.hc_bad)):
+        if a.p == FILLING and b.p in _HELD and (a.gl != c.blocks or a.hk == HK_READ_BAD):
             return False
     return True
 

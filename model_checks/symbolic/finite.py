@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import z3
 
 from model_checks.symbolic.core import EQ, GLOBALS, IN, ITE, A, Ctx, Msg, N, NetView, O, Params, Z
-from spec.behaviours.host_cache import HK_HIT, HK_LOAD
+from spec.behaviours.host_cache import HK_PINNED
 from spec.config import Config
 from spec.state import (
     CHUNKS,
@@ -279,7 +279,7 @@ class FCtx(Ctx):
         if "hk" not in self.enc.fields:
             return 0
         s, one, z = self.s, self.num(1), self.num(0)
-        pinned = (IN(s[("r", i, "hk")], (HK_HIT, HK_LOAD)) for i in self._reqs())
+        pinned = (IN(s[("r", i, "hk")], HK_PINNED) for i in self._reqs())
         return z3.Sum(*(ITE(p, one, z) for p in pinned))
 
     def admit_possible(self) -> Z:

@@ -1,6 +1,7 @@
 """The API's part of the spec's state (``spec.state.Req``), read from real ends.
 
-``tier_part`` reads a request's offload/reload (``refimpl.api.offload``) and host copy.
+``tier_part`` reads a request's offload/reload (``refimpl.api.offload``) and host copy;
+``host_cache_part`` the shared host cache (a ``DiskTier``: the world's globals).
 ``sender_part(senders, rid, per_rank)`` reads the Senders of one request, one per prefill
 TP rank, and ``receiver_part(rx, rid, per_rank)`` the decode side's Receiver; each returns
 the ``Req`` fields it owns (the router's status, the messages in flight and the globals
@@ -36,15 +37,21 @@ end.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from refimpl.api.disk import DiskTier, Prefix
+from refimpl.api.geometry import KVGeometry
 from refimpl.api.handoff import Handoff
 from refimpl.api.intake import chunks_left
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.wire import State
 from refimpl.errors import ChecksumError, DecodeFailedError, ManifestError
+from refimpl.tiers.files import TEMP_SUFFIX, read_header
+from refimpl.tiers.kvio import checksum, read_into
+from refimpl.tiers.validate import TENSOR, parse_manifest
 from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
@@ -187,3 +194,63 @@ def _landed(a: Any, per_rank: int) -> tuple[int, int]:
             if all((r, j, k) in s.landed for k in range(s.num_layers)):
                 landed |= 1 << (r * per_rank + j)
     return landed, sum(1 << r for r in s.seals)
+
+
+def host_cache_part(
+    tier: DiskTier,
+    geometry: KVGeometry,
+    token_ids: Sequence[int],
+    readers: Sequence[Prefix],
+    storing: bool,
+) -> dict[str, Any]:
+    """The spec's shared host cache (``hc``, ``hc_hl``, ``hc_pin``, ``hc_late``,
+    ``hc_bad``: spec/behaviours/host_cache.py) from a ``DiskTier`` holding ``token_ids``
+    as one chunk; ``readers`` the lookups and loads the engine holds open, ``storing``
+    a store of the key in flight (its ``Transfer`` not settled).
+
+        hc      a store in flight FILLING; a lookup hits COMPLETE; else read (pinned)
+                QUARANTINED; else NONE (unlinked at its last reader: HostFree)
+        hc_hl   the copy's blocks once its temp file is written or it is visible or read
+        hc_pin  the tier's readers of the key (``DiskTier.pinned``)
+        hc_late 0: a cancelled store's writer is joined by the cancel itself
+        hc_bad  some block of the copy (the published file, else a reader's open one)
+                does not hash to its manifest's checksum"""
+    key, blocks = tier.key(geometry, token_ids), geometry.blocks_for(len(token_ids))
+    temp = any(n.endswith(TEMP_SUFFIX) for n in os.listdir(tier.directory))
+    if storing:
+        hc, hl = FILLING, blocks if temp else 0
+    elif tier.lookup(geometry, token_ids) == len(token_ids):
+        hc, hl = COMPLETE, blocks
+    elif tier.pinned(key):
+        hc, hl = QUARANTINED, blocks
+    else:
+        hc, hl = NONE, 0
+    bad = hc in (COMPLETE, QUARANTINED) and not _copy_whole(tier, key, readers)
+    return {"hc": hc, "hc_hl": hl, "hc_pin": tier.pinned(key), "hc_late": 0, "hc_bad": bad}
+
+
+def _copy_whole(tier: DiskTier, key: str, readers: Sequence[Prefix]) -> bool:
+    """Every block of ``key``'s copy hashes to its checksum (read with ``pread``: no
+    reader's file position moves)."""
+    try:
+        with open(tier.path(key), "rb") as f:
+            header = read_header(f)
+            return _blocks_whole(f, header, parse_manifest(header).block_checksums)
+    except FileNotFoundError:
+        pass
+    for p in readers:
+        for c in p.chunks:
+            if c.key == key and not c.file.closed:
+                return _blocks_whole(c.file, c.header, c.manifest.block_checksums)
+    return True
+
+
+def _blocks_whole(f: Any, header: Any, sums: Sequence[str]) -> bool:
+    e = header.entries[TENSOR]
+    n = (e.end - e.begin) // max(1, len(sums))
+    for i, want in enumerate(sums):
+        buf = bytearray(n)
+        read_into(f, header, TENSOR, [memoryview(buf)], offset=i * n)
+        if checksum([memoryview(buf)]) != want:
+            return False
+    return True

@@ -26,21 +26,19 @@ its header fits the file's size, the manifest parses (the strict parser), passes
 the tokens of that chunk at that position, names the chunk before it, and the tensor's
 dtype and shape are the manifest's; all of it before anything is allocated (a file's
 header is parsed once per version: device, inode, size, mtime, ctime; a stale entry could
-only name checksums the bytes must still match). Then every
-block must hash to its checksum while it is read, else the whole load is a ``Miss``, the
-blocks taken for it are given back and that chunk's file is unpublished (the next lookup
-stops before it instead of failing again).
+only name checksums the bytes must still match). Then every block must hash to its
+checksum while it is read, else the whole load is a ``Miss``, the blocks taken for it are
+given back and that chunk's file is unpublished (the next lookup stops before it).
 
-A reader pins what it reads (its files open from the lookup to the read's end); ``remove``
-of a key read here makes lookups miss it now, unlinks it after the last reader (HostEvict,
-HostFree). The files (temp name per writer, fsync, atomic rename, orphan sweep, regular
-files only) are ``refimpl.tiers.files``; a store's chunks are renamed in order once all
-are flushed: all or none, and a crash among the renames leaves a shorter stored prefix.
+A reader pins what it reads (``open_prefix``: files open to the read's end); ``remove``
+of a key read makes lookups miss it now, unlinks it after the last reader. The files
+(temp name per writer, fsync, atomic rename, orphan sweep, regular files only) are
+``refimpl.tiers.files``; a store's chunks are renamed in order once all are flushed: all
+or none, and a crash among the renames leaves a shorter stored prefix.
 
-In the spec's vocabulary: writing the temp files is ``PrefillOffloadCopy``, the renames
-``PrefillOffloadCommit`` (``PublishAfterCommit``); a load is ``PrefillReloadBegin`` /
-``Copy`` / ``Commit`` (a block counts only once verified: ``NoPartialUse``); a miss is the
-failed load that falls back to recompute.
+The spec's shared host cache (toured in ``refimpl/testing/on_api/worlds/host_cache.py``):
+``open_prefix`` HostLookup, temp files HostStoreCopy, renames HostPublish, ``remove``
+HostEvict (HostFree at the last reader), a bad block HostLoadFail (the hit unpublished).
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ from typing import Any
 import torch
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
+from refimpl.api.switches import FAILED_LOAD_KEEPS_HIT, TIER_SWITCHES, check_switches
 from refimpl.checksum import byte_view
 from refimpl.rankpools import RankPools
 from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chunk_spans, prefix_keys
@@ -110,8 +109,10 @@ class DiskTier:
         model: ModelIdentity,
         *,
         chunk_tokens: int = CHUNK_TOKENS,
+        mutants: Iterable[str] = (),  # bug switches (``api.switches.TIER_SWITCHES``): tests
     ) -> None:
         chunk_spans(0, chunk_tokens)  # ValueError unless an int >= 1
+        self.mutants = check_switches(mutants, TIER_SWITCHES, "DiskTier")
         self.directory, self.model, self.chunk_tokens = Path(directory), model, chunk_tokens
         self.staging = Staging()  # reused by every transfer of this tier
         self._pins = Pins(self._unlink)
@@ -316,10 +317,12 @@ class DiskTier:
         pools: RankPools,
         blocks: Sequence[int],
         stop: Callable[[], bool] | None = None,
+        unpublish: bool = True,
     ) -> int:
         """Read ``prefix`` into ``blocks`` (the destination's logical blocks from token 0)
-        of ``pools``, verifying every block; returns the blocks verified. Raises
-        TornFileError or OSError on a bad block (the caller gives ``blocks`` back),
+        of ``pools``, verifying every block; returns the blocks verified. TornFileError or
+        OSError on a bad block (the caller gives ``blocks`` back; the chunk, ``prefix.bad``,
+        unpublished unless ``unpublish=False``: ``unpublish_bad`` on the caller's thread),
         ``files.Stopped`` when ``stop()`` turned true."""
         bs = pools.geometry.block_size
         if self.chunk_tokens % bs:
@@ -337,11 +340,13 @@ class DiskTier:
                     self.staging, stop, views[m.block_size],
                 )  # fmt: skip
             except TornFileError:
-                self._unpublish_bad(c)
+                prefix.bad = c
+                if unpublish:
+                    self.unpublish_bad(c)
                 raise
         return checks
 
-    def _unpublish_bad(self, c: Chunk) -> None:
+    def unpublish_bad(self, c: Chunk) -> None:
         """A hit whose bytes failed their checksum: unpublish that file, so the next
         lookup misses instead of failing again (HostLoadFail; vLLM #49176 kept the hit).
         Only when the name still is the file read (a writer may have renamed a whole one
@@ -350,7 +355,8 @@ class DiskTier:
             mine, now = os.fstat(c.file.fileno()), os.lstat(self.path(c.key))
         except OSError:
             return
-        if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+        same = (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+        if same and FAILED_LOAD_KEEPS_HIT not in self.mutants:
             self._unlink(c.key)
 
     def load(

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import overload
 
-from refimpl.api.disk import DiskTier, Stored
+from refimpl.api.disk import DiskTier, Prefix, Stored
 from refimpl.api.geometry import KVGeometry, ModelIdentity
 from refimpl.api.handoff import Handoff, HandoffResult
 from refimpl.api.receiver import Receiver
@@ -44,7 +44,7 @@ from refimpl.api.sender import Sender
 from refimpl.rankpools import RankPools
 from refimpl.tiers.host import HostTier, Kept
 from refimpl.tiers.moves import Reloaded, start_offload, start_reload
-from refimpl.tiers.transfer import Transfer
+from refimpl.tiers.transfer import Stepper, Transfer
 from refimpl.transport import InProcessTransport
 from spec.manifest import RopeConfig
 
@@ -316,12 +316,14 @@ def offload_async(
     *,
     free_device: bool = False,
     epoch: int = 1,
+    stepper: Stepper | None = None,
 ) -> Transfer[Stored, Stored]:
     """``offload`` to ``tier`` in the background: poll, wait or cancel the handle. The
-    request's blocks are pinned (read-only) until it is settled."""
+    request's blocks are pinned (read-only) until it is settled. ``stepper``: a test's
+    hold on the I/O thread (``refimpl.tiers.transfer.Stepper``)."""
     return start_offload(
         device, device_geometry, tier, request_id, token_ids,
-        free_device=free_device, epoch=epoch,
+        free_device=free_device, epoch=epoch, stepper=stepper,
     )  # fmt: skip
 
 
@@ -336,11 +338,16 @@ def reload_async(
     free_host: bool = True,
     epoch: int = 1,
     blocks: Sequence[int] | None = None,
+    prefix: Prefix | None = None,
+    stepper: Stepper | None = None,
 ) -> Transfer[int, Reloaded]:
     """``reload`` from ``tier`` in the background. A miss raises ``MissError`` here,
     before anything is reserved; the reserved blocks belong to the transfer until it is
-    settled (committed to the request, or given back on a bad block or a cancel)."""
+    settled (committed to the request, or given back on a bad block or a cancel).
+    ``prefix``: the engine's pinned lookup (``tier.open_prefix``), read as it is (the
+    transfer's once this returns); ``stepper``: a test's hold on the I/O thread."""
     return start_reload(
         tier, device, device_geometry, request_id, token_ids,
         decode_room=decode_room, free_host=free_host, epoch=epoch, blocks=blocks,
+        prefix=prefix, stepper=stepper,
     )  # fmt: skip

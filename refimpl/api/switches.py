@@ -5,6 +5,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
     Sender(..., mutants={"quiesced_at_nack"})
     Sender(..., mutants={"quiesced_at_abort"})
     begin_offload(..., mutants={"release_before_install"})
+    DiskTier(..., mutants={"failed_load_keeps_hit"})
     Receiver(..., mutants={"layer_ready_on_staging"})
     Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
@@ -54,6 +55,10 @@ before the host copy is committed, so a store that fails leaves no copy at all.
 ``free_on_cancel_in_flight``): a ``Receiver`` that gives up an attempt whose writes may
 still land frees its blocks at once instead of quarantining them until the writer's
 Quiesced (``refimpl.api.unrevocable``).
+``failed_load_keeps_hit`` (the spec's mutant of the same name, vLLM #49176): a
+``DiskTier`` load whose bytes failed their checksum is a miss for that reader (nothing is
+committed) but the chunk stays published: the next lookup hits the unreadable copy
+again and every load of it fails (the spec's HostLoadFail unpublishes it).
 """
 
 from __future__ import annotations
@@ -83,7 +88,15 @@ READY_ON_OWN_INSTALL = "ready_on_own_install"
 HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"
 RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL})
 RANK_SENDER_SWITCHES = frozenset({HEADS_OF_ANOTHER_RANK})
-API_SWITCHES = SENDER_SWITCHES | RECEIVER_SWITCHES | RANK_RECEIVER_SWITCHES | RANK_SENDER_SWITCHES
+FAILED_LOAD_KEEPS_HIT = "failed_load_keeps_hit"
+TIER_SWITCHES = frozenset({FAILED_LOAD_KEEPS_HIT})
+API_SWITCHES = (
+    SENDER_SWITCHES
+    | RECEIVER_SWITCHES
+    | RANK_RECEIVER_SWITCHES
+    | RANK_SENDER_SWITCHES
+    | TIER_SWITCHES
+)
 
 
 def check_switches(mutants: Iterable[str], known: frozenset[str], who: str) -> frozenset[str]:

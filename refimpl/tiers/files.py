@@ -7,8 +7,7 @@ the name appears only with every byte behind it, and survives a power loss once
 ``write_published`` returned. Two writers of one name never share a temp file (LMCache
 #2517: a shared temp name let one writer's rename take the other's file away); the last
 rename wins, and both files are whole. A writer killed at any point leaves at most its
-own temp files, never a published name with partial bytes. ``write_batch`` writes several
-files, flushes them all, then renames them in order (one fsync of the directory).
+own temp files, never a published name with partial bytes (``write_batch``: several).
 
 Read (``read_header`` then ``read_into``): the 8-byte header length, the header (strict
 JSON, capped), every tensor entry (known dtype, shape, offsets) and the sum of the
@@ -22,9 +21,8 @@ else is left as it is and never stops the sweep (a folder or a symlink with a te
 "pid" no process can have, another user's file). Published names are adopted as they are
 (``published_names``: regular files only); their content is checked on read, and a read
 opens only a regular file in the folder (``open_published``: no symlink, FIFO, device or
-folder at the name).
-"Gone" is read from the pid in the temp name, so the directory's writers must share one
-pid namespace (one host); writers on several hosts need a lease instead.
+folder at the name). "Gone" is read from the pid in the temp name, so the directory's
+writers must share one pid namespace (one host); writers on several hosts need a lease.
 
 Format: 8 bytes little-endian header length ``N``, ``N`` bytes of UTF-8 JSON (padded with
 spaces to 8 bytes), then the tensors' bytes back to back, as in the safetensors spec;
@@ -193,8 +191,8 @@ def write_batch(
     the next file's data once the previous file was yielded): each is written to a temp
     name unique to this writer; every temp file is fsynced; then the names are published
     by ``os.replace`` in the order given, and the directory is fsynced once. Until the
-    renames begin, a failure or ``stop()`` removes every temp file and publishes nothing;
-    a crash during the renames leaves a leading run of them published, each file whole.
+    renames begin, a failure or ``stop()`` (asked before each file and the renames) removes
+    every temp file, publishing nothing; a crash among the renames leaves a run published.
     ``seen(file, stat)``: each published file's own inode, stated after its rename."""
     temps: list[tuple[int, Path, Path, Pending]] = []
     out: list[Path] = []
@@ -203,6 +201,8 @@ def write_batch(
             if stop is not None and stop():
                 raise Stopped(f"stopped before {p.name!r}")
             temps.append((*_write_temp(directory, p), p))
+        if temps and stop is not None and stop():  # the last chance before a name appears
+            raise Stopped("stopped before the renames")
         for fd, *_ in temps:
             os.fsync(fd)  # every byte on the device before any name can appear
         for _, tmp, final, _ in temps:

@@ -12,8 +12,10 @@ is dropped and, with ``free_device``, the request's blocks are freed once publis
 ``decode_room`` are RESERVED under the request and epoch, the prefix is read into them
 (every block verified). Settled: committed (RESERVED -> OWNED) on success; on a bad block
 or a cancel quarantined and freed (the writer, our thread, has stopped), so nothing is
-half-installed; the files are closed (unpinned) either way, and with ``free_host`` the
-chunks read are unpublished after the commit.
+half-installed, and a chunk that failed its checksum unpublished then, on the caller's
+thread (the spec's HostLoadFail: the hit turns into a miss with the pin given back);
+the files are closed (unpinned) either way, and with ``free_host`` the chunks read are
+unpublished after the commit.
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from refimpl.api.disk import DiskTier, Miss, Stored
+from refimpl.api.disk import DiskTier, Miss, Prefix, Stored
 from refimpl.api.geometry import KVGeometry
 from refimpl.errors import MissError
 from refimpl.rankpools import RankPools
 from refimpl.tiers.chunks import chunk_spans
 from refimpl.tiers.files import TornFileError
 from refimpl.tiers.kvio import chunk_data, direct
-from refimpl.tiers.transfer import Transfer
+from refimpl.tiers.transfer import Stepper, Transfer
 from spec.manifest import Manifest
 
 __all__ = [
@@ -146,6 +148,7 @@ def start_offload(
     free_device: bool = False,
     epoch: int = 1,
     background: bool = True,
+    stepper: Stepper | None = None,
 ) -> Transfer[Stored, Stored]:
     """Store ``request_id``'s KV of ``token_ids`` in ``tier`` (see the module)."""
     check_request(tier.chunk_tokens, device, geometry, token_ids)
@@ -196,7 +199,7 @@ def start_offload(
             device.alloc.free(request_id)
         return value
 
-    return Transfer(f"offload {request_id}", work, finish, background=background)
+    return Transfer(f"offload {request_id}", work, finish, background=background, stepper=stepper)
 
 
 def start_reload(
@@ -211,15 +214,29 @@ def start_reload(
     epoch: int = 1,
     background: bool = True,
     blocks: Sequence[int] | None = None,
+    prefix: Prefix | None = None,
+    stepper: Stepper | None = None,
 ) -> Transfer[int, Reloaded]:
     """Reload the longest stored prefix of ``token_ids`` into ``device`` (see the module).
     ``blocks``: the request's blocks the engine's scheduler chose (registered memory),
-    in logical order from token 0; the hit lands in the first of them."""
+    in logical order from token 0; the hit lands in the first of them. ``prefix``: the
+    engine's lookup of these tokens, open and pinned (``DiskTier.open_prefix``): read as
+    it is (no eviction between the lookup and the load), the transfer's once this
+    returns (closed when settled), still the caller's if this raises."""
     check_request(tier.chunk_tokens, device, geometry, token_ids)
     given = check_room(device, request_id, decode_room, blocks)
-    prefix = tier.open_prefix(geometry, token_ids)
-    if isinstance(prefix, Miss):
-        raise MissError(f"{request_id!r}: {tier.path(prefix.key).name}: {prefix.reason}")
+    mine = prefix is None
+    if prefix is None:
+        got = tier.open_prefix(geometry, token_ids)
+        if isinstance(got, Miss):
+            raise MissError(f"{request_id!r}: {tier.path(got.key).name}: {got.reason}")
+        prefix = got
+    elif (
+        prefix.closed
+        or [c.key for c in prefix.chunks]
+        != tier.chunk_keys(geometry, token_ids)[: len(prefix.chunks)]
+    ):
+        raise ValueError(f"{request_id!r}: prefix= is closed or not a lookup of these tokens")
     try:
         ends = [c.span[1] for c in prefix.chunks]
         blocks, fit = reserve(
@@ -227,17 +244,20 @@ def start_reload(
         )
         prefix.fit(ends[fit - 1])
     except BaseException:
-        prefix.close()
+        if mine:
+            prefix.close()
         raise
     hit = blocks[: geometry.blocks_for(prefix.num_tokens)]
 
     def work(stop: Any) -> int:
-        return tier.read(prefix, device, hit, stop)
+        return tier.read(prefix, device, hit, stop, unpublish=False)  # finish unpublishes
 
     def finish(checks: int | None, error: BaseException | None, cancelled: bool) -> Reloaded:
         try:
             if error is not None:  # nothing installed: the blocks go back, never used
                 give_back(device, request_id, epoch)
+                if prefix.bad is not None:  # with the blocks, not before (HostLoadFail)
+                    tier.unpublish_bad(prefix.bad)
                 if isinstance(error, (TornFileError, OSError)) and not cancelled:
                     raise MissError(f"{request_id!r}: {type(error).__name__}: {error}") from error
                 raise error
@@ -253,4 +273,4 @@ def start_reload(
         keys = tuple(c.key for c in prefix.chunks)
         return Reloaded(request_id, blocks, prefix.num_tokens, len(keys), nbytes, checks or 0, keys)
 
-    return Transfer(f"reload {request_id}", work, finish, background=background)
+    return Transfer(f"reload {request_id}", work, finish, background=background, stepper=stepper)

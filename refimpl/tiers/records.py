@@ -92,6 +92,7 @@ class Prefix:
     stopped: str  # why the run ends ("" when every chunk of the tokens is in it)
     unpin: Callable[[list[str]], None]  # the tier's: drops this reader's pins
     closed: bool = field(default=False)
+    bad: Chunk | None = None  # the chunk whose bytes failed their checksum on a read
 
     @property
     def num_tokens(self) -> int:

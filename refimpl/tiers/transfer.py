@@ -17,6 +17,11 @@ are pinned (read-only). The allocator is never touched from two threads.
 the thread, and runs ``finish`` as cancelled: the reload's blocks are given back, the
 offload's temp files are removed and nothing is published. A transfer whose work already
 finished is not cancelled (``cancel`` returns False): its result stands.
+
+``Stepper`` (a test hook, never for serving): the work runs on its thread but waits at
+each of its stop checks (before each block read, before each file written, before a
+store's renames) until ``step()`` lets it through one, so the graph tour runs the I/O
+thread as the spec schedules it (``refimpl/testing/on_api/worlds/host_cache.py``).
 """
 
 from __future__ import annotations
@@ -30,11 +35,70 @@ from refimpl.tiers.files import Stopped
 T = TypeVar("T")
 R = TypeVar("R")
 
-__all__ = ["Cancelled", "Transfer"]
+__all__ = ["Cancelled", "Stepper", "Transfer"]
+
+WAIT_S = 30.0  # a stepped thread that neither parks nor ends in this long is stuck
 
 
 class Cancelled(Exception):
     """The transfer was cancelled before its work finished; nothing was installed."""
+
+
+class Stepper:
+    """A ``Transfer``'s I/O thread held at each stop check until ``step()`` (a test hook)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._parked = self._ended = self._open = False
+        self._permits = 0
+        self.passed = 0  # stop checks the thread went through
+
+    def gate(self) -> None:
+        """On the I/O thread, at a stop check: wait to be let through."""
+        with self._cv:
+            self._parked = True
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._permits > 0 or self._open)
+            self._permits = max(0, self._permits - 1)
+            self._parked = False
+            self.passed += 1
+
+    def end(self) -> None:
+        with self._cv:
+            self._ended = True
+            self._cv.notify_all()
+
+    def release(self) -> None:
+        """Let the thread run on freely (a cancel)."""
+        with self._cv:
+            self._open = True
+            self._cv.notify_all()
+
+    def settle(self) -> bool:
+        """Wait until the thread waits at a stop check (True) or its work ended (False)."""
+        with self._cv:
+            ok = self._cv.wait_for(
+                lambda: (self._parked and not self._permits) or self._ended, WAIT_S
+            )
+            if not ok:
+                raise RuntimeError("a stepped transfer neither parked nor ended")
+            return not self._ended
+
+    def step(self) -> bool:
+        """Let the waiting thread through one stop check and wait until it waits at the
+        next or ends; False (nothing done) when it was not waiting."""
+        if not self.settle():
+            return False
+        with self._cv:
+            self._permits += 1
+            self._cv.notify_all()
+        self.settle()
+        return True
+
+    @property
+    def parked(self) -> bool:
+        with self._cv:
+            return self._parked and not self._ended
 
 
 class Transfer(Generic[T, R]):
@@ -47,8 +111,12 @@ class Transfer(Generic[T, R]):
         finish: Callable[[T | None, BaseException | None, bool], R],
         *,
         background: bool = True,
+        stepper: Stepper | None = None,
     ) -> None:
+        if stepper is not None and not background:
+            raise ValueError("a stepped transfer runs on its own thread (background=True)")
         self.name = name
+        self._stepper = stepper
         self._work, self._finish = work, finish
         self._stop = threading.Event()
         self._value: T | None = None
@@ -65,11 +133,19 @@ class Transfer(Generic[T, R]):
         else:
             self._run()
 
+    def _stopped(self) -> bool:
+        if self._stepper is not None:
+            self._stepper.gate()
+        return self._stop.is_set()
+
     def _run(self) -> None:
         try:
-            self._value = self._work(self._stop.is_set)
+            self._value = self._work(self._stop.is_set if self._stepper is None else self._stopped)
         except BaseException as e:  # handed to the caller's thread by finish
             self._error = e
+        finally:
+            if self._stepper is not None:
+                self._stepper.end()
 
     def _ended(self, timeout: float | None = 0.0) -> bool:
         t = self._thread
@@ -119,6 +195,8 @@ class Transfer(Generic[T, R]):
             return False
         self._cancelled = True
         self._stop.set()
+        if self._stepper is not None:
+            self._stepper.release()
         self._ended(None)
         self._settle()
         return self._cancelled

@@ -29,11 +29,20 @@ shares it): ``World.hc`` is its copy in host memory, ``Req.hk`` a request's role
   step) unpublishes the copy (new lookups miss); ``HostFree`` frees it once its pins
   have drained to zero.
 - **A failed load.** ``EnvLoadFail`` (a fault) makes the copy's bytes unreadable
-  (``hc_bad``: a host or disk read error, a lost block); every load of it then fails:
-  ``HostLoadFail`` gives back the partly loaded GPU blocks and the pin, turns the hit
+  (``hc_bad``: a host or disk read error, a lost block). A load reads the copy's bytes
+  as each ``HostLoadCopy`` moves a block, and checks them then (a DiskTier verifies each
+  block as its I/O thread reads it, an LMCache-style chunk store each chunk): a copy
+  step that reads while the copy is bad finds it out, and the load stops there
+  (``HK_READ_BAD``: the load's own fact, not the copy's). Such a load is never reported
+  as loaded (``HostLoadCommit`` refuses it, NoPartialUse) and it may fail; so may a
+  load with a block left to read while the copy is bad (``HostLoadFail`` is then one
+  step that reads that block and finds it bad: logs say "load failed" without the
+  read). ``HostLoadFail`` gives back the partly loaded GPU blocks and the pin, turns the hit
   into a miss (unpublishes the copy: the next lookup misses) and leaves the request
-  queued, to be computed again; it is never reported as loaded (``HostLoadCommit``
-  refuses a load that read unreadable bytes).
+  queued, to be computed again. A load that read every block before the bytes went bad
+  read verified bytes: it commits. Whichever way a load that found bad bytes ends (its
+  fail, or a cancel: ``host_quiesce``), the reader has learned the copy is bad, and the
+  copy is unpublished.
 
 Gated by ``Config.host_cache`` (0: off; 1: a cold cache; 2: warm, one published copy
 at the start). Properties: PublishAfterCommit (a visible copy holds all its blocks),
@@ -65,6 +74,9 @@ from spec.window import window_whole
 __all__ = [
     "HK_HIT",
     "HK_LOAD",
+    "HK_LOADING",
+    "HK_PINNED",
+    "HK_READ_BAD",
     "HK_STORE",
     "EnvLoadFail",
     "HostEvict",
@@ -90,6 +102,9 @@ __all__ = [
 HK_HIT = 1  # a lookup hit: the copy is pinned, the load has not begun
 HK_LOAD = 2  # a load from the copy is in flight (pinned; GPU blocks filling)
 HK_STORE = 3  # this request's frozen GPU blocks are the source of the store in flight
+HK_READ_BAD = 4  # a load that read unreadable bytes: it stopped there (pinned; it can only fail)
+HK_PINNED = (HK_HIT, HK_LOAD, HK_READ_BAD)  # the roles that hold a pin on the copy
+HK_LOADING = (HK_LOAD, HK_READ_BAD)  # a load in flight (GPU blocks filling)
 _WAITING = (QUEUED, PREEMPTED)
 _VISIBLE = (COMPLETE, QUARANTINED)  # bytes a pinned reader may still read
 
@@ -122,20 +137,24 @@ def HostLoadBegin(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 
 def HostLoadCopy(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
+    """Read and check one block of the copy as it is now: a read of unreadable bytes is
+    found out here, and the load stops (``HK_READ_BAD``)."""
     r = w.reqs[i]
     if not c.host_cache or not w.p_up or r.hk != HK_LOAD or r.p != FILLING or r.gl >= c.blocks:
         return NOT_ENABLED
-    return put(w, i, r._replace(gl=r.gl + 1))
+    return put(w, i, r._replace(gl=r.gl + 1, hk=HK_READ_BAD if w.hc_bad else HK_LOAD))
 
 
 def HostLoadCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Every block is back and read well: the GPU copy is the request's; the host copy
     stays (it is shared), only this request's pin is dropped."""
     r = w.reqs[i]
-    if not c.host_cache or not w.p_up or r.hk != HK_LOAD or r.p != FILLING or r.st not in _WAITING:
+    if not c.host_cache or not w.p_up or r.hk not in HK_LOADING or r.p != FILLING:
         return NOT_ENABLED
-    if r.gl != c.blocks or w.hc_bad:
-        return refuse("NoPartialUse")  # a block missing, or read from unreadable bytes
+    if r.st not in _WAITING:
+        return NOT_ENABLED
+    if r.gl != c.blocks or r.hk == HK_READ_BAD:
+        return refuse("NoPartialUse")  # a block missing, or one read from unreadable bytes
     w2 = put(w, i, r._replace(st=PREFILLING, p=WRITABLE, gl=0, hk=0))
     if "reload_consumes_shared" in m:  # the swap-in path: the host copy is freed
         w2 = w2._replace(hc=NONE, hc_hl=0)
@@ -143,11 +162,17 @@ def HostLoadCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 
 
 def HostLoadFail(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
-    """A load of unreadable bytes fails part-way: the partly loaded blocks and the pin go
-    back, the hit becomes a miss (the copy is unpublished), the request is computed again."""
+    """A load that read unreadable bytes fails: the partly loaded blocks and the pin go
+    back, the hit becomes a miss (the copy is unpublished), the request is computed again.
+    Either its read already found the bytes bad (``HK_READ_BAD``), or this one step reads
+    the next block and finds it bad (the copy is bad and a block is left to read: a log
+    says "load failed" without the read that found it). A load that read every block
+    before the damage cannot fail: it commits."""
     r = w.reqs[i]
-    if not c.host_cache or not w.p_up or r.hk != HK_LOAD or r.p != FILLING or not w.hc_bad:
+    if not c.host_cache or not w.p_up or r.hk not in HK_LOADING or r.p != FILLING:
         return NOT_ENABLED
+    if r.hk == HK_LOAD and (not w.hc_bad or r.gl >= c.blocks):
+        return NOT_ENABLED  # no read found bad bytes, and none is left that would
     if "failed_load_counted_loaded" in m:  # reported as loaded (dynamo #15079)
         return _pin(put(w, i, r._replace(st=PREFILLING, p=WRITABLE, gl=0, hk=0)), -1)
     w2 = _pin(put(w, i, r._replace(p=NONE, gl=0, hk=0)), -1)
@@ -245,7 +270,7 @@ def host_published_whole(w: World, c: Config) -> bool:
 
 def host_io_ok(w: World, r: Req) -> bool:
     """NoReuseUnderIO: a pinned reader's copy is not freed; a store's source is held."""
-    if r.hk in (HK_HIT, HK_LOAD) and w.hc not in _VISIBLE:
+    if r.hk in HK_PINNED and w.hc not in _VISIBLE:
         return False
     return r.hk != HK_STORE or (r.p == COMPLETE and w.hc == FILLING)
 
@@ -253,7 +278,7 @@ def host_io_ok(w: World, r: Req) -> bool:
 def host_pins(w: World) -> int:
     """The requests that hit the shared copy and have not loaded it (a pool helper: the
     z3 tracer reads it from its domain)."""
-    return sum(1 for r in w.reqs if r.hk in (HK_HIT, HK_LOAD))
+    return sum(1 for r in w.reqs if r.hk in HK_PINNED)
 
 
 def host_pins_exact(w: World) -> bool:
@@ -268,11 +293,12 @@ def host_quiet(w: World) -> bool:
 
 def host_quiesce(w: World, i: int) -> World | Refused:
     """An ended request lets go of the host cache: its load stops and its pin goes (the
-    quiesce frees its GPU blocks); a store it is the source of must finish or be
-    given up first."""
+    quiesce frees its GPU blocks); a load that found the copy's bytes bad unpublishes it,
+    as its fail would; a store it is the source of must finish or be given up first."""
     r = w.reqs[i]
     if r.hk == HK_STORE:
         return refuse("NoReuseUnderIO")
-    if r.hk:
-        return _pin(put(w, i, r._replace(hk=0)), -1)
-    return w
+    if not r.hk:
+        return w
+    w2 = _pin(put(w, i, r._replace(hk=0)), -1)
+    return w2._replace(hc=QUARANTINED) if r.hk == HK_READ_BAD and w2.hc == COMPLETE else w2

@@ -3,13 +3,17 @@ spec, the same refusals on the engine, and the seven mutants caught where pinned
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from model_checks.conformance import check_text
 from model_checks.explicit.runner import check_mutant
 from refimpl.engine import Engine
 from refimpl.errors import OwnershipError
 from spec.actions import apply
-from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_STORE
+from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_READ_BAD, HK_STORE
 from spec.common import Refused
 from spec.config import CONFIGS
 from spec.properties import violated_safety
@@ -26,6 +30,7 @@ from spec.state import (
 from tests.spec.spec_helpers import check_guard
 
 WARM, STORE = CONFIGS["host_cache_warm"], CONFIGS["host_cache_store"]
+TRACES = Path(__file__).resolve().parents[2] / "repro" / "traces"
 M0: frozenset[str] = frozenset()
 
 
@@ -51,6 +56,8 @@ def _w(c: object, *steps: tuple[str, int]) -> World:
     return go(c.initial(), c, *steps)  # type: ignore[attr-defined]
 
 
+# r0's load reads its second block after the copy's bytes went bad: it found them out
+BAD = (*LOADED[:3], ("EnvLoadFail", 0), LOADED[3])
 RAN = (("PrefillAdmit", 0), ("PrefillRun", 0))  # r0 computed its KV (host_cache_store)
 BEGUN = (*RAN, ("HostStoreBegin", 0))
 OFF = ("disabled", None)
@@ -67,8 +74,15 @@ CASES = [
     ("HostLoadCommit", WARM, _w(WARM, *LOADED), 0, 0, {"st": PREFILLING, "hk": 0}),
     ("HostLoadCommit", WARM, _w(WARM, *LOADED[:3]), 0, 0, ("refused", "NoPartialUse")),
     ("HostLoadCommit", WARM, _w(WARM), 0, 0, OFF),
-    ("HostLoadFail", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, {"p": NONE, "hk": 0}),
+    ("HostLoadCommit", WARM, _w(WARM, *BAD), 0, 0, ("refused", "NoPartialUse")),  # read bad
+    ("HostLoadCommit", WARM, _w(WARM, *LOADED, ("EnvLoadFail", 0)), 0, 0, {"st": PREFILLING}),
+    ("HostLoadCopy", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, {"hk": HK_READ_BAD}),
+    ("HostLoadCopy", WARM, _w(WARM, *LOADED[:2], ("EnvLoadFail", 0), LOADED[2]), 0, 0, OFF),
+    ("HostLoadFail", WARM, _w(WARM, *BAD), 0, 0, {"p": NONE, "hk": 0, "gl": 0}),
     ("HostLoadFail", WARM, _w(WARM, *LOADED[:3]), 0, 0, OFF),  # the bytes read fine
+    # one step reads the next block and finds it bad (a log without the failed read)
+    ("HostLoadFail", WARM, _w(WARM, *LOADED[:3], ("EnvLoadFail", 0)), 0, 0, {"p": NONE, "hk": 0}),
+    ("HostLoadFail", WARM, _w(WARM, *LOADED, ("EnvLoadFail", 0)), 0, 0, OFF),  # all read: commits
     ("EnvLoadFail", WARM, _w(WARM), 0, 0, {"hk": 0}),
     ("EnvLoadFail", WARM, _w(WARM, ("EnvLoadFail", 0)), 0, 0, OFF),  # already unreadable
     ("HostStoreBegin", STORE, _w(STORE, *RAN), 0, 0, {"hk": HK_STORE, "p": COMPLETE}),
@@ -113,7 +127,8 @@ def test_a_delete_is_two_phases_and_waits_for_the_pins() -> None:
 
 
 def test_a_failed_load_gives_back_its_blocks_and_turns_the_hit_into_a_miss() -> None:
-    w = go(WARM.initial(), WARM, *LOADED[:3], ("EnvLoadFail", 0))
+    w = go(WARM.initial(), WARM, *BAD)
+    assert (w.reqs[0].hk, w.reqs[0].gl, w.hc) == (HK_READ_BAD, WARM.blocks, COMPLETE)
     assert refused(w, WARM, "HostLoadCommit") == "NoPartialUse"  # never reported loaded
     w = go(w, WARM, ("HostLoadFail", 0))
     r = w.reqs[0]
@@ -138,6 +153,15 @@ def test_an_ended_request_lets_go_of_its_pin() -> None:
     assert w.reqs[0].hk == HK_LOAD
     w = go(w, WARM, ("PrefillQuiesce", 0))
     assert w.hc_pin == 0 and w.reqs[0].p == NONE and w.reqs[0].hk == 0
+    assert w.hc == COMPLETE  # its load read good bytes: the copy stays published
+
+
+def test_a_load_cancelled_after_it_read_bad_bytes_unpublishes_the_copy() -> None:
+    w = go(WARM.initial(), WARM, ("HostLookup", 1), *BAD, ("ClientCancel", 0))
+    w = go(w, WARM, ("PrefillQuiesce", 0))  # the reader learned the copy is bad, as a fail
+    assert (w.reqs[0].hk, w.hc_pin, w.hc, w.hc_bad) == (0, 1, QUARANTINED, True)  # a miss now
+    cold = go(WARM.initial(), WARM, ("EnvLoadFail", 0), ("HostLookup", 0), ("ClientCancel", 0))
+    assert go(cold, WARM, ("PrefillQuiesce", 0)).hc == COMPLETE  # nothing read: not known bad
 
 
 @pytest.mark.parametrize(
@@ -145,7 +169,7 @@ def test_an_ended_request_lets_go_of_its_pin() -> None:
     [
         (WARM, (("HostLookup", 0), ("HostEvict", 0)), "HostFree", "NoReuseUnderIO"),
         (WARM, (("HostEvict", 0),), "HostLookup", "PublishAfterCommit"),
-        (WARM, (*LOADED[:3], ("EnvLoadFail", 0), *LOADED[3:]), "HostLoadCommit", "NoPartialUse"),
+        (WARM, BAD, "HostLoadCommit", "NoPartialUse"),
     ],
 )
 def test_the_engine_refuses_as_the_spec_and_changes_nothing(
@@ -179,3 +203,31 @@ def test_the_engine_refuses_as_the_spec_and_changes_nothing(
 def test_each_mutant_is_caught_at_its_pinned_length(name: str, length: int) -> None:
     r = check_mutant(name)
     assert r.caught and r.trace_length == length
+
+
+def test_a_fail_without_its_logged_read_is_that_read_and_the_fail_in_one_step() -> None:
+    for k in (2, 3):  # before block 0 and before block 1: a block left to read
+        w = go(WARM.initial(), WARM, ("HostLookup", 1), *LOADED[:k], ("EnvLoadFail", 0))
+        assert go(w, WARM, ("HostLoadFail", 0)) == go(w, WARM, LOADED[3], ("HostLoadFail", 0))
+
+
+@pytest.mark.parametrize(
+    "log,line",
+    [
+        ("bug_failed_load_keeps_hit.jsonl", 7),
+        ("fixed_failed_load_keeps_hit.jsonl", None),
+        ("fixed_failed_load_counted_loaded.jsonl", None),
+    ],
+)
+def test_the_example_logs_with_their_failed_read_logged(log: str, line: int | None) -> None:
+    """The other form of repro/traces' logs (there, as engines log it, no failed read;
+    tests/model_checks/test_trace_check.py): each failed read logged as its HostLoadCopy."""
+    out = []
+    for text in (TRACES / log).read_text().splitlines():
+        ev = json.loads(text)
+        if ev.get("action") == "HostLoadFail":
+            out.append(json.dumps({"action": "HostLoadCopy", "args": ev["args"]}))
+        out.append(text)
+    v = check_text("\n".join(out) + "\n")
+    assert (v.conforms, v.line) == (line is None, line)
+    assert line is None or v.properties == ["PublishAfterCommit"]

@@ -36,7 +36,9 @@ def test_no_divergence_class_is_left_named_but_the_streamed_layer_chunks() -> No
     """Every gap the tour on the API found in the handoff worlds is closed (issue #30): a
     new one is a failure of the tour tests below, not an entry here. Left: the streamed
     world's two (the API's chunk is one layer, the spec's every layer of a block), which
-    tests/behaviours/test_stream.py pins as the only divergences of stream_one."""
+    tests/behaviours/test_stream.py pins as the only divergences of stream_one. The shared
+    host cache's early read of bad bytes is closed: the spec's load reads the copy at each
+    HostLoadCopy (tests/library/tours/test_api_tour_host_cache.py)."""
     assert set(GAPS) == {
         "state differs at PrefillRecvReady (net)",
         "state differs at PrefillSendLayer (net)",

@@ -24,7 +24,7 @@ from refimpl.engine.data import gen
 from refimpl.engine.env import EnvActions
 from refimpl.engine.inflight import step_guard
 from refimpl.errors import CapacityError, IncompleteError, InUseError
-from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_STORE
+from spec.behaviours.host_cache import HK_HIT, HK_LOAD, HK_LOADING, HK_READ_BAD, HK_STORE
 from spec.state import (
     COMPLETE,
     ENDED,
@@ -136,12 +136,16 @@ class HostCacheActions(EnvActions):
         j, dst = r.loaded, self.P.alloc.blocks_of(self.rid(i))
         self._copy(self.H, [self.hc_src[i][j]], self.P, [dst[j]], i)  # H2D of block j
         r.loaded += 1
+        if self.hc_bad():  # the read checks the copy's bytes as they are now: it stops
+            self.hk[i] = HK_READ_BAD
 
     def HostLoadCommit(self, req: int) -> None:
         i, r = req, self.req[req]
-        if not self.p_up or self.hk[i] != HK_LOAD or not r.reloading or r.status not in _WAITING:
+        if not self.p_up or self.hk[i] not in HK_LOADING or not r.reloading:
             raise self._hc_ne("HostLoadCommit", i)
-        if r.loaded != self.n or self.hc_bad():
+        if r.status not in _WAITING:
+            raise self._hc_ne("HostLoadCommit", i)
+        if r.loaded != self.n or self.hk[i] == HK_READ_BAD:
             raise IncompleteError(f"r{i}: {r.loaded} of {self.n} blocks, read error: the load")
         self._hc_loaded(i)
         if "reload_consumes_shared" in self.m:  # the swap-in path frees the host copy
@@ -157,8 +161,10 @@ class HostCacheActions(EnvActions):
 
     def HostLoadFail(self, req: int) -> None:
         i, r = req, self.req[req]
-        if not self.p_up or self.hk[i] != HK_LOAD or not r.reloading or not self.hc_bad():
+        if not self.p_up or self.hk[i] not in HK_LOADING or not r.reloading:
             raise self._hc_ne("HostLoadFail", i)
+        if self.hk[i] == HK_LOAD and (r.loaded >= self.n or not self.hc_bad()):
+            raise self._hc_ne("HostLoadFail", i)  # else: this step reads the next block, bad
         if "failed_load_counted_loaded" in self.m:
             self._hc_loaded(i)  # the bug: reported loaded, the request runs on unread blocks
             return
@@ -286,6 +292,8 @@ class HostCacheActions(EnvActions):
             return
         if self.hk[i] == HK_STORE:
             raise InUseError(f"a store of r{i}'s blocks to the host cache is in flight")
+        if self.hk[i] == HK_READ_BAD:  # its load found the copy bad: unpublished, as a fail
+            self.hc_published = False
         self._unpin(i)
         if self.p_status(i) != NONE or self.h_status(i) != NONE or r.phase:
             super().PrefillQuiesce(req)

@@ -105,6 +105,11 @@ class ApiActions:
     def host_free(self, i: int) -> bool:
         return True  # no host copy and no move (``on_api/worlds/offload.py``)
 
+    def cache_hit(self, i: int) -> bool:
+        """The shared host cache holds the prompt: it is loaded, not computed
+        (``on_api/worlds/host_cache.py``)."""
+        return False
+
     def quiesce_tier(self, i: int) -> None:
         """An ended request's moves stop and its host copy goes (``worlds/offload.py``)."""
 
@@ -186,6 +191,7 @@ class ApiActions:
         rid = self.rid(i)
         self._need(not self.pp[0].alloc.blocks_of(rid), "holds blocks")
         self._need(self.host_free(i), "a host copy is reloaded instead")
+        self._need(not self.cache_hit(i), "a host-cache hit is loaded instead")
         for p in self.pp:  # the first refuses (CapacityError) before any allocates
             p.alloc.allocate(rid, self.c.blocks)
         self.st[i] = PREFILLING

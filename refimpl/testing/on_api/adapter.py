@@ -39,11 +39,6 @@ UNEXPRESSED: dict[str, str] = {
     "peer_restarted are not driven by the tour yet), in one process",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
-    "host_cache": "the shared host cache is the engine's (refimpl.engine.behaviours."
-    "host_cache); its API match, a DiskTier (lookup pins, remove unpublishes at once and "
-    "frees after the last reader, a bad block unpublishes the hit), is not mapped yet: the "
-    "store's abandon and late completion (HostStoreAbort, HostLateComplete) are a "
-    "Transfer's thread, and EnvLoadFail would be a file's bytes damaged on disk",
     "turns": "multi-turn append is the engine's",
     "layers": "a streamed world's layers must be the API tour's (on_api.actions.LAYERS)",
     "window": "sliding-window pruning (PrefillPruneWindow) is the engine's block table",
@@ -60,7 +55,6 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "decode_ranks": c.decode_ranks and (bool(c.layers) or c.restarts > 0),
         "identity": c.identity,
         "slots": c.slots,
-        "host_cache": c.host_cache > 0,
         "turns": c.turns,
         "layers": c.layers not in (0, LAYERS),
         "window": c.window,

@@ -1,9 +1,9 @@
 """Where the API leaves the spec: every divergence class the tour on the API finds
 (``tour.gap_of``), with its reason. A gap is a finding, not an excuse: each names either
 an API bug (the API must change) or a spec question (the spec may be too strict for a
-revocable transport). The table is empty: the tour on the API covers every edge of its
-worlds with no divergence (``tests/fuzz/test_api_tour.py`` asserts it stays so, and
-``kvown fuzz --tour --impl api`` prints a new class as "new").
+revocable transport). Outside the streamed worlds the tour on the API covers every
+edge of its worlds with no divergence (``tests/fuzz/test_api_tour.py`` asserts it stays
+so, and ``kvown fuzz --tour --impl api`` prints a new class as "new").
 
 Closed (issue #30): the Receiver heard of a request's end only through ``abort`` (API
 bug: ``Receiver.end``, a manifest of an ended request is refused with a nack alone and
@@ -14,7 +14,11 @@ manifest (spec: DecodeAbort fences and frees at once where writes can be revoked
 DecodeReject refuses a HandoffBadManifest at intake); a ranked Sender's abort left its
 chunks in flight (API bug: ``wire.revoke``, the spec's flush at PrefillTimeout); the
 Receiver answered a sender's abort with a nack to the very ranks that sent it (API bug:
-only the sibling ranks that have not aborted are told).
+only the sibling ranks that have not aborted are told); a DiskTier checks each block
+as its I/O thread reads it while the spec found bad bytes only at HostLoadFail (spec: a
+load's HostLoadCopy reads the copy as it is then and carries its own "read bad bytes"
+fact; such a load fails, or a HostLoadFail that itself reads the next, bad block, and
+the end of a load that read bad bytes, a fail or a cancel, unpublishes the copy).
 """
 
 from __future__ import annotations

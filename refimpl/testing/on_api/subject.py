@@ -52,6 +52,7 @@ from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
 from refimpl.testing.on_api.worlds import (
     FailureActions,
+    HostCacheActions,
     OffloadActions,
     RecomputeActions,
     RestartActions,
@@ -68,7 +69,14 @@ MODEL = ModelIdentity("kvown-tour", RopeConfig(10000.0, 4))
 HEAD_DIM = 4
 
 
-class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActions, RestartActions):
+class ApiSubject(
+    HostCacheActions,
+    OffloadActions,
+    RecomputeActions,
+    FailureActions,
+    StreamedActions,
+    RestartActions,
+):
     """Real Senders and a Receiver in lockstep with the spec (``harness.Subject``)."""
 
     def __init__(
@@ -108,6 +116,8 @@ class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActio
         self.dead_dep = [0] * self.n  # decode's epochs when it crashed (the spec keeps dep)
         self.stream_init(self.n)  # the streamed worlds' registers (on_api/worlds/streamed.py)
         self.offload_init(self.n)  # the host tier (on_api/worlds/offload.py)
+        self.tier_mutants = _tier_switches(mutants)
+        self.host_cache_init(self.n)  # the shared host cache (on_api/worlds/host_cache.py)
 
     def transport(self) -> SpecTransport:
         """The transport the spec schedules, naming each channel's request and side."""
@@ -133,6 +143,7 @@ class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActio
             dtype=torch.float32,
             seed=self.seed,
             read=self.replica,
+            shared_prompt=bool(self.c.host_cache),
         )
 
     # ------------------------------------------------------------ steps
@@ -185,6 +196,7 @@ class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActio
             d_up=self.d_up,
             p_inc=self.p_inc,
             d_inc=self.d_inc,
+            **self.cache_world(),
         )
 
     def sender_view(self, i: int) -> dict[str, int]:
@@ -291,7 +303,8 @@ class ApiSubject(OffloadActions, RecomputeActions, FailureActions, StreamedActio
         )
         regs = (tuple(self.st), tuple(self.ep), tuple(self.g), self.faults, self.p_up, self.d_up)
         incs = (self.p_inc, self.d_inc, tuple(self.kept_rinc))
-        return (self.abstract(), pools, flight, ends, regs, incs, self.tier_snapshot())
+        tiers = (self.tier_snapshot(), self.cache_snapshot())
+        return (self.abstract(), pools, flight, ends, regs, incs, tiers)
 
     def held_blocks(self) -> dict[str, int]:
         return {
@@ -319,7 +332,7 @@ def decode_end(
 
 def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Senders' and the Receiver's keyword for the switches on (none: no keyword)."""
-    if not mutants:
+    if not mutants - _tier_switches(mutants):
         return {}, {}
     from refimpl.api.switches import (  # type: ignore[import-not-found,unused-ignore]
         RECEIVER_SWITCHES,
@@ -328,8 +341,15 @@ def _switches(mutants: frozenset[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
     if rest := sorted(mutants - SENDER_SWITCHES - RECEIVER_SWITCHES):  # the rank switches
         raise ValueError(f"the switches {rest} are the rank ends': a world with decode ranks")
+    mutants = mutants - _tier_switches(mutants)  # the DiskTier's (worlds/host_cache.py)
     tx, rx = mutants & SENDER_SWITCHES, mutants & RECEIVER_SWITCHES
     return ({"mutants": tx} if tx else {}), ({"mutants": rx} if rx else {})
+
+
+def _tier_switches(mutants: frozenset[str]) -> frozenset[str]:
+    from refimpl.api.switches import TIER_SWITCHES  # type: ignore[import-not-found,unused-ignore]
+
+    return frozenset(mutants) & TIER_SWITCHES
 
 
 def _rid_of(channel: str) -> tuple[str, bool]:

@@ -71,13 +71,23 @@ EAGER = (
     "DecodeInstallLayer",
     "PrefillOffloadCopy",  # an offload's / a reload's Sender sends every block on the ready
     "PrefillReloadCopy",
+    # the shared host cache (on_api/worlds/host_cache.py): a store's HostStoreBegin writes
+    # its temp file before it returns, a cancel joins the writer (its late completion), a
+    # DiskTier unlinks an unpublished copy at its last reader's close
+    "HostStoreCopy",
+    "HostLateComplete",
+    "HostFree",
 )
 MAX_LEN = 60
 JUDGED = frozenset({"PrefillDecodeStep"})  # non-message probes the API adapter judges
 # ... and those it judges where the world has the feature (elsewhere a refusal of every
 # kind would add one probe pair to every world): the scheduler's preemption reads a
 # store's pins (on_api/worlds/recompute.py)
-JUDGED_WITH = {"PrefillPreempt": "recompute"}
+JUDGED_WITH = {
+    "PrefillPreempt": "recompute",
+    "HostLookup": "host_cache",  # a miss: PublishAfterCommit
+    "HostLoadBegin": "host_cache",  # no room: CapacityRefcount, the lookup kept
+}
 
 
 def judged(name: str, c: Config) -> bool:

@@ -10,6 +10,7 @@ import torch
 from refimpl import Receiver, Sender, State, read_kv, write_kv
 from refimpl.api.switches import (
     API_SWITCHES,
+    FAILED_LOAD_KEEPS_HIT,
     FREE_QUARANTINE_EARLY,
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
@@ -51,6 +52,7 @@ def test_the_switches_are_validated_by_name() -> None:
         QUIESCED_AT_NACK,  # (the same)
         QUIESCED_AT_ABORT,  # (tests/library/tours/test_api_tour_quiesce.py)
         RELEASE_BEFORE_INSTALL,  # offload (tests/library/tours/test_api_tour_offload.py)
+        FAILED_LOAD_KEEPS_HIT,  # DiskTier (tests/library/tours/test_api_tour_host_cache.py)
     }
 
 

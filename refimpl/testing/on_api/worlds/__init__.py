@@ -1,9 +1,10 @@
 """The world-specific mixins of ``on_api.subject.ApiSubject``: the actions and registers
 of one ``Config`` feature each (``restarts``: EnvRestart; ``streamed``: the layer
 actions; ``failure``: DecodeFail; ``offload``: the host tier's moves;
-``recompute``: PrefillPreempt)."""
+``recompute``: PrefillPreempt; ``host_cache``: the shared host cache on a DiskTier)."""
 
 from refimpl.testing.on_api.worlds.failure import FailureActions
+from refimpl.testing.on_api.worlds.host_cache import HostCacheActions
 from refimpl.testing.on_api.worlds.offload import OffloadActions
 from refimpl.testing.on_api.worlds.recompute import RecomputeActions
 from refimpl.testing.on_api.worlds.restarts import RestartActions
@@ -11,6 +12,7 @@ from refimpl.testing.on_api.worlds.streamed import StreamedActions
 
 __all__ = [
     "FailureActions",
+    "HostCacheActions",
     "OffloadActions",
     "RecomputeActions",
     "RestartActions",
