@@ -7,6 +7,9 @@ a few states of every default config, every transition from each.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from model_checks.symbolic.agree import (
@@ -37,13 +40,15 @@ def test_tiny_config_every_state_and_edge(name: str) -> None:
 
 
 ENCODED = sorted(CONFIGS)  # every world is in the finite encoding
+_PINNED = json.loads((Path(__file__).parents[2] / "spec" / "pinned.json").read_text())
 
 
 @pytest.mark.by_encoding
 @pytest.mark.parametrize("name", ENCODED)
 def test_default_config_sample(name: str) -> None:
     rep = check_sample(CONFIGS[name], n=25)
-    assert rep.states >= 20
+    # 20 of the 25 sampled, or the whole world where it is smaller (async_offload: 17)
+    assert rep.states >= min(20, _PINNED["configs"][name]["distinct_states"])
     _clean(rep)
 
 
