@@ -47,8 +47,10 @@ _PINNED = json.loads((Path(__file__).parents[2] / "spec" / "pinned.json").read_t
 @pytest.mark.parametrize("name", ENCODED)
 def test_default_config_sample(name: str) -> None:
     rep = check_sample(CONFIGS[name], n=25)
-    # 20 of the 25 sampled, or the whole world where it is smaller (async_offload: 17)
-    assert rep.states >= min(20, _PINNED["configs"][name]["distinct_states"])
+    # 20 of the 25 sampled, or the whole world where it is smaller (async_offload: 17);
+    # a world pinned nowhere (reject_retry, past the explorer's bound) is large
+    whole = _PINNED["configs"].get(name) or _PINNED["deep"].get(name) or {}
+    assert rep.states >= min(20, whole.get("distinct_states", 20))
     _clean(rep)
 
 
