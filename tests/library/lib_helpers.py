@@ -172,3 +172,27 @@ class Census:
     def alive(self) -> int:
         gc.collect()
         return sum(r() is not None for _, r in self.built)
+
+
+def quarantined_under_pending_writes(
+    mutants: frozenset[str],
+) -> tuple[Any, Pair, str, dict[str, Any]]:
+    """An unrevocable pair whose request ``r`` the receiver quarantined (aborted before any
+    write landed) while the Sender's three writes are pending, the last one overtaken by
+    the next message: ``(transport, pair, channel, quarantined())``."""
+    from refimpl.api import Receiver, Sender
+    from refimpl.api.wire import channels
+    from refimpl.transport import InProcessTransport
+
+    t = InProcessTransport(revocable=False)
+    g = geo()
+    ps, pd = g.make_pools(16), g.make_pools(16)
+    p = Pair(t, ps, pd, Sender(ps, g, t, MODEL, mutants=mutants), Receiver(pd, g, t, MODEL))
+    prefill(p, "r", 10)
+    p.tx.offer("r", list(range(10)))
+    p.rx.poll("r")  # reserved, ready
+    ch = channels("r").to_receiver
+    t.inject(ch, "reorder", skip=2)  # the last write arrives after the next message
+    p.tx.poll("r")  # every write posted
+    p.rx.abort("r", "cancelled")  # before any landed: quarantined, nacked
+    return t, p, ch, p.rx.quarantined()

@@ -25,7 +25,14 @@ from refimpl.testing.on_api.adapter import ApiAdapter
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
 from refimpl.transport import InProcessTransport
-from tests.library.lib_helpers import MODEL, Pair, geo, held, prefill
+from tests.library.lib_helpers import (
+    MODEL,
+    Pair,
+    geo,
+    held,
+    prefill,
+    quarantined_under_pending_writes,
+)
 from tests.library.tours.tour_helpers import walks_to_early_ends
 
 
@@ -55,18 +62,7 @@ def test_an_aborted_sender_says_quiesced_only_once_its_writes_landed(
     once they landed. The bug switch ends at once: the source is unpinned under three
     pending writes, and its abort overtakes the last one, so the receiver frees the
     blocks that write still lands in."""
-    t = InProcessTransport(revocable=False)
-    g = geo()
-    ps, pd = g.make_pools(16), g.make_pools(16)
-    p = Pair(t, ps, pd, Sender(ps, g, t, MODEL, mutants=mutants), Receiver(pd, g, t, MODEL))
-    prefill(p, "r", 10)
-    p.tx.offer("r", list(range(10)))
-    p.rx.poll("r")  # reserved, ready
-    ch = channels("r").to_receiver
-    t.inject(ch, "reorder", skip=2)  # the last write arrives after the next message
-    p.tx.poll("r")  # every write posted
-    p.rx.abort("r", "cancelled")  # before any landed: quarantined, nacked
-    q = p.rx.quarantined()
+    t, p, ch, q = quarantined_under_pending_writes(mutants)
     assert list(q) == ["r"]
     p.tx.abort("r", "timeout")  # the engine's timer, the nack unread
     if mutants:

@@ -19,7 +19,7 @@ from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import ApiHarness, api_report, plan_api, run_api_tour
 from refimpl.testing.worlds import get_world
-from tests.library.lib_helpers import geo, pair, prefill
+from tests.library.lib_helpers import geo, pair, prefill, quarantined_under_pending_writes
 from tests.library.tours.tour_helpers import assert_every_pair, assert_machine_walks, first_lines
 
 # per world: (closed edges, edges covered), (pairs, pairs covered): measured
@@ -190,23 +190,7 @@ def test_a_nacked_sender_says_quiesced_only_once_its_writes_landed(
     pending at the transport, so the quarantine holds while they land. The bug switch
     says Quiesced at the nack: it overtakes the last write, and the blocks are freed
     while that write is still in flight."""
-    from refimpl.api import Receiver, Sender
-    from refimpl.api.wire import channels
-    from refimpl.transport import InProcessTransport
-    from tests.library.lib_helpers import MODEL, Pair
-
-    t = InProcessTransport(revocable=False)
-    g = geo()
-    ps, pd = g.make_pools(16), g.make_pools(16)
-    p = Pair(t, ps, pd, Sender(ps, g, t, MODEL, mutants=mutants), Receiver(pd, g, t, MODEL))
-    prefill(p, "r", 10)
-    p.tx.offer("r", list(range(10)))
-    p.rx.poll("r")  # reserved, ready
-    ch = channels("r").to_receiver
-    t.inject(ch, "reorder", skip=2)  # the last write arrives after the next message
-    p.tx.poll("r")  # every write posted
-    p.rx.abort("r", "cancelled")  # before any landed: quarantined, nacked
-    q = p.rx.quarantined()
+    t, p, ch, q = quarantined_under_pending_writes(mutants)
     assert list(q) == ["r"] and t.writes_pending(ch, 1) == 3
     p.tx.poll("r")  # the Nack
     if mutants:
