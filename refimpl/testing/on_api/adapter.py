@@ -75,6 +75,7 @@ class ApiAdapter:
     stage: bool = False
     dst_block: int = 2
     remote: Any = None  # an on_api.remote.RemoteDecode: the Receiver in its own process
+    offload_to: str = "pools"  # "disk": offload worlds to a DiskTier (worlds/disk_offload.py)
 
     def build(self, config: Config, mutants: frozenset[str], seed: int) -> ApiSubject:
         if bad := unexpressed(config, self.remote is not None):
@@ -83,7 +84,10 @@ class ApiAdapter:
         known = self.switches()
         if unknown := set(mutants) - set(known):
             raise ValueError(f"unknown API switches {sorted(unknown)}; known: {sorted(known)}")
+        if self.offload_to not in ("pools", "disk"):
+            raise ValueError(f"offload_to={self.offload_to!r}: 'pools' or 'disk'")
         cls = RankSubject if config.decode_ranks else ApiSubject
+        disk = {"disk": True} if self.offload_to == "disk" else {}
         return cls(
             config,
             seed,
@@ -91,6 +95,7 @@ class ApiAdapter:
             dst_block=self.dst_block,
             mutants=frozenset(mutants),
             remote=self.remote,
+            **disk,
         )
 
     def switches(self) -> dict[str, bool]:
