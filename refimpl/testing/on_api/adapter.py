@@ -23,12 +23,11 @@ from spec.config import Config
 __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
 
 UNEXPRESSED: dict[str, str] = {
-    "offload": "offload/reload (refimpl.api.offload.begin_offload/begin_reload, host pools: "
-    "on_api/worlds/offload.py) are mapped for prefill TP 1. A DiskTier is not the spec's "
-    "host replica: its copy is keyed by content (two requests of one prompt share it), it "
-    "survives a prefill crash (EnvCrash drops h) and a new DiskTier adopts it, and its "
-    "Transfer publishes on the I/O thread before the engine settles it, so a store failure "
-    "(EnvStoreFail) after the work ended is refused (cancel returns False)",
+    "offload": "offload/reload are mapped for prefill TP 1 only: to host pools "
+    "(refimpl.api.offload.begin_offload/begin_reload: on_api/worlds/offload.py) or to a "
+    "DiskTier (ApiAdapter(offload_to='disk'): offload_async/reload_async, their I/O "
+    "threads stepped, on_api/worlds/disk_offload.py); a DiskTier store from TP > 1 "
+    "device pools is not toured",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
