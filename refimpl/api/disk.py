@@ -53,7 +53,8 @@ from typing import Any
 import torch
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.switches import FAILED_LOAD_KEEPS_HIT, TIER_SWITCHES, check_switches
+from refimpl.api.switches import FAILED_LOAD_KEEPS_HIT as KEEPS_HIT
+from refimpl.api.switches import FAILED_STORE_VISIBLE, TIER_SWITCHES, check_switches
 from refimpl.checksum import byte_view
 from refimpl.rankpools import RankPools
 from refimpl.tiers.chunks import CHUNK_TOKENS, FORMAT, chunk_spans, prefix_keys
@@ -167,9 +168,7 @@ class DiskTier:
 
     def remove(self, key: str) -> bool:
         """Unpublish ``key`` now, unlink it after its last reader here (False: none was)."""
-        if self._pins.defer(key):
-            return self.path(key).exists()
-        return self._unlink(key)
+        return self.path(key).exists() if self._pins.defer(key) else self._unlink(key)
 
     def _unlink(self, key: str) -> bool:
         try:
@@ -203,7 +202,8 @@ class DiskTier:
         self, files: Iterable[Pending], stop: Callable[[], bool] | None = None
     ) -> list[Path]:
         """Write, flush, then rename ``files`` in order (``files.write_batch``)."""
-        return write_batch(self.directory, files, stop, self._remember)
+        last = FAILED_STORE_VISIBLE not in self.mutants  # a bug switch: renames regardless
+        return write_batch(self.directory, files, stop, self._remember, last)
 
     def _remember(self, p: Pending, st: os.stat_result) -> None:
         """A chunk this tier just published: its header and manifest are what it wrote,
@@ -356,7 +356,7 @@ class DiskTier:
         except OSError:
             return
         same = (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
-        if same and FAILED_LOAD_KEEPS_HIT not in self.mutants:
+        if same and KEEPS_HIT not in self.mutants:
             self._unlink(c.key)
 
     def load(

@@ -6,6 +6,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
     Sender(..., mutants={"quiesced_at_abort"})
     begin_offload(..., mutants={"release_before_install"})
     DiskTier(..., mutants={"failed_load_keeps_hit"})
+    DiskTier(..., mutants={"failed_store_visible"})
     Receiver(..., mutants={"layer_ready_on_staging"})
     Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
@@ -59,6 +60,12 @@ Quiesced (``refimpl.api.unrevocable``).
 ``DiskTier`` load whose bytes failed their checksum is a miss for that reader (nothing is
 committed) but the chunk stays published: the next lookup hits the unreadable copy
 again and every load of it fails (the spec's HostLoadFail unpublishes it).
+
+``failed_store_visible`` (PublishAfterCommit / NothingLost; the spec's mutant of the same
+name): a ``DiskTier`` store's writer asks ``stop()`` before its renames but renames
+anyway, so a store cancelled once its last file is written (``Transfer.cancel``, the
+engine's EnvStoreFail) is published, and with ``free_device`` the device copy is freed:
+the engine that gave the store up finds a copy it thinks failed, and no device copy.
 """
 
 from __future__ import annotations
@@ -89,7 +96,8 @@ HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"
 RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL})
 RANK_SENDER_SWITCHES = frozenset({HEADS_OF_ANOTHER_RANK})
 FAILED_LOAD_KEEPS_HIT = "failed_load_keeps_hit"
-TIER_SWITCHES = frozenset({FAILED_LOAD_KEEPS_HIT})
+FAILED_STORE_VISIBLE = "failed_store_visible"
+TIER_SWITCHES = frozenset({FAILED_LOAD_KEEPS_HIT, FAILED_STORE_VISIBLE})
 API_SWITCHES = (
     SENDER_SWITCHES
     | RECEIVER_SWITCHES

@@ -199,6 +199,20 @@ TOUR_WORLDS: dict[str, Config] = {
             decode_ranks=True,
             max_attempts=1,
         ),
+        Config(
+            name="offload_restart",
+            doc="offload_crash with one restart: a prefill (or decode) crash, then the"
+            " worker back as a new incarnation (a disk tier's copies outlive the crash)",
+            blocks=2,
+            cap_p=2,
+            cap_d=2,
+            cap_h=2,
+            offload=True,
+            faults=1,
+            fault_kinds=frozenset({"crash"}),
+            max_attempts=1,
+            restarts=1,
+        ),
     )
 }
 

@@ -186,14 +186,15 @@ def write_batch(
     files: Iterable[Pending],
     stop: Callable[[], bool] | None = None,
     seen: Callable[[Pending, os.stat_result], None] | None = None,
+    last_stop: bool = True,
 ) -> list[Path]:
-    """Publish ``files`` (consumed one at a time, so a caller may reuse one buffer for
-    the next file's data once the previous file was yielded): each is written to a temp
-    name unique to this writer; every temp file is fsynced; then the names are published
-    by ``os.replace`` in the order given, and the directory is fsynced once. Until the
-    renames begin, a failure or ``stop()`` (asked before each file and the renames) removes
-    every temp file, publishing nothing; a crash among the renames leaves a run published.
-    ``seen(file, stat)``: each published file's own inode, stated after its rename."""
+    """Publish ``files`` (consumed one at a time: a caller may reuse one buffer once a
+    file was yielded): each written to a temp name unique to this writer, every temp file
+    fsynced, then the names published by ``os.replace`` in order, the directory fsynced
+    once. Until the renames begin, a failure or ``stop()`` (asked before each file and the
+    renames; ``last_stop=False``, a bug switch: the last answer ignored) removes every temp
+    file, publishing nothing; a crash among the renames leaves a run published.
+    ``seen(file, stat)``: each published file's inode."""
     temps: list[tuple[int, Path, Path, Pending]] = []
     out: list[Path] = []
     try:
@@ -201,16 +202,15 @@ def write_batch(
             if stop is not None and stop():
                 raise Stopped(f"stopped before {p.name!r}")
             temps.append((*_write_temp(directory, p), p))
-        if temps and stop is not None and stop():  # the last chance before a name appears
+        if temps and stop is not None and stop() and last_stop:  # the last chance
             raise Stopped("stopped before the renames")
         for fd, *_ in temps:
             os.fsync(fd)  # every byte on the device before any name can appear
         for _, tmp, final, _ in temps:
             os.replace(tmp, final)  # the publish: atomic within one directory
             out.append(final)
-        for fd, _, _, p in temps:
-            if seen is not None:
-                seen(p, os.fstat(fd))
+        for fd, _, _, p in temps if seen is not None else ():
+            seen(p, os.fstat(fd))  # type: ignore[misc]  # not None: the loop is empty then
     except BaseException:
         for _, tmp, _, _ in temps[len(out) :]:
             tmp.unlink(missing_ok=True)

@@ -116,6 +116,9 @@ class ApiActions:
     def crash_tier(self) -> None:
         """The prefill process's host memory is gone (``on_api/worlds/offload.py``)."""
 
+    def restart_tier(self) -> None:
+        """The restarted prefill process opens its tier again (``worlds/disk_offload.py``)."""
+
     def _message(self, i: int, code: int) -> Logical:
         lm = self.net.find(self.rid(i), code, self.c.blocks, self.bad_manifest)
         if lm is None:

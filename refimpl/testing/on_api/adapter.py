@@ -23,12 +23,11 @@ from spec.config import Config
 __all__ = ["UNEXPRESSED", "ApiAdapter", "unexpressed"]
 
 UNEXPRESSED: dict[str, str] = {
-    "offload": "offload/reload (refimpl.api.offload.begin_offload/begin_reload, host pools: "
-    "on_api/worlds/offload.py) are mapped for prefill TP 1. A DiskTier is not the spec's "
-    "host replica: its copy is keyed by content (two requests of one prompt share it), it "
-    "survives a prefill crash (EnvCrash drops h) and a new DiskTier adopts it, and its "
-    "Transfer publishes on the I/O thread before the engine settles it, so a store failure "
-    "(EnvStoreFail) after the work ended is refused (cancel returns False)",
+    "offload": "offload/reload are mapped for prefill TP 1 only: to host pools "
+    "(refimpl.api.offload.begin_offload/begin_reload: on_api/worlds/offload.py) or to a "
+    "DiskTier (ApiAdapter(offload_to='disk'): offload_async/reload_async, their I/O "
+    "threads stepped, on_api/worlds/disk_offload.py); a DiskTier store from TP > 1 "
+    "device pools is not toured",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
     "prefix cache, its references and eviction are the engine's",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
@@ -75,6 +74,7 @@ class ApiAdapter:
     stage: bool = False
     dst_block: int = 2
     remote: Any = None  # an on_api.remote.RemoteDecode: the Receiver in its own process
+    offload_to: str = "pools"  # "disk": offload worlds to a DiskTier (worlds/disk_offload.py)
 
     def build(self, config: Config, mutants: frozenset[str], seed: int) -> ApiSubject:
         if bad := unexpressed(config, self.remote is not None):
@@ -83,7 +83,10 @@ class ApiAdapter:
         known = self.switches()
         if unknown := set(mutants) - set(known):
             raise ValueError(f"unknown API switches {sorted(unknown)}; known: {sorted(known)}")
+        if self.offload_to not in ("pools", "disk"):
+            raise ValueError(f"offload_to={self.offload_to!r}: 'pools' or 'disk'")
         cls = RankSubject if config.decode_ranks else ApiSubject
+        disk = {"disk": True} if self.offload_to == "disk" else {}
         return cls(
             config,
             seed,
@@ -91,6 +94,7 @@ class ApiAdapter:
             dst_block=self.dst_block,
             mutants=frozenset(mutants),
             remote=self.remote,
+            **disk,
         )
 
     def switches(self) -> dict[str, bool]:

@@ -51,9 +51,9 @@ from refimpl.testing.on_api.actions import BLOCK, LAYERS, MESSAGE_ACTIONS, ApiRe
 from refimpl.testing.on_api.views import view
 from refimpl.testing.on_api.wire import Logical, SpecTransport
 from refimpl.testing.on_api.worlds import (
+    DiskOffloadActions,
     FailureActions,
     HostCacheActions,
-    OffloadActions,
     RecomputeActions,
     RestartActions,
     StreamedActions,
@@ -71,7 +71,7 @@ HEAD_DIM = 4
 
 class ApiSubject(
     HostCacheActions,
-    OffloadActions,
+    DiskOffloadActions,
     RecomputeActions,
     FailureActions,
     StreamedActions,
@@ -88,11 +88,14 @@ class ApiSubject(
         dst_block: int = BLOCK,
         mutants: frozenset[str] = frozenset(),
         remote: Any = None,
+        disk: bool = False,
     ) -> None:
         """``dst_block``: decode's block size (another than prefill's: the Receiver lands
         in staging and reshards); ``stage``: it stages even at one block size;
-        ``remote``: an ``on_api.remote.RemoteDecode``, the decode side in its own process."""
-        self.c, self.seed, self.n = c, seed, c.n_reqs
+        ``remote``: an ``on_api.remote.RemoteDecode``, the decode side in its own process;
+        ``disk``: offload to a ``DiskTier`` (``on_api/worlds/disk_offload.py``), not to
+        host pools."""
+        self.c, self.seed, self.n, self.disk = c, seed, c.n_reqs, disk
         heads = max(2, c.src_tp, c.dst_tp)
         self.gp = KVGeometry(LAYERS, heads, HEAD_DIM, BLOCK, "float32", tp=c.src_tp)
         self.net = self.transport()
@@ -117,6 +120,7 @@ class ApiSubject(
         self.stream_init(self.n)  # the streamed worlds' registers (on_api/worlds/streamed.py)
         self.offload_init(self.n)  # the host tier (on_api/worlds/offload.py)
         self.tier_mutants = _tier_switches(mutants)
+        self.disk_init()  # the DiskTier offload target (on_api/worlds/disk_offload.py)
         self.host_cache_init(self.n)  # the shared host cache (on_api/worlds/host_cache.py)
 
     def transport(self) -> SpecTransport:
@@ -266,7 +270,7 @@ class ApiSubject(
     def data_problems(self) -> list[str]:
         """NoPartialUse on the decode side: a layer the Receiver reports ready holds, in
         the blocks ``held()`` names (the ones the engine reads), the attempt's bytes."""
-        out = []
+        out = self.disk_problems()  # a disk copy outlives a prefill crash, whole
         for i in range(self.n):
             rid = self.rid(i)
             blocks = self.rx.held().get(rid) if self.d_up else None
@@ -310,7 +314,7 @@ class ApiSubject(
         return {
             "P": sum(p.alloc.capacity - p.alloc.num_free for p in self.pp),
             "D": view(self.rx, "pool_used"),
-            "H": sum(p.alloc.capacity - p.alloc.num_free for p in self.hp),
+            "H": self.host_held(),
         }
 
 

@@ -11,6 +11,7 @@ from refimpl import Receiver, Sender, State, read_kv, write_kv
 from refimpl.api.switches import (
     API_SWITCHES,
     FAILED_LOAD_KEEPS_HIT,
+    FAILED_STORE_VISIBLE,
     FREE_QUARANTINE_EARLY,
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
@@ -53,6 +54,7 @@ def test_the_switches_are_validated_by_name() -> None:
         QUIESCED_AT_ABORT,  # (tests/library/tours/test_api_tour_quiesce.py)
         RELEASE_BEFORE_INSTALL,  # offload (tests/library/tours/test_api_tour_offload.py)
         FAILED_LOAD_KEEPS_HIT,  # DiskTier (tests/library/tours/test_api_tour_host_cache.py)
+        FAILED_STORE_VISIBLE,  # (tests/library/tours/test_api_tour_disk_offload.py)
     }
 
 

@@ -77,6 +77,7 @@ class RestartActions(ApiActions):
             self.p_inc += 1
             self.tx = self.senders(self.p_inc)  # the pools: empty since the crash
             self.p_up = True
+            self.restart_tier()  # a DiskTier over the same folder adopts its files
             if self.d_up:
                 self.rx.peer_restarted(self.p_inc)
         elif worker == 1 and not self.d_up:
