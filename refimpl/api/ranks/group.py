@@ -198,15 +198,20 @@ class _Member:
 
     def peer_restarted(self, side: str, rank: int, incarnation: int) -> None:
         """Rank ``rank`` of side ``"p"``/``"d"`` came back as ``incarnation`` (the engine's
-        membership says so): its older incarnation's group messages are refused by name,
-        and a live attempt that rank took part in as an older one ends at the next poll,
-        on every rank, naming the rank, its incarnations and the epoch."""
+        membership says so): its older incarnation's group messages are refused by name.
+        A rank of this rank's own side (one worker: its crash is the side's): a live
+        attempt that rank took part in as an older one ends at the next poll, on every
+        rank, naming the rank, its incarnations and the epoch. A rank of the other side:
+        a fence only, as ``Sender``/``Receiver.peer_restarted`` (its dead incarnation's
+        messages change nothing; an attempt bound to it ends by a timer, or at once by
+        the transport's report of the dead process, ``failed``: the spec's
+        ``PrefillTimeout``/``DecodeTimeout`` after ``EnvRestart``)."""
         who = f"{'prefill' if side == 'p' else 'decode'} rank {rank}"
         if side not in ("p", "d") or who not in self._names() or who == self._me():
             raise ValueError(f"peer_restarted({side!r}, {rank!r}): not another rank of the group")
         inc = check_incarnation(incarnation, f"{type(self).__name__}.peer_restarted")
         self._newest[who] = max(self._newest.get(who, 0), inc)
-        for rid, g in self._g.items():
+        for rid, g in self._g.items() if side == self.side else ():
             if not g.state.final and g.incs.get(who, inc) < inc:
                 g.lost = [self._restarted(rid, g, who, g.incs[who], inc)]
 
