@@ -33,8 +33,11 @@ messages carry. A restarted prefill rank never offers an epoch its dead incarnat
 offered (``Epochs.claim``, recorded in the store before anything is sent): it ends that
 attempt on every rank, naming itself, both incarnations and the epoch. A group message
 of an older incarnation than the newest known of its rank is refused by name
-(``stale()``); a rank heard at two incarnations in one attempt, or one the engine's
-membership reports restarted (``peer_restarted``), ends the attempt the same way. An
+(``stale()``); a rank heard at two incarnations in one attempt, or a rank of its own
+side the engine's membership reports restarted (``peer_restarted``), ends the attempt
+the same way (a rank of the other side reported restarted: a fence only, as
+``Sender``/``Receiver.peer_restarted``; the sub-handoffs carry each prefill rank's
+incarnation and a decode rank fences each prefill rank by its own, ``ranks.fence``). An
 abort names the epoch and what the attempt still waited for (``waiting``): a stall that
 ends by a timer names its ranks and epoch.
 """

@@ -26,8 +26,13 @@ ranks, its prefill one of ``src_tp``:
                           ``RankReceiver.crash``: its pools reset), as ``ApiSubject``'s
     EnvManifestMismatch   every sub-handoff's manifest names another model
 
+    EnvRestart            every rank of the crashed side anew over its reset pools,
+                          ``RankSender/RankReceiver(incarnation=k)``, every rank of the
+                          other side told (``peer_restarted``: a fence of the dead
+                          incarnation's messages, per prefill rank on the decode ranks)
+
 Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``. Not mapped
-(``adapter.UNEXPRESSED``): streamed layers, restarts, decode across processes.
+(``adapter.UNEXPRESSED``): streamed layers, decode across processes.
 """
 
 from __future__ import annotations
@@ -141,7 +146,7 @@ class RankSubject(RankMap, ApiSubject):
         cap = max(1, c.cap_d // c.blocks) * per_req
         self.dps = [gd.make_rank_pools(d, cap) for d in range(c.dst_tp)]
         self.gd = gd
-        self.rxs = self.rank_receivers(0)
+        self.rxs: list[RankReceiver] = self.rank_receivers(0)
         return gd, self.dps[0], self.rxs[0].rx  # rank 0's (what reads one Receiver)
 
     # ------------------------------------------------------------ steps
