@@ -11,6 +11,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
     Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
     RankSender(..., mutants={"heads_of_another_rank"})
+    RankReceiver(..., mutants={"rank_accepts_dead_incarnation"})
 
 ``stream_reads_at_ready`` (FrozenSnapshot / NoReuseUnderIO, issue #30 bug 2): a streamed
 offer reads a layer's bytes from its blocks when it sends them (at the receiver's ready
@@ -29,6 +30,12 @@ restart (``peer_restarted``).
 ``ready_on_own_install`` (RankAgreement, decode ranks; the spec's
 ``decode_runs_before_all_ranks``): a ``RankReceiver`` takes the request as ready once its
 own heads committed, without waiting for every other decode rank's install.
+
+``rank_accepts_dead_incarnation`` (Fencing, decode ranks with restarts): a
+``RankReceiver``'s sub-handoff takes a manifest, seal or abort of a prefill rank's dead
+incarnation as current after the membership said that rank restarted
+(``peer_restarted``): a dead prefill's manifest, still in flight when it crashed, is
+answered (a reservation or a nack) as if its incarnation were alive.
 
 ``heads_of_another_rank`` (a reshard off by one rank): a ``RankSender`` sends each
 decode rank the slice of its neighbour's heads (decode rank d gets rank d + 1's, the
@@ -93,7 +100,8 @@ RECEIVER_SWITCHES = frozenset(
 )
 READY_ON_OWN_INSTALL = "ready_on_own_install"
 HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"
-RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL})
+RANK_ACCEPTS_DEAD_INCARNATION = "rank_accepts_dead_incarnation"
+RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL, RANK_ACCEPTS_DEAD_INCARNATION})
 RANK_SENDER_SWITCHES = frozenset({HEADS_OF_ANOTHER_RANK})
 FAILED_LOAD_KEEPS_HIT = "failed_load_keeps_hit"
 FAILED_STORE_VISIBLE = "failed_store_visible"

@@ -213,6 +213,20 @@ TOUR_WORLDS: dict[str, Config] = {
             max_attempts=1,
             restarts=1,
         ),
+        Config(
+            name="ranks_restart_one",
+            doc="one request, 1 block, one attempt, decode TP 2 with decode ranks; a worker"
+            " (every rank of its side) crashes once and comes back as a new incarnation",
+            blocks=1,
+            dst_tp=2,
+            cap_p=1,
+            cap_d=1,
+            faults=1,
+            fault_kinds=frozenset({"crash"}),
+            decode_ranks=True,
+            max_attempts=1,
+            restarts=1,
+        ),
     )
 }
 

@@ -33,8 +33,11 @@ messages carry. A restarted prefill rank never offers an epoch its dead incarnat
 offered (``Epochs.claim``, recorded in the store before anything is sent): it ends that
 attempt on every rank, naming itself, both incarnations and the epoch. A group message
 of an older incarnation than the newest known of its rank is refused by name
-(``stale()``); a rank heard at two incarnations in one attempt, or one the engine's
-membership reports restarted (``peer_restarted``), ends the attempt the same way. An
+(``stale()``); a rank heard at two incarnations in one attempt, or a rank of its own
+side the engine's membership reports restarted (``peer_restarted``), ends the attempt
+the same way (a rank of the other side reported restarted: a fence only, as
+``Sender``/``Receiver.peer_restarted``; the sub-handoffs carry each prefill rank's
+incarnation and a decode rank fences each prefill rank by its own, ``ranks.fence``). An
 abort names the epoch and what the attempt still waited for (``waiting``): a stall that
 ends by a timer names its ranks and epoch.
 """
@@ -198,15 +201,20 @@ class _Member:
 
     def peer_restarted(self, side: str, rank: int, incarnation: int) -> None:
         """Rank ``rank`` of side ``"p"``/``"d"`` came back as ``incarnation`` (the engine's
-        membership says so): its older incarnation's group messages are refused by name,
-        and a live attempt that rank took part in as an older one ends at the next poll,
-        on every rank, naming the rank, its incarnations and the epoch."""
+        membership says so): its older incarnation's group messages are refused by name.
+        A rank of this rank's own side (one worker: its crash is the side's): a live
+        attempt that rank took part in as an older one ends at the next poll, on every
+        rank, naming the rank, its incarnations and the epoch. A rank of the other side:
+        a fence only, as ``Sender``/``Receiver.peer_restarted`` (its dead incarnation's
+        messages change nothing; an attempt bound to it ends by a timer, or at once by
+        the transport's report of the dead process, ``failed``: the spec's
+        ``PrefillTimeout``/``DecodeTimeout`` after ``EnvRestart``)."""
         who = f"{'prefill' if side == 'p' else 'decode'} rank {rank}"
         if side not in ("p", "d") or who not in self._names() or who == self._me():
             raise ValueError(f"peer_restarted({side!r}, {rank!r}): not another rank of the group")
         inc = check_incarnation(incarnation, f"{type(self).__name__}.peer_restarted")
         self._newest[who] = max(self._newest.get(who, 0), inc)
-        for rid, g in self._g.items():
+        for rid, g in self._g.items() if side == self.side else ():
             if not g.state.final and g.incs.get(who, inc) < inc:
                 g.lost = [self._restarted(rid, g, who, g.incs[who], inc)]
 

@@ -7,9 +7,23 @@ from __future__ import annotations
 from typing import Any
 
 from refimpl.api.geometry import KVGeometry, ModelIdentity
-from refimpl.api.ranks.group import INSTALLED, Epochs, _Group, _Member, group_channel, sub_id
+from refimpl.api.ranks.fence import PieceIncarnations
+from refimpl.api.ranks.group import (
+    INSTALLED,
+    Epochs,
+    _Group,
+    _Member,
+    _pieces,
+    group_channel,
+    sub_id,
+)
 from refimpl.api.receiver import Receiver
-from refimpl.api.switches import RANK_RECEIVER_SWITCHES, READY_ON_OWN_INSTALL, check_switches
+from refimpl.api.switches import (
+    RANK_ACCEPTS_DEAD_INCARNATION,
+    RANK_RECEIVER_SWITCHES,
+    READY_ON_OWN_INSTALL,
+    check_switches,
+)
 from refimpl.api.wire import ABORT, State, channels, epoch_of
 from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
@@ -42,7 +56,9 @@ class RankReceiver(_Member):
         """``geometry``: the decode side's (tp = D), ``pools`` rank ``rank``'s alone;
         ``src_tp``: the prefill side's TP. ``incarnation``: this process's restarts so
         far (its Receiver's too: a write to a dead incarnation's registration is
-        refused). ``epochs``: the router's, if this rank can reach it: an abort before
+        refused); its sub-handoff fences each prefill rank it hears by that rank's own
+        incarnation (``ranks.fence``: a manifest, seal or abort of a dead one is refused
+        by name, ``stale``). ``epochs``: the router's, if this rank can reach it: an abort before
         the attempt reached this rank then ends the newest attempt on every rank at once
         (without it, the attempt's manifest is refused here and the prefill ranks tell
         every rank). ``mutants``: this rank's bug switches (``refimpl.api.switches``),
@@ -53,6 +69,9 @@ class RankReceiver(_Member):
         view = geometry.rank_view(rank)
         self.rx = Receiver(pools, view, transport, model, incarnation=incarnation,
                            **receiver_options)  # fmt: skip
+        srcs = [p.src_rank for p in _pieces(geometry.kv_heads, src_tp, geometry.tp, rank)]
+        dead_ok = RANK_ACCEPTS_DEAD_INCARNATION in self.mutants or self.rx.inc.accept_stale
+        self.rx.inc = PieceIncarnations(incarnation, "RankReceiver", srcs, dead_ok)
         self.pools, self.transport, self.epochs = pools, transport, epochs
         self.rank, self.src_tp, self.dst_tp, self.side = rank, src_tp, geometry.tp, "d"
         self._g: dict[str, _Group] = {}
@@ -69,6 +88,18 @@ class RankReceiver(_Member):
         self.rx.expect(sub_id(request_id, self.rank), **kw)
         if epoch is not None:
             self._expected[request_id] = epoch
+
+    def peer_restarted(self, side: str, rank: int, incarnation: int) -> None:
+        """As ``_Member.peer_restarted``; a prefill rank's restart reaches this rank's
+        sub-handoff too: from now on that rank's older incarnation's manifest, seal or
+        abort is refused there by name (``stale``) and changes nothing."""
+        super().peer_restarted(side, rank, incarnation)
+        if side == "p":
+            self.rx.inc.restarted_rank(rank, incarnation)  # type: ignore[attr-defined]
+
+    def stale(self) -> list[str]:
+        """The group's and the sub-handoff's messages refused as a dead incarnation's."""
+        return [*super().stale(), *self.rx.stale()]
 
     def state(self, request_id: str) -> State:
         """DONE only once every decode rank installed (``ready``); else the sub-handoff's

@@ -48,8 +48,8 @@ class RankSender(_Member):
         ``incarnation``: this process's restarts so far (a restarted rank builds a new
         RankSender with the next one): its group messages carry it, and an attempt its
         older incarnation offered is never offered again (``Epochs.claim``). The
-        sub-handoffs' Senders stay at incarnation 0: a decode rank's Receiver hears
-        several prefill ranks, and the epoch fences a dead incarnation's messages there.
+        sub-handoffs' Senders carry it too: a decode rank fences each prefill rank it
+        hears by that rank's own incarnation (``ranks.fence``).
         ``mutants``: bug switches (``refimpl.api.switches``), for demonstrations only.
         ``blocks_per_chunk``: the sub-handoffs' Senders' (their default if None)."""
         geometry.check_rank_pools(pools, rank)
@@ -75,10 +75,22 @@ class RankSender(_Member):
                 want = sub_geo.rank_view(mine[0]).rank_pool_geometry()
                 sub_pools = head_slice(pools, want, lo)
             tx = Sender(sub_pools or pools, sub_geo, transport, model, rank=mine[0],
-                        blocks_per_chunk=blocks_per_chunk)  # fmt: skip
+                        blocks_per_chunk=blocks_per_chunk, incarnation=incarnation)  # fmt: skip
             self._subs[d] = (tx, lo, sub_pools)
         self._g: dict[str, _Group] = {}
         self._blocks: dict[str, list[int]] = {}
+
+    def peer_restarted(self, side: str, rank: int, incarnation: int) -> None:
+        """As ``_Member.peer_restarted``; a decode rank's restart reaches the sub-handoff
+        sending to it too (``Sender.peer_restarted``): a ready, ack or nack of its dead
+        incarnation is refused there by name and changes nothing."""
+        super().peer_restarted(side, rank, incarnation)
+        if side == "d" and rank in self._subs:
+            self._subs[rank][0].peer_restarted(incarnation)
+
+    def stale(self) -> list[str]:
+        """The group's and the sub-handoffs' messages refused as a dead incarnation's."""
+        return [*super().stale(), *(s for tx, _, _ in self._subs.values() for s in tx.stale())]
 
     def state(self, request_id: str) -> State:
         return self._g[request_id].state

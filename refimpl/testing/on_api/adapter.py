@@ -33,9 +33,10 @@ UNEXPRESSED: dict[str, str] = {
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "
-    "decode rank, on_api/worlds/ranks.py) are mapped for whole-request offers with no "
-    "restart (a rank's new incarnation: RankSender/RankReceiver(incarnation=k) and "
-    "peer_restarted are not driven by the tour yet), in one process",
+    "decode rank, on_api/worlds/ranks.py) are mapped for whole-request offers, with "
+    "restarts (RankSender/RankReceiver(incarnation=k), peer_restarted), in one process; "
+    "not streamed layer by layer (the scheduler's send_layer per rank, layer_ready per "
+    "decode rank: not driven by the tour yet), nor across processes",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "turns": "multi-turn append is the engine's",
@@ -51,7 +52,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
-        "decode_ranks": c.decode_ranks and (bool(c.layers) or c.restarts > 0),
+        "decode_ranks": c.decode_ranks and bool(c.layers),
         "identity": c.identity,
         "slots": c.slots,
         "turns": c.turns,

@@ -39,6 +39,7 @@ EDGE_WORLDS = frozenset(
         "pair_ranks_fail",
         "ranks_tp2_one",
         "ranks_faults_one",
+        "ranks_restart_one",
         "offload_contend",
     }
 )

@@ -22,7 +22,7 @@ from tests.library.ownership.test_api_ranks import RID, Group, N
 def _restart_prefill_rank_1(g: Group, incarnation: int) -> None:
     """Prefill rank 1's process comes back: empty pools, no records, the same store."""
     g.sp[1] = g.src.make_rank_pools(1, 16)
-    g.tx[1] = RankSender(g.sp[1], g.src, g.t, MODEL, rank=1, dst_tp=2,
+    g.tx[1] = RankSender(g.sp[1], g.src, g.t, MODEL, rank=1, dst_tp=len(g.rx),
                          epochs=Epochs(g.epochs.store), incarnation=incarnation)  # fmt: skip
     g.blocks[1] = g.sp[1].alloc.allocate(RID, g.src.blocks_for(N))
 
@@ -123,3 +123,59 @@ def test_forget_drops_the_ranks_claim_from_the_store() -> None:
     for x in [*g.tx, *g.rx]:
         x.forget(RID)
     assert g.epochs.store.num_keys() == keys - 2  # each prefill rank's claim; the counter stays
+
+
+def test_a_dead_prefill_incarnations_manifest_is_refused_by_every_decode_rank() -> None:
+    """Every prefill rank offers, then the prefill worker dies with its manifests still
+    on the wire and comes back as incarnation 1; the membership tells the decode ranks.
+    Each decode rank refuses the dead incarnation's manifest by name and reserves
+    nothing (before, the sub-handoffs stamped no incarnation and their Receivers heard
+    no restart: each decode rank took the dead manifest and reserved its blocks)."""
+    g = Group(2, 2)
+    g.epochs.open(RID)
+    for rx in g.rx:
+        rx.expect(RID, decode_room=2)
+    for r, tx in enumerate(g.tx):
+        tx.offer(RID, list(range(N)), blocks=g.blocks[r])
+    for r in range(2):  # the prefill worker's restart: every rank, new pools, incarnation 1
+        g.sp[r] = g.src.make_rank_pools(r, 16)
+        g.tx[r] = RankSender(g.sp[r], g.src, g.t, MODEL, rank=r, dst_tp=2,
+                             epochs=Epochs(g.epochs.store), incarnation=1)  # fmt: skip
+        for rx in g.rx:
+            rx.peer_restarted("p", r, 1)
+    for rx in g.rx:
+        rx.poll(RID)
+        assert rx.state(RID) is State.WAITING, (rx.state(RID), rx.reasons(RID))
+        assert any("[Fencing]" in s and "manifest" in s for s in rx.stale()), rx.stale()
+    assert g.leftover() == [] and not any(rx.held() for rx in g.rx)
+
+
+def test_a_decode_rank_hearing_two_prefill_ranks_fences_each_by_its_own_incarnation() -> None:
+    """Prefill TP 2 -> decode TP 1: the one decode rank hears both prefill ranks. Rank 1
+    restarts (incarnation 1), rank 0 does not: the retry lands bit-exact, the decode
+    rank taking rank 1's seal at incarnation 1, then rank 0's at 0 (one peer
+    incarnation for both, as a Receiver's, would refuse rank 0's seal as a dead
+    incarnation's once rank 1's newer one spoke: the retry would stall)."""
+    g = Group(2, 1, dst_bs=8)
+    g.run(upto=1)
+    _restart_prefill_rank_1(g, incarnation=1)
+    g.rx[0].peer_restarted("p", 1, 1)
+    g.tx[0].peer_restarted("p", 1, 1)  # a sibling of its own side: the attempt ends
+    g.poll()
+    assert all(x.state(RID).final for x in [g.tx[0], *g.rx])
+    for x in [*g.tx, *g.rx]:
+        x.forget(RID)
+    g.epochs.open(RID)  # the router's retry (epoch 2); rank 1 (restarted) sends first
+    g.rx[0].expect(RID, decode_room=2)
+    for r in (1, 0):
+        g.tx[r].offer(RID, list(range(N)), blocks=g.blocks[r])
+    g.poll(2)
+    for r in (1, 0):
+        for layer in range(3):
+            g.write(layer)
+            g.tx[r].send_layer(RID, layer)
+        g.poll(2)
+    g.poll()  # the router's retry (epoch 2)
+    assert g.rx[0].ready(RID), g.rx[0].reasons(RID)
+    assert torch.equal(read_kv(g.dp[0], g.rx[0].blocks(RID), N), g.kv)
+    assert not any("[Fencing]" in s for s in g.rx[0].stale()), g.rx[0].stale()

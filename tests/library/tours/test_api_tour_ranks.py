@@ -101,6 +101,8 @@ def test_decode_rank_worlds_the_api_maps_and_those_it_refuses_naming_why() -> No
     assert unexpressed(get_world("handoff_tp1to2")) == []
     assert unexpressed(get_world("pair_ranks_fail")) == []
     c = replace(get_world("handoff_tp1to2"), fault_kinds=frozenset({"crash"}), restarts=1)
+    assert unexpressed(c) == []  # restarts: test_api_tour_ranks_restart.py
+    c = replace(get_world("handoff_tp1to2"), layers=2, max_attempts=1)
     assert "decode_ranks" in unexpressed(c)
     with pytest.raises(ValueError, match="decode_ranks: decode ranks"):
         ApiAdapter().build(c, frozenset(), 0)

@@ -42,6 +42,7 @@ class RankMap:
     p_up: bool
     d_up: bool
     dead_dep: list[int]
+    kept_rinc: list[int]
     ptx: list[Any]
     rxs: list[Any]
     rid: Callable[[int], str]  # the subject's (``on_api.actions``)
@@ -72,7 +73,14 @@ class RankMap:
         return out
 
     def rinc(self, i: int) -> int:
-        return int(self.sender_view(i).get("rinc", 0))
+        """The spec's ``rinc``: the live sub-handoffs' offer's (the incarnation of the
+        Ready it took), else the one kept from before prefill's crash
+        (``RestartActions.kept_rinc``)."""
+        rid = self.rid(i)
+        subs = [s._subs[d][0] for s in self.ptx for d in s._subs] if self.p_up else []  # noqa: SLF001
+        if any(sub_id(rid, d) in t._offers for t in subs for d in range(self.c.dst_tp)):  # noqa: SLF001
+            return int(self.sender_view(i).get("rinc", 0))
+        return self.kept_rinc[i]
 
     def receiver_view(self, i: int) -> dict[str, int]:
         if not self.d_up:  # every decode rank's process is gone: the spec keeps dep
@@ -94,6 +102,7 @@ class RankMap:
             if len({p[k] for p in parts}) > 1:
                 raise RankDisagreement(f"{rid!r}: the decode ranks' {k} differ: {parts}")
         out = dict(parts[0], landed=landed, rmask=rmask)
+        out["dep"] = max(out["dep"], self.dead_dep[i])  # restarted ranks: the spec's fence
         for p in parts[1:]:
             out["dfl"] |= p["dfl"]
             out["dmask"] |= p["dmask"]

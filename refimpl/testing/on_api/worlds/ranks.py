@@ -26,8 +26,13 @@ ranks, its prefill one of ``src_tp``:
                           ``RankReceiver.crash``: its pools reset), as ``ApiSubject``'s
     EnvManifestMismatch   every sub-handoff's manifest names another model
 
+    EnvRestart            every rank of the crashed side anew over its reset pools,
+                          ``RankSender/RankReceiver(incarnation=k)``, every rank of the
+                          other side told (``peer_restarted``: a fence of the dead
+                          incarnation's messages, per prefill rank on the decode ranks)
+
 Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``. Not mapped
-(``adapter.UNEXPRESSED``): streamed layers, restarts, decode across processes.
+(``adapter.UNEXPRESSED``): streamed layers, decode across processes.
 """
 
 from __future__ import annotations
@@ -85,21 +90,43 @@ class RankSubject(RankMap, ApiSubject):
             )
         self.epochs = Epochs()  # the router's: one epoch per attempt, for every rank
         self.rx_rank_mutants = mutants & RANK_RECEIVER_SWITCHES
-        tx_rank = mutants & RANK_SENDER_SWITCHES
+        self.tx_rank_mutants = mutants & RANK_SENDER_SWITCHES
         super().__init__(c, seed, **kw)
-        self.ptx = [
+        self.ptx = self.rank_senders(0)
+
+    def rank_senders(self, incarnation: int) -> list[RankSender]:
+        """One RankSender per prefill rank over its pools (empty after a crash)."""
+        return [
             RankSender(
                 p,
                 self.gp,
                 self.net,
                 MODEL,
                 rank=r,
-                dst_tp=c.dst_tp,
+                dst_tp=self.c.dst_tp,
                 epochs=self.epochs,
-                mutants=tx_rank,
+                incarnation=incarnation,
+                mutants=self.tx_rank_mutants,
                 blocks_per_chunk=1,
             )
             for r, p in enumerate(self.pp)
+        ]
+
+    def rank_receivers(self, incarnation: int) -> list[RankReceiver]:
+        """One RankReceiver per decode rank over its pools (empty after a crash)."""
+        return [
+            RankReceiver(
+                self.dps[d],
+                self.gd,
+                self.net,
+                MODEL,
+                rank=d,
+                src_tp=self.c.src_tp,
+                incarnation=incarnation,
+                stage=self.stage,
+                mutants=self.rx_rank_mutants,
+            )
+            for d in range(self.c.dst_tp)
         ]
 
     def senders(self, incarnation: int) -> list[Any]:
@@ -118,19 +145,8 @@ class RankSubject(RankMap, ApiSubject):
         per_req = gd.blocks_for(c.blocks * BLOCK)
         cap = max(1, c.cap_d // c.blocks) * per_req
         self.dps = [gd.make_rank_pools(d, cap) for d in range(c.dst_tp)]
-        self.rxs: list[RankReceiver] = [
-            RankReceiver(
-                self.dps[d],
-                gd,
-                self.net,
-                MODEL,
-                rank=d,
-                src_tp=c.src_tp,
-                stage=stage,
-                mutants=self.rx_rank_mutants,
-            )
-            for d in range(c.dst_tp)
-        ]
+        self.gd = gd
+        self.rxs: list[RankReceiver] = self.rank_receivers(0)
         return gd, self.dps[0], self.rxs[0].rx  # rank 0's (what reads one Receiver)
 
     # ------------------------------------------------------------ steps
@@ -207,6 +223,30 @@ class RankSubject(RankMap, ApiSubject):
             self.rxs if d_up and not self.d_up else []
         ):
             end.crash()
+
+    def _EnvRestart(self, i: int, worker: int) -> None:
+        """A crashed worker comes back: every rank of its side a new end over its (reset)
+        pools with the next incarnation, ``RankSender/RankReceiver(incarnation=k)``, and
+        every rank of the other side told by the engine's membership
+        (``peer_restarted``), as ``RestartActions._EnvRestart`` does for one end."""
+        self._need(self.p_inc + self.d_inc < self.c.restarts, "no restart left")
+        if worker == 0 and not self.p_up:
+            self.p_inc += 1
+            self.ptx = self.rank_senders(self.p_inc)
+            self.p_up = True
+            for r in self.rxs if self.d_up else []:
+                for p in range(self.c.src_tp):
+                    r.peer_restarted("p", p, self.p_inc)
+        elif worker == 1 and not self.d_up:
+            self.d_inc += 1
+            self.rxs = self.rank_receivers(self.d_inc)
+            self.rx = self.rxs[0].rx  # what reads one Receiver (a manifest's check)
+            self.d_up = True
+            for s in self.ptx if self.p_up else []:
+                for d in range(self.c.dst_tp):
+                    s.peer_restarted("d", d, self.d_inc)
+        else:
+            self._need(False, "that worker is up")
 
     def _end_prefill(self, i: int, reason: str) -> None:
         rid = self.rid(i)
