@@ -17,6 +17,7 @@ from refimpl.api.switches import (
     LAYER_READY_ON_STAGING,
     QUIESCED_AT_ABORT,
     QUIESCED_AT_NACK,
+    RANK_ACCEPTS_DEAD_INCARNATION,
     READY_ON_OWN_INSTALL,
     RELEASE_BEFORE_INSTALL,
     STALE_INCARNATION_ACCEPTED,
@@ -49,6 +50,7 @@ def test_the_switches_are_validated_by_name() -> None:
         STALE_INCARNATION_ACCEPTED,
         READY_ON_OWN_INSTALL,  # the rank switches (tests/library/tours/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
+        RANK_ACCEPTS_DEAD_INCARNATION,  # (tests/library/tours/test_api_tour_ranks_restart.py)
         FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/tours/test_api_tour_unrevocable.py)
         QUIESCED_AT_NACK,  # (the same)
         QUIESCED_AT_ABORT,  # (tests/library/tours/test_api_tour_quiesce.py)
