@@ -10,6 +10,7 @@ checking of the mutants at their BFS depth), ``unbounded``/``invariants``/``indu
 (what ``kvown prove`` runs).
 """
 
+import model_checks.z3env  # noqa: F401  (before any term: z3 without its Python debug checks)
 from model_checks.symbolic.bmc import BmcResult, bmc, correct_bmc, mutant_bmc
 from model_checks.symbolic.claims import GROUPS, Claim, run_all
 from model_checks.symbolic.encoding import Encoding

@@ -92,7 +92,9 @@ def test_every_property_of_a_nightly_bmc_mutant_keeps_one_in_the_suite() -> None
 
 
 def test_correct_spec_holds_to_a_bound() -> None:
-    for name, k in (("offload_contend", 12), ("handoff_crash", 10), ("handoff_two", 8)):
+    # offload_contend: every depth to its diameter, 22, in the test below (its bound of 12
+    # here was the same unrolling stopped sooner: the same answers at depths 0-12, twice)
+    for name, k in (("handoff_crash", 10), ("handoff_two", 8)):
         res = correct_bmc(name, k)
         assert res.depth is None and res.bound == k, res.steps
 
