@@ -24,6 +24,8 @@ wait on or cancel. ``HostTier`` is the host's prefix cache on the same chunk key
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 # The names load on first use (PEP 562), so importing one module of the package
@@ -89,6 +91,22 @@ __all__ = [
     "HostTier",
     "Kept",
 ]
+
+
+class _Package(types.ModuleType):
+    """This package, keeping a function's name where a submodule has the same one.
+
+    Once ``refimpl.api.handoff`` (or ``.offload``) has run, the import system sets it as
+    this package's attribute, which would hide the function ``handoff`` (``offload``)
+    that ``from refimpl.api import handoff`` must give: the name keeps the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _WHERE.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +169,21 @@ def test_no_two_test_files_share_a_name() -> None:
     for p in (ROOT / "tests").rglob("test_*.py"):
         seen.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
     assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}
+
+
+def test_a_public_function_named_like_its_submodule_stays_the_function() -> None:
+    # ``handoff``/``offload`` are functions of ``refimpl.api`` and submodules of the same
+    # name: once a submodule has run (``refimpl.api.handoff``, as any caller of ``Handoff``
+    # imports it), the import system sets it on the package, and ``from refimpl.api import
+    # handoff`` gave the module ("'module' object is not callable"). In a fresh interpreter.
+    code = (
+        "import refimpl.api.handoff, refimpl.api.offload, refimpl.api.sender\n"
+        "from refimpl.api import handoff, offload, Sender\n"
+        "from refimpl import handoff as h2\n"
+        "import types\n"
+        "bad = [f for f in (handoff, offload, h2) if isinstance(f, types.ModuleType)]\n"
+        "assert not bad, bad\n"
+        "assert callable(handoff) and callable(offload) and isinstance(Sender, type)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
