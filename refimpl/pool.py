@@ -182,6 +182,9 @@ class KVPool(BlockMemory):
         The views alias pool memory: they stay valid, and unchanged, only while the blocks
         are pinned (``allocator.incref``), which is what a frozen snapshot does.
         """
+        if self.device.type == "cpu" and self.kv.is_contiguous():  # one view, sliced
+            whole, per = byte_view(self.kv), self.geometry.block_bytes
+            return [whole[b * per : (b + 1) * per] for b in block_ids]
         if self.device.type == "cpu":
             return [byte_view(self.kv[b]) for b in block_ids]
         assert self.copy_stream is not None

@@ -305,7 +305,10 @@ class InProcessTransport:
 
 def epoch_of(header: Mapping[str, Any]) -> int | None:
     """A peer's epoch if it is an int (``true`` and ``1.0`` are not epoch 1), else None."""
-    e = header.get("epoch") if isinstance(header, Mapping) else None
+    if type(header) is dict:  # the common case, without the ABC's isinstance
+        e = header.get("epoch")
+    else:
+        e = header.get("epoch") if isinstance(header, Mapping) else None
     return e if type(e) is int else None
 
 

@@ -32,6 +32,7 @@ from refimpl.api.wire import NACK, channels
 from refimpl.checksum import bytes_checksum
 from refimpl.errors import ChecksumError, ChunkError, OwnershipError
 from refimpl.memory.views import Landing, copy_hashed, landing, scatter_layer
+from refimpl.pool import PoolGeometry
 from refimpl.rankpools import RankPools
 from refimpl.transport import Payload, Transport
 from spec import shardmap as sm
@@ -117,12 +118,19 @@ def _landing(a: Attempt, pools: RankPools, rank: int, layer: int) -> Landing | N
     pieces, key = a.pieces[rank], (rank, layer)
     if key not in a.spans:
         whole, view = slice(0, pools.geometry.kv_heads), None
-        same = len(pieces) == 1 and _pool_geometry(a.src) == pools.geometry
+        same = len(pieces) == 1 and _src_pool(a) == pools.geometry
         if same and pieces[0].src_slice == pieces[0].dst_slice == whole:
             pool = pools.pools[pieces[0].dst_rank]
             view = _kv(pool) if layer < 0 else pool.layer(layer)
         a.spans[key] = None if view is None else landing(view)
     return a.spans[key]
+
+
+def _src_pool(a: Attempt) -> PoolGeometry:
+    """The sender's per-rank block geometry, made once per attempt (not per chunk)."""
+    if a.src_pool is None:
+        a.src_pool = _pool_geometry(a.src)
+    return a.src_pool
 
 
 def install_block(
@@ -134,7 +142,7 @@ def install_block(
     if (rank, idx) in a.landed:
         a.duplicates += 1
         return
-    src, what = _pool_geometry(a.src), f"block {idx} (rank {rank})"
+    src, what = _src_pool(a), f"block {idx} (rank {rank})"
     canonical = m.src_tp == 1 and m.layout == sm.LAYOUTS[0]
     j, rid = idx - m.prefix_blocks, m.request_id  # j: index among the sent blocks
     b = a.target[a.prefix + j] if a.staging is None else -1
@@ -187,7 +195,7 @@ def install_layer(
         return None
     if seen:
         raise ChunkError(f"layer {layer} (rank {rank}): blocks {idx}+{count} overlap a landed run")
-    src = _pool_geometry(a.src)
+    src = _src_pool(a)
     what = f"layer {layer} (rank {rank}) of blocks {idx}+{count}"
     _sized(payload, src.block_bytes // m.num_layers * count, what)
     rid, view = m.request_id, memoryview(payload).cast("B")

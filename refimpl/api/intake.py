@@ -37,6 +37,7 @@ from refimpl.errors import (
     OwnershipError,
 )
 from refimpl.memory.views import Landing
+from refimpl.pool import PoolGeometry
 from refimpl.rankpools import RankPools
 from spec import shardmap as sm
 from spec.manifest import LocalConfig, Manifest, check_compatible
@@ -78,6 +79,7 @@ class Attempt:
     unstaged: set[int] = field(default_factory=set)  # layers copied from staging to targets
     spans: dict[tuple[int, int], Landing | None] = field(default_factory=dict)  # (dst rank,
     # layer or -1 for whole blocks) -> where chunks land as they are (``install._landing``)
+    src_pool: PoolGeometry | None = None  # ``src``'s per-rank block geometry (made once)
 
 
 def newer(header: Mapping[str, Any], a: Attempt | None, fenced: int = 0) -> bool:

@@ -32,15 +32,15 @@ import torch
 from refimpl.api.geometry import KVGeometry
 from refimpl.api.switches import STREAM_READS_AT_READY
 from refimpl.api.wire import CHUNK, MANIFEST, SEAL, Incarnations, State, channels, stamp
-from refimpl.checksum import byte_view, bytes_checksum, hasher
+from refimpl.checksum import byte_view, bytes_checksum, hasher, writable_byte_view
 from refimpl.chunks import Snapshot, build_manifest
 from refimpl.errors import ChunkError
-from refimpl.memory.views import gather_layer, piece_bytes
+from refimpl.memory.views import gather_into, gather_layer, landing, piece_bytes
 from refimpl.rankpools import RankPools
 from refimpl.transport import Transport
 from spec.manifest import LocalConfig, Manifest
 
-GROUP_BYTES = 1 << 20  # bytes gathered at a time, then hashed from cache (L2: 1-2 MiB)
+GROUP_BYTES = 1 << 19  # bytes gathered at a time, then hashed from cache (L2: 1 MiB a core)
 
 
 class Buffers:
@@ -109,14 +109,20 @@ class Stream:
             lv = pools.pools[pool].layer(layer)  # this layer of every block (a view)
             per = piece_bytes(lv)
             if lv.device.type == "cpu":
-                t = self._room(r, n * per)[layer * n * per : (layer + 1) * n * per]
+                room = self._room(r, n * per)
+                t = room[layer * n * per : (layer + 1) * n * per]
                 out, payload = t.view(n, per), byte_view(t)  # the copy, kept until the end
+                span = landing(lv)  # each block's piece contiguous: copied as raw bytes
+                into = None if span is None else writable_byte_view(t)
                 step = max(1, GROUP_BYTES // max(1, per))
                 for j in range(0, n, run):
                     h, end = hasher(), min(n, j + run)
                     for k in range(j, end, step):
                         e = min(end, k + step)
-                        gather_layer(lv, idx[k:e], out=out[k:e])
+                        if span is not None and into is not None:
+                            gather_into(span, self.blocks[k:e], into[k * per : e * per])
+                        else:
+                            gather_layer(lv, idx[k:e], out=out[k:e])
                         h.update(payload[k * per : e * per])
                     self._chunk(layer, r, j, payload[j * per : end * per], h.hexdigest(), end - j)
             else:

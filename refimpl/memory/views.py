@@ -20,7 +20,7 @@ import torch
 
 from refimpl.checksum import Buffer, copy_bytes_into, hasher, tensor_from_bytes
 
-PIECE = 1 << 19  # bytes copied, then hashed where they landed while in cache (L2: 2 MiB)
+PIECE = 1 << 18  # bytes copied, then hashed where they landed while in cache (L2: 1 MiB a core)
 
 
 def piece_bytes(lv: torch.Tensor) -> int:
@@ -101,15 +101,38 @@ def copy_hashed(span: Landing, blocks: Sequence[int], payload: Buffer) -> str:
     order: each piece of at most ``PIECE`` bytes is hashed right after it is written,
     from cache (one read of the payload from memory, not two)."""
     (dst, stride, capacity), src = span, memoryview(payload).cast("B")
-    if not blocks or not all(type(b) is int and 0 <= b < capacity for b in blocks):
-        raise ValueError(f"copy_hashed: blocks {list(blocks)!r:.60} not in [0, {capacity})")
+    _check_ids(blocks, capacity, "copy_hashed")
     per, h = src.nbytes // len(blocks), hasher()
+    if per <= PIECE:  # a layer's piece of each block (64 KiB here): one slice each
+        for j, b in enumerate(blocks):
+            at = b * stride
+            dst[at : at + per] = src[j * per : (j + 1) * per]
+            h.update(dst[at : at + per])
+        return str(h.hexdigest())
     for j, b in enumerate(blocks):
         for k in range(0, per, PIECE):
             at, n = b * stride + k, min(PIECE, per - k)
             dst[at : at + n] = src[j * per + k : j * per + k + n]
             h.update(dst[at : at + n])
     return str(h.hexdigest())
+
+
+def _check_ids(blocks: Sequence[int], capacity: int, what: str) -> None:
+    """ValueError unless ``blocks`` is a non-empty run of ints in [0, capacity) (checked
+    at C speed: set of types, min, max)."""
+    if not blocks or set(map(type, blocks)) != {int} or min(blocks) < 0 or max(blocks) >= capacity:
+        raise ValueError(f"{what}: blocks {list(blocks)!r:.60} not in [0, {capacity})")
+
+
+def gather_into(span: Landing, blocks: Sequence[int], out: memoryview) -> None:
+    """Copy the pieces of ``blocks`` of a ``landing`` span (read, not written) into
+    ``out`` (writable, contiguous) in block order: one memcpy per piece, no torch
+    dispatch (``Stream.copy_layer``'s copy of a layer at ``send_layer``)."""
+    (src, stride, capacity), n = span, len(blocks)
+    _check_ids(blocks, capacity, "gather_into")
+    per = out.nbytes // n
+    for j, b in enumerate(blocks):
+        out[j * per : (j + 1) * per] = src[b * stride : b * stride + per]
 
 
 def write_bytes(out: torch.Tensor, payload: Buffer) -> None:

@@ -202,3 +202,24 @@ def test_copy_hashed_lands_each_piece_in_its_block_and_hashes_them_in_block_orde
     assert views.landing(lv.t()) is None  # pieces not contiguous: hashed, then written
     with pytest.raises(ValueError, match=r"not in \[0, 6\)"):
         views.copy_hashed(span, [6], payload[:24])
+    for bad in ([True], [-1], []):  # a bool is not a block id; nothing is written
+        with pytest.raises(ValueError, match="not in"):
+            views.copy_hashed(span, bad, payload[:24])
+    assert not lv[[1, 3, 5]].any()
+
+
+def test_gather_into_copies_each_blocks_piece_in_block_order() -> None:
+    """send_layer's copy of a layer (``Stream.copy_layer``): each block's piece, in the
+    order asked, into one contiguous buffer; a bad id is refused before any byte moves."""
+    pool = torch.arange(6 * 2 * 24, dtype=torch.int32).to(torch.uint8).view(6, 2, 24)
+    lv = pool.select(1, 1)  # pieces 48 bytes apart
+    span = views.landing(lv)
+    assert span is not None
+    out = bytearray(3 * 24)
+    views.gather_into(span, [4, 0, 2], memoryview(out))
+    assert bytes(out) == b"".join(bytes(lv[b].numpy()) for b in (4, 0, 2))
+    for bad in ([6], [True], [-1], []):
+        spare = bytearray(24)
+        with pytest.raises(ValueError, match=r"not in \[0, 6\)"):
+            views.gather_into(span, bad, memoryview(spare))
+        assert spare == bytearray(24)
