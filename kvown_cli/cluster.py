@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         _log_dir(args.log_dir)
     cfg = _config(args)
     from kvown_cli.progress import Progress, console
-    from refimpl.cluster.boot import WorkerStartError
+    from refimpl.cluster.procs import WorkerStartError
     from refimpl.cluster.router import run_cluster
 
     with Progress("cluster", cfg.requests, "requests") as bar:

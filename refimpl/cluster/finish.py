@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from refimpl.cluster import eventlog
-from refimpl.cluster.boot import HELLO_MAX_S
+from refimpl.cluster.procs import HELLO_MAX_S
 from refimpl.cluster.worker import CLOSE_WAIT
 from refimpl.cluster.workload import reference_tokens
 from spec.mutants import MUTANTS

@@ -27,10 +27,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from refimpl.cluster import eventlog
-from refimpl.cluster.boot import Boot, WorkerStartError, nominal_s
 from refimpl.cluster.control import Channel, Message, heartbeats, serve_store
 from refimpl.cluster.faults import DROPPABLE, CancelPlan, Kill, parse_kill
-from refimpl.cluster.procs import Procs
+from refimpl.cluster.procs import Boot, Procs, WorkerStartError, nominal_s
 from refimpl.cluster.report import ClusterReport
 from refimpl.cluster.worker import (
     ROUTER,
@@ -120,9 +119,9 @@ class Router:
         )  # fmt: skip
 
     def start(self) -> None:
-        """Start every worker and wait for each one's hello, judged by its pid (``boot``):
+        """Start every worker and wait for each one's hello, judged by its pid (``procs.Boot``):
         one that died or hung is named at once, a slow one on a loaded machine is waited
-        for while it makes progress, up to ``boot.HELLO_MAX_S``."""
+        for while it makes progress, up to ``procs.HELLO_MAX_S``."""
         for w in self.workers:
             self.procs.start(self.worker_args(w, self.inc))
             self.boot.add(w, time.monotonic())

@@ -1,4 +1,4 @@
-"""A worker's start judged by its pid (``refimpl.cluster.boot``, issue #35's loaded
+"""A worker's start judged by its pid (``refimpl.cluster.procs.Boot``, issue #35's loaded
 machine): a worker that dies at its start is named at once with its exit code, one that
 hangs (alive, asleep, no CPU) is named after ``STALL_S``, and a slow one that makes
 progress is waited for past the nominal bound, up to the hard outer bound.
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from model_checks import children
-from refimpl.cluster import boot
-from refimpl.cluster.boot import HELLO_MAX_S, STALL_S, Boot, WorkerStartError
+from refimpl.cluster import procs
+from refimpl.cluster.procs import HELLO_MAX_S, STALL_S, Boot, WorkerStartError
 from refimpl.cluster.router import ClusterConfig, Router
 from refimpl.cluster.worker import WorkerArgs
 
@@ -108,7 +108,7 @@ def test_the_router_names_a_worker_that_died_at_its_start_at_once(tmp_path: Path
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_the_router_names_a_hung_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(boot, "STALL_S", 1.0)  # every stand-in sleeps: all hang
+    monkeypatch.setattr(procs, "STALL_S", 1.0)  # every stand-in sleeps: all hang
     r = _router_with_stand_ins(tmp_path, {})
     try:
         with pytest.raises(WorkerStartError, match="hung before its hello") as info:
