@@ -11,9 +11,9 @@ single-process reference decode, and that the merged event log conforms to the s
 parses, shows progress and prints.
 
 Exit codes: 0 the run is clean; 1 something failed (a request lost, a leak, tokens
-differ, a worker crashed, or the merged log is flagged: a ``--mutant`` run exits 1 with
-``conforms: false``); 2 misuse (one ``error:`` line; with ``--json`` also ``{"error"}``);
-130 interrupted: Ctrl-C, SIGTERM or SIGHUP (one line, every worker ended).
+differ, a worker crashed or did not start, or the merged log is flagged: a ``--mutant``
+run exits 1 with ``conforms: false``); 2 misuse (one ``error:`` line; with ``--json``
+also ``{"error"}``); 130 interrupted: Ctrl-C, SIGTERM or SIGHUP (one line, every worker ended).
 """
 
 from __future__ import annotations

@@ -117,3 +117,22 @@ def test_the_router_names_a_hung_worker(tmp_path: Path, monkeypatch: pytest.Monk
         r.procs.close(grace_s=0.0)
         r.log.close()
     assert "no CPU used" in str(info.value)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_kvown_cluster_reports_a_failed_start_as_one_error_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not an internal error (exit 3, "a bug in kvown"): a worker that did not start is a
+    failure of the run, named in one ``error:`` line."""
+    from kvown_cli.main import main
+
+    def start(self: procs.Procs, a: WorkerArgs) -> None:
+        self.procs[a.name] = children.popen([sys.executable, "-c", "import sys; sys.exit(7)"])
+
+    monkeypatch.setattr(procs.Procs, "start", start)
+    rc = main(["cluster", "--requests", "1", "--log-dir", str(tmp_path / "logs")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert line.startswith("error: kvown cluster: workers did not start:"), line
+    assert "exited with code 7" in line
