@@ -68,9 +68,7 @@ def _group(pgid: int) -> list[int]:
     ("module", "argv", "pause_s"),
     [
         ("kvown_cli.main", ("fuzz", "--seconds", "120"), 0.0),
-        ("kvown_cli.main", ("fuzz", "--seconds", "120"), 0.02),
         ("kvown_cli.main", ("fuzz", "--seconds", "120"), 0.1),
-        ("kvown_cli.main", ("fuzz", "--seconds", "120"), 0.3),
         ("kvown_cli.main", ("fuzz", "--seconds", "120"), 1.0),
         ("kvown_cli.main", ("fuzz", "--seconds", "120"), 2.0),  # in torch's import, at load
         ("kvown_cli.main", ("check",), 0.05),

@@ -1,6 +1,6 @@
 """Start-up, exit and worker-hello times of two checkouts, side by side (issue #35).
 
-    python benchmarks/cli_exit_bench.py BEFORE_ROOT [AFTER_ROOT] [--runs N]
+    python benchmarks/cli/start_exit.py BEFORE_ROOT [AFTER_ROOT] [--runs N]
 
 For each checkout (AFTER_ROOT: this one by default), interleaved run by run so both see
 the same load:
@@ -81,7 +81,7 @@ def one_run(root: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("before", type=Path)
-    ap.add_argument("after", type=Path, nargs="?", default=Path(__file__).resolve().parents[1])
+    ap.add_argument("after", type=Path, nargs="?", default=Path(__file__).resolve().parents[2])
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
