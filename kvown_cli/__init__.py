@@ -5,11 +5,18 @@ model-check commands never import torch.
 
 Commands: ``check``, ``list`` (``listing``), ``prove``, ``check-trace`` (``check_trace``),
 ``demo``, ``fuzz``, ``repro``, ``cluster``, ``mutate``, ``replay``. Exit codes: see
-``kvown_cli.main``. ``progress``: the one progress display and table console of them all.
+``kvown_cli.main``; the executable's first and last moments (a signal during the
+imports, the exit without the interpreter's teardown): ``interrupt.lifetime``.
+``progress``: the one progress display and table console of them all.
 """
 
 import importlib
 from typing import Any
+
+from kvown_cli.interrupt import lifetime
+
+if lifetime.is_executable():  # first: a signal in the imports is one line, exit 130
+    lifetime.install()
 
 __all__ = ["main"]
 

@@ -11,9 +11,9 @@ single-process reference decode, and that the merged event log conforms to the s
 parses, shows progress and prints.
 
 Exit codes: 0 the run is clean; 1 something failed (a request lost, a leak, tokens
-differ, a worker crashed, or the merged log is flagged: a ``--mutant`` run exits 1 with
-``conforms: false``); 2 misuse (one ``error:`` line; with ``--json`` also ``{"error"}``);
-130 interrupted: Ctrl-C, SIGTERM or SIGHUP (one line, every worker ended).
+differ, a worker crashed or did not start, or the merged log is flagged: a ``--mutant``
+run exits 1 with ``conforms: false``); 2 misuse (one ``error:`` line; with ``--json``
+also ``{"error"}``); 130 interrupted: Ctrl-C, SIGTERM or SIGHUP (one line, every worker ended).
 """
 
 from __future__ import annotations
@@ -24,14 +24,18 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvown_cli.usage import MAX_SEED, UsageError, int_in, positive_seconds
+from kvown_cli.usage import MAX_SEED, UsageError, int_in, one_line, positive_seconds
 from spec.strict_json import short
+
+if TYPE_CHECKING:
+    from refimpl.cluster.report import ClusterReport
 
 HELP = "run a prefill/decode cluster of processes (torch.distributed) and check it"
 
@@ -194,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         _log_dir(args.log_dir)
     cfg = _config(args)
     from kvown_cli.progress import Progress, console
+    from refimpl.cluster.procs import WorkerStartError
     from refimpl.cluster.router import run_cluster
 
     with Progress("cluster", cfg.requests, "requests") as bar:
@@ -207,7 +212,15 @@ def run(args: argparse.Namespace) -> int:
             bar.update(done, note=line)
 
         with _terminate_as_interrupt():
-            rep = run_cluster(cfg, progress)
+            try:
+                rep: ClusterReport | None = run_cluster(cfg, progress)
+            except WorkerStartError as e:  # a worker died or hung at its start: a failure
+                rep, failed = None, str(e)
+    if rep is None:
+        print(f"error: kvown cluster: {one_line(failed)}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": one_line(failed)}))
+        return 1
     j = rep.to_json()
     if args.json:
         print(json.dumps(j))

@@ -40,7 +40,7 @@ from types import FrameType
 from typing import NoReturn
 
 from kvown_cli import usage as outcome
-from kvown_cli.interrupt import watch
+from kvown_cli.interrupt import lifetime, watch
 from kvown_cli.usage import UsageError, one_line, refuse
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -134,7 +134,7 @@ def _partial(wait_s: float | None = None) -> str | None:
 
 def _say_interrupted(name: str, done: str | None = None) -> None:
     _SAID.append(True)
-    line = f"kvown {name}: interrupted" + (f" after {done}" if done else "") + "\n"
+    line = f"{('kvown ' + name).strip()}: interrupted" + (f" after {done}" if done else "") + "\n"
     if not _REAL_STDERR:
         print(line, end="", file=sys.stderr)
         return
@@ -205,8 +205,9 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
         _on_landed(2 if _FORCE else 1)
     if children.defer_interrupt():  # a child is starting: popen raises once it is known
         return
-    # End the workers first: a process pool's shutdown would otherwise wait for them.
-    _mute_stderr()
+    if lifetime.in_import(frame):  # torch's C++ aborts on a raise in its import: end now
+        _force_exit()
+    _mute_stderr()  # then end the workers: a pool's shutdown would otherwise wait for them
     _end_children()
     raise KeyboardInterrupt
 
@@ -216,10 +217,9 @@ def _install_signal_handlers() -> None:
     from model_checks import children
 
     children.install()
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) == signal.SIG_DFL:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # unless ignored
+        h = signal.getsignal(sig)
+        if h in (signal.default_int_handler, signal.SIG_DFL) or lifetime.installed(h):
             signal.signal(sig, _on_sigint)
     watch.start(_on_landed)
 
@@ -297,6 +297,8 @@ def _main(argv: Sequence[str] | None) -> int:
     as_json = "--json" in args[1:]
     if name not in COMMANDS:
         return _fail("", f"unknown command {name!r}; valid: {', '.join(COMMANDS)}", as_json)
+    _NAME[0] = name  # from here a signal's line names the command
+    _SAID.clear()
     from model_checks import children
 
     children.begin()  # an earlier command's end_all stopped new work; this one may start
@@ -305,8 +307,6 @@ def _main(argv: Sequence[str] | None) -> int:
     # torch warns at import when numpy is absent; kvown never needs numpy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     outcome.set_command(name)
-    _NAME[0] = name
-    _SAID.clear()
     try:
         rc = _dispatch(name, args[1:], as_json)
         sys.stdout.flush()
@@ -379,21 +379,20 @@ def _dispatch(name: str, argv: list[str], as_json: bool) -> int:
     return result
 
 
-def entry() -> None:
-    """The ``kvown`` executable: ``main``, then exit; after Ctrl-C, at once (the workers are
-    ended, and the interpreter's teardown of torch and Hypothesis would take a second)."""
+def entry() -> NoReturn:
+    """The ``kvown`` executable: ``main``, then ``lifetime.end`` (exit without the teardown
+    of torch and Hypothesis); a signal outside the command's handling: the one line, 130."""
     global _KEEP_MUTED
     _KEEP_MUTED = True
     _ENTRY_START[:] = [outcome.process_started()]
-    rc = main()
-    if rc == EXIT_INTERRUPTED:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(rc)
-    raise SystemExit(rc)
+    try:
+        rc = main()
+    except KeyboardInterrupt:
+        _end_children()
+        if not _SAID:
+            _say_interrupted(_NAME[0])
+        rc = EXIT_INTERRUPTED
+    lifetime.end(rc)
 
 
 if __name__ == "__main__":

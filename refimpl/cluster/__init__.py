@@ -19,7 +19,8 @@ pair groups, control frames over them), ``control`` (the TCPStore channel, delay
 drops, heartbeats), ``eventlog`` (per-process JSONL with Lamport clocks, the causal
 merge, per-request conformance), ``faults`` (kill specs, cancels), ``workload`` (prompts
 with a shared prefix, the reference decode, ``ClusterConfig``), ``procs`` (processes by
-pid), ``report`` (the summary and ``--json``).
+pid; a start judged by its pid: dead, hung or slow), ``report`` (the summary and
+``--json``).
 """
 
 from refimpl.cluster.faults import Kill, parse_kill

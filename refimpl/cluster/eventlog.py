@@ -30,10 +30,10 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from model_checks.conformance import Verdict, check_text
-from model_checks.conformance.jsonline import LogError, loads_line
+if TYPE_CHECKING:  # the checker is the router's, at the end: a worker never imports it
+    from model_checks.conformance import Verdict
 
 GLOBAL_ACTIONS = frozenset({"EnvCrash"})
 
@@ -105,6 +105,8 @@ def _records(path: str | Path) -> list[dict[str, Any]]:
     killed process, a line that is not strict JSON or too long, and a record whose
     ``action``, ``proc``, ``lc`` or ``seq`` is missing or of the wrong type are skipped
     (``merge`` sorts on them). An unreadable file has none."""
+    from model_checks.conformance.jsonline import LogError, loads_line
+
     try:
         text = Path(path).read_bytes()
     except OSError:
@@ -220,6 +222,8 @@ def check_requests(
     merged: Sequence[dict[str, Any]], prefill_tp: int, blocks_of: dict[str, int]
 ) -> list[RequestVerdict]:
     """Check every request's log; ``blocks_of``: each request's block count."""
+    from model_checks.conformance import check_text
+
     out = []
     for rid, evs in per_request(merged).items():
         cfg = config_name(prefill_tp, blocks_of[rid])

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from refimpl.cluster import eventlog
+from refimpl.cluster.procs import HELLO_MAX_S
 from refimpl.cluster.worker import CLOSE_WAIT
 from refimpl.cluster.workload import reference_tokens
 from spec.mutants import MUTANTS
@@ -29,7 +30,7 @@ def finish(r: Router) -> None:
     shutdown(r)
 
 
-def await_restarts(r: Router, timeout_s: float = 120.0) -> None:
+def await_restarts(r: Router, timeout_s: float = HELLO_MAX_S) -> None:
     """A restart still booting when the last request ended comes up first (bounded), so
     that it reports at the shutdown like every live worker."""
     deadline = time.monotonic() + timeout_s

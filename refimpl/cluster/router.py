@@ -29,7 +29,7 @@ from dataclasses import asdict
 from refimpl.cluster import eventlog
 from refimpl.cluster.control import Channel, Message, heartbeats, serve_store
 from refimpl.cluster.faults import DROPPABLE, CancelPlan, Kill, parse_kill
-from refimpl.cluster.procs import Procs
+from refimpl.cluster.procs import Boot, Procs, WorkerStartError, nominal_s
 from refimpl.cluster.report import ClusterReport
 from refimpl.cluster.worker import (
     ROUTER,
@@ -69,6 +69,7 @@ class Router:
         self.store = serve_store(HOST, cfg.timeout_s)
         self.ch = Channel(self.store, ROUTER, tuple(self.workers), self.log.clock)
         self.procs = Procs()
+        self.boot = Boot(nominal_s(len(self.workers)))  # the starts not heard from yet
         self.backlog: list[Message] = []
         self.queue: list[tuple[str, Request]] = [(r.rid, r) for r in self.reqs]  # attempts
         self.base: dict[str, str] = {}  # attempt -> request
@@ -118,12 +119,25 @@ class Router:
         )  # fmt: skip
 
     def start(self) -> None:
+        """Start every worker and wait for each one's hello, judged by its pid (``procs.Boot``):
+        one that died or hung is named at once, a slow one on a loaded machine is waited
+        for while it makes progress, up to ``procs.HELLO_MAX_S``."""
         for w in self.workers:
             self.procs.start(self.worker_args(w, self.inc))
-        hello = self.await_kind("hello", set(self.workers), 60.0 + 10 * len(self.workers))
-        missing = set(self.workers) - hello
-        if missing:
-            raise RuntimeError(f"workers {sorted(missing)} did not start; see {self.dir}/*.out")
+            self.boot.add(w, time.monotonic())
+        while waiting := self.boot.waiting():
+            for m in self.ch.poll():
+                if m["kind"] == "hello" and m["src"] in waiting:
+                    self.boot.forget(m["src"])
+                else:
+                    self.backlog.append(m)
+            now = time.monotonic()
+            left = sorted(self.boot.waiting())
+            why = [self.boot.verdict(w, self.procs.procs[w], now) for w in left]
+            if any(why):
+                names = "; ".join(y for y in why if y)
+                raise WorkerStartError(f"workers did not start: {names}; see {self.dir}/*.out")
+            time.sleep(0.01)
 
     def await_kind(self, kind: str, who: set[str], timeout_s: float) -> set[str]:
         """Wait (bounded) for ``kind`` from each of ``who``; other messages are kept."""
@@ -243,10 +257,12 @@ class Router:
 
     def watch(self, now: float) -> None:
         """A worker whose process exited, or whose heartbeat stood still, is dead."""
-        for w, since in list(self.booting.items()):
-            if now - since > 120.0 or not self.procs.alive(w):  # it never came up
+        for w in list(self.booting):
+            why = self.boot.verdict(w, self.procs.procs[w], now)
+            if why is not None:  # it never came up: dead, hung or past the outer bound
                 del self.booting[w]
-                self.rep.crashed.append(f"{w}.{self.inc[w] + 1} (restart did not start)")
+                self.boot.forget(w)
+                self.rep.crashed.append(f"{w}.{self.inc[w] + 1} (restart did not start: {why})")
                 if self.procs.alive(w):
                     self.procs.kill(w, injected=False)
                 if self.can_restart():
@@ -340,6 +356,7 @@ class Router:
         for n in spawned:
             self.procs.start(self.worker_args(n, incs, lc0=self.log.lc))
             self.booting[n] = time.monotonic()
+            self.boot.add(n, self.booting[n])
         for n in names:  # the router reads the new incarnation's mailboxes from now on
             self.ch.set_inc(n, inc)
         self.rep.restarted += [f"{n}.{inc}" for n in names]
@@ -352,6 +369,7 @@ class Router:
     def on_back(self, w: str) -> None:
         """The restarted process said hello: every live process learns the incarnation."""
         del self.booting[w]
+        self.boot.forget(w)
         g = self.group(w)
         names, spawned, inc = self.restarting[g]
         if any(n in self.booting for n in names):
