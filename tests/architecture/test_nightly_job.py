@@ -146,3 +146,14 @@ def test_the_tour_step_slices_only_a_tour_over_its_budget_and_covers_it_in_turn(
     )
     assert seen == list(range(8_036))
     assert slice_of(3, 10_000, 10, 7) == (1, 3)  # never more slices than sequences
+
+
+def test_the_tour_step_tours_every_default_world_and_edge_tour_once() -> None:
+    """offload_crash joined the default suite while the step still added ``EDGE_TOURS[2:]``
+    (offload_crash): toured twice a night."""
+    from refimpl.testing.tour import EDGE_TOURS
+    from spec.config import DEFAULT_SUITE
+
+    got = _tour_module().worlds()
+    assert len(got) == len(set(got))
+    assert set(got) == set(DEFAULT_SUITE) | set(EDGE_TOURS)

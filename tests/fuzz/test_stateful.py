@@ -22,8 +22,8 @@ from spec.config import CONFIGS, DEFAULT_SUITE
 from tests.conftest import suite_examples
 
 SUITE = Coverage()  # summed over the machines below
-# turns_append is left to its deterministic tour (tests/behaviours/test_turns.py):
-# its machine cost 40 CPU s and reached none of the edited prompt's edges.
+# turns_append is left to its deterministic tour (tests/behaviours/test_turns.py): its
+# machine cost 40 CPU s here; the nightly kill matrix runs it (tests/fuzz/test_fuzz_mutants.py).
 MACHINES = {
     n: make_machine(EngineAdapter(), CONFIGS[n], coverage=SUITE)
     for n in DEFAULT_SUITE
