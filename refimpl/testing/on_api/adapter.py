@@ -52,7 +52,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
-        "decode_ranks": c.decode_ranks and bool(c.layers),
+        "decode_ranks": False,  # across processes only (below)
         "identity": c.identity,
         "slots": c.slots,
         "turns": c.turns,
