@@ -31,8 +31,10 @@ ranks, its prefill one of ``src_tp``:
                           other side told (``peer_restarted``: a fence of the dead
                           incarnation's messages, per prefill rank on the decode ranks)
 
-Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``. Not mapped
-(``adapter.UNEXPRESSED``): streamed layers, decode across processes.
+Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``; streamed layer by
+layer (every prefill rank's ``send_layer``, every decode rank asked ``layer_ready``):
+``on_api/worlds/rank_stream.py``. Not mapped (``adapter.UNEXPRESSED``): decode across
+processes.
 """
 
 from __future__ import annotations
