@@ -11,6 +11,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
     Receiver(..., mutants={"free_quarantine_early"})
     RankReceiver(..., mutants={"ready_on_own_install"})
     RankSender(..., mutants={"heads_of_another_rank"})
+    RankSender(..., mutants={"slice_read_at_ready"})
     RankReceiver(..., mutants={"rank_accepts_dead_incarnation"})
 
 ``stream_reads_at_ready`` (FrozenSnapshot / NoReuseUnderIO, issue #30 bug 2): a streamed
@@ -40,6 +41,12 @@ answered (a reservation or a nack) as if its incarnation were alive.
 ``heads_of_another_rank`` (a reshard off by one rank): a ``RankSender`` sends each
 decode rank the slice of its neighbour's heads (decode rank d gets rank d + 1's, the
 last rank the first's); both ends check and seal the same wrong bytes.
+
+``slice_read_at_ready`` (FrozenSnapshot / NoReuseUnderIO, decode ranks streamed layer by
+layer; issue #30 bug 2 on a rank): a ``RankSender`` hands each sub-handoff that sends a
+slice of its heads (a narrower decode rank: a view of the pools, ``head_slice``) the
+view alone at ``send_layer``, no copy: that sub-handoff reads the slice when it sends it
+(at its decode rank's ready), after the engine may have freed and reused the blocks.
 
 ``quiesced_at_nack`` (NoReuseUnderIO / FrozenSnapshot, an unrevocable transport; the
 spec's ``batch_status_subset`` taken to none of the batch): a nacked ``Sender`` says
@@ -102,7 +109,8 @@ READY_ON_OWN_INSTALL = "ready_on_own_install"
 HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"
 RANK_ACCEPTS_DEAD_INCARNATION = "rank_accepts_dead_incarnation"
 RANK_RECEIVER_SWITCHES = frozenset({READY_ON_OWN_INSTALL, RANK_ACCEPTS_DEAD_INCARNATION})
-RANK_SENDER_SWITCHES = frozenset({HEADS_OF_ANOTHER_RANK})
+SLICE_READ_AT_READY = "slice_read_at_ready"
+RANK_SENDER_SWITCHES = frozenset({HEADS_OF_ANOTHER_RANK, SLICE_READ_AT_READY})
 FAILED_LOAD_KEEPS_HIT = "failed_load_keeps_hit"
 FAILED_STORE_VISIBLE = "failed_store_visible"
 TIER_SWITCHES = frozenset({FAILED_LOAD_KEEPS_HIT, FAILED_STORE_VISIBLE})

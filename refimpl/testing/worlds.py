@@ -227,6 +227,18 @@ TOUR_WORLDS: dict[str, Config] = {
             max_attempts=1,
             restarts=1,
         ),
+        Config(
+            name="ranks_stream_one",
+            doc="one request, 1 block, one attempt, decode TP 2 with decode ranks, streamed"
+            " layer by layer: every prefill rank's send_layer, each decode rank's layers",
+            blocks=1,
+            dst_tp=2,
+            cap_p=1,
+            cap_d=1,
+            decode_ranks=True,
+            layers=2,
+            max_attempts=1,
+        ),
     )
 }
 

@@ -17,7 +17,13 @@ from refimpl.api.ranks.group import (
     sub_id,
 )
 from refimpl.api.sender import Sender
-from refimpl.api.switches import HEADS_OF_ANOTHER_RANK, RANK_SENDER_SWITCHES, check_switches
+from refimpl.api.switches import (
+    HEADS_OF_ANOTHER_RANK,
+    RANK_SENDER_SWITCHES,
+    SLICE_READ_AT_READY,
+    STREAM_READS_AT_READY,
+    check_switches,
+)
 from refimpl.api.wire import ABORT, State, channels
 from refimpl.memory.registered import head_slice
 from refimpl.rankpools import RankPools
@@ -74,8 +80,10 @@ class RankSender(_Member):
             if n != own:
                 want = sub_geo.rank_view(mine[0]).rank_pool_geometry()
                 sub_pools = head_slice(pools, want, lo)
+            lazy = SLICE_READ_AT_READY in self.mutants and sub_pools is not None  # the bug
             tx = Sender(sub_pools or pools, sub_geo, transport, model, rank=mine[0],
-                        blocks_per_chunk=blocks_per_chunk, incarnation=incarnation)  # fmt: skip
+                        blocks_per_chunk=blocks_per_chunk, incarnation=incarnation,
+                        mutants=frozenset({STREAM_READS_AT_READY} if lazy else ()))  # fmt: skip
             self._subs[d] = (tx, lo, sub_pools)
         self._g: dict[str, _Group] = {}
         self._blocks: dict[str, list[int]] = {}

@@ -33,10 +33,8 @@ UNEXPRESSED: dict[str, str] = {
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "
-    "decode rank, on_api/worlds/ranks.py) are mapped for whole-request offers, with "
-    "restarts (RankSender/RankReceiver(incarnation=k), peer_restarted), in one process; "
-    "not streamed layer by layer (the scheduler's send_layer per rank, layer_ready per "
-    "decode rank: not driven by the tour yet), nor across processes",
+    "decode rank, on_api/worlds/ranks.py) are mapped in one process (whole-request and "
+    "streamed offers, restarts); not across processes",
     "identity": "PrefillStage/DecodeRecyclePrefix: content identity is the engine's cache",
     "slots": "decode metadata slots are the engine's",
     "turns": "multi-turn append is the engine's",
@@ -52,15 +50,13 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
         "prefix": c.prefix > 0,
         "async_steps": c.async_steps,
         "retract": c.retract,
-        "decode_ranks": c.decode_ranks and bool(c.layers),
+        "decode_ranks": remote and c.decode_ranks,  # in process: mapped
         "identity": c.identity,
         "slots": c.slots,
         "turns": c.turns,
         "layers": c.layers not in (0, LAYERS),
         "window": c.window,
     }
-    if remote and c.decode_ranks:
-        on["decode_ranks"] = True
     return [k for k, v in on.items() if v]
 
 

@@ -20,6 +20,7 @@ from refimpl.api.switches import (
     RANK_ACCEPTS_DEAD_INCARNATION,
     READY_ON_OWN_INSTALL,
     RELEASE_BEFORE_INSTALL,
+    SLICE_READ_AT_READY,
     STALE_INCARNATION_ACCEPTED,
     STREAM_READS_AT_READY,
 )
@@ -50,6 +51,7 @@ def test_the_switches_are_validated_by_name() -> None:
         STALE_INCARNATION_ACCEPTED,
         READY_ON_OWN_INSTALL,  # the rank switches (tests/library/tours/test_api_tour_ranks.py)
         HEADS_OF_ANOTHER_RANK,
+        SLICE_READ_AT_READY,  # (tests/library/tours/test_api_tour_ranks_stream.py)
         RANK_ACCEPTS_DEAD_INCARNATION,  # (tests/library/tours/test_api_tour_ranks_restart.py)
         FREE_QUARANTINE_EARLY,  # unrevocable (tests/library/tours/test_api_tour_unrevocable.py)
         QUIESCED_AT_NACK,  # (the same)

@@ -51,9 +51,10 @@ def assert_every_pair(name: str, pinned: tuple[int, int]) -> None:
     assert res.probes > 0
 
 
-def assert_machine_walks(name: str) -> None:
+def assert_machine_walks(name: str, gaps: frozenset[str] = frozenset()) -> None:
     """The Hypothesis machine walks world ``name`` on the API (10 examples of 30 steps,
-    derandomized) with no failure and no gap."""
+    derandomized) with no failure and no gap but those named in ``gaps`` (an example
+    ends at a known gap, ``on_api.machine``)."""
     from hypothesis import HealthCheck, settings
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -72,4 +73,4 @@ def assert_machine_walks(name: str) -> None:
         ),
     )
     assert tally.failures == 0 and tally.examples >= 10 and tally.steps > 30
-    assert not tally.gaps
+    assert set(tally.gaps) <= gaps, tally.gaps

@@ -31,8 +31,10 @@ ranks, its prefill one of ``src_tp``:
                           other side told (``peer_restarted``: a fence of the dead
                           incarnation's messages, per prefill rank on the decode ranks)
 
-Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``. Not mapped
-(``adapter.UNEXPRESSED``): streamed layers, decode across processes.
+Prefill TP > 1 and the refinement map: ``on_api/worlds/rank_map.py``; streamed layer by
+layer (every prefill rank's ``send_layer``, every decode rank asked ``layer_ready``):
+``on_api/worlds/rank_stream.py``. Not mapped (``adapter.UNEXPRESSED``): decode across
+processes.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from refimpl.testing.on_api.subject import MODEL, ApiSubject, decode_geometry
 from refimpl.testing.on_api.wire import SpecTransport
 from refimpl.testing.on_api.worlds.failure import FAIL_REASON
 from refimpl.testing.on_api.worlds.rank_map import RankMap
+from refimpl.testing.on_api.worlds.rank_stream import RankStream
 from spec.config import Config
 from spec.state import FINISHED, RUNNING
 
@@ -74,7 +77,7 @@ def rank_channel(channel: str) -> tuple[str, bool]:
     return rid.rpartition("@")[0] or rid, tail == "rx"
 
 
-class RankSubject(RankMap, ApiSubject):
+class RankSubject(RankMap, RankStream, ApiSubject):
     """The subject of a decode-ranks world (see the module doc)."""
 
     def __init__(
@@ -187,6 +190,7 @@ class RankSubject(RankMap, ApiSubject):
         else:
             for s in self.in_turn(self.ptx):
                 s.poll(rid)
+            self.after_reply(i, name)
             if all(rid in s._g and s.state(rid) is State.DONE for s in self.ptx):  # noqa: SLF001
                 for p in self.pp:  # the handoff is done: the scheduler frees the source
                     p.alloc.free(rid)
@@ -207,7 +211,7 @@ class RankSubject(RankMap, ApiSubject):
             raise AssertionError(f"{rid}: Epochs opened {e}, the router's next is {self.ep[i] + 1}")
         for s, p in zip(self.ptx, self.pp, strict=True):
             s.offer(rid, self.token_ids(), blocks=p.alloc.blocks_of(rid))
-        for layer in range(LAYERS):
+        for layer in range(0 if self.c.layers else LAYERS):  # streamed: PrefillSendLayer
             for s in self.ptx:
                 s.send_layer(rid, layer)
         self.ep[i] = e

@@ -31,7 +31,7 @@ from refimpl.testing.on_api.views import view
 from spec.config import Config
 from spec.state import FAILED, G_END_FAILED, RUNNING
 
-__all__ = ["StreamedActions"]
+__all__ = ["StreamedActions", "copies_match"]
 
 
 class StreamedActions:
@@ -117,16 +117,23 @@ class StreamedActions:
         want = self.model.content(i, self.frozen[i].get(self.ep[i], 0))
         h = want.shape[3] // len(self.tx)
         for r, s in enumerate(self.tx):
-            st = self._stream(s, i)
-            if st is None or st.copied < st.layers:
+            if not copies_match(self._stream(s, i), r, want, r * h, (r + 1) * h):
                 return None
-            sums = st.sums.get(r, [])
-            if sum(k for _, _, k, _ in sums) != want.shape[0] * want.shape[1]:
-                return None  # not every (block, layer) of this rank was copied
-            for layer, j, k, checksum in sums:  # each chunk: its blocks' layer, in order
-                d = hasher()
-                for b in range(j, j + k):
-                    d.update(byte_view(want[b, layer, :, r * h : (r + 1) * h].contiguous()))
-                if d.hexdigest() != checksum:
-                    return None
         return want
+
+
+def copies_match(st: Any, r: int, want: torch.Tensor, lo: int, hi: int) -> bool:
+    """Has stream ``st`` copied every layer, and do its rank ``r``'s chunks (what its
+    seal lists) hash as heads ``lo:hi`` of ``want`` (every block and layer, in order)?"""
+    if st is None or st.copied < st.layers:
+        return False
+    sums = st.sums.get(r, [])
+    if sum(k for _, _, k, _ in sums) != want.shape[0] * want.shape[1]:
+        return False  # not every (block, layer) of this rank was copied
+    for layer, j, k, checksum in sums:  # each chunk: its blocks' layer, in order
+        d = hasher()
+        for b in range(j, j + k):
+            d.update(byte_view(want[b, layer, :, lo:hi].contiguous()))
+        if d.hexdigest() != checksum:
+            return False
+    return True
