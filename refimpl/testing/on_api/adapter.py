@@ -29,8 +29,11 @@ UNEXPRESSED: dict[str, str] = {
     "survives a prefill crash (EnvCrash drops h) and a new DiskTier adopts it, and its "
     "Transfer publishes on the I/O thread before the engine settles it, so a store failure "
     "(EnvStoreFail) after the work ended is refused (cancel returns False)",
-    "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
-    "prefix cache, its references and eviction are the engine's",
+    "prefix": "a decode-side prefix (Receiver.expect(prefix=...), offer(prefix_blocks=): "
+    "on_api/worlds/prefix.py) is mapped in one process with one Receiver; across processes "
+    "the prefix "
+    "cache's blocks and refcounts are in the decode process and not read through the "
+    "remote views yet",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "
@@ -49,7 +52,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
         "offload": c.offload and c.src_tp != 1,
-        "prefix": c.prefix > 0,
+        "prefix": c.prefix > 0 and (remote or c.decode_ranks),
         "async_steps": c.async_steps,
         "retract": c.retract,
         "decode_ranks": c.decode_ranks and (bool(c.layers) or c.restarts > 0),
