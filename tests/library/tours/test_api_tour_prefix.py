@@ -11,11 +11,14 @@ hits at prefill TP 2, crashes) are large: their pair tours are nightly."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from refimpl.errors import RefcountError
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
+from refimpl.testing.on_api.pairs import plan_api_pairs
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.on_api.worlds.prefix import PREFIX_CACHE
 from refimpl.testing.worlds import get_world
@@ -26,10 +29,15 @@ from tests.library.tours.tour_helpers import (
     walks_to,
 )
 
-EDGES = {"full_hit_one": (789, 789)}  # (closed edges, edges covered): measured
+EDGES = {"full_hit_one": (789, 789), "partial_hit_tp2_one": (3757, 3757)}  # measured
+# a partial hit (1 of 2 blocks) at prefill TP 2, no fault: the chunks after the prefix,
+# each rank's (the spec's chunk index rank * (blocks - hit) + block - hit)
+PARTIAL = dataclasses.replace(
+    get_world("prefix_partial_tp2"), name="partial_hit_tp2_one", faults=0, fault_kinds=frozenset()
+)
 # per world: (reachable pairs, pairs covered): measured, every pair covered
 PAIRS = {
-    "prefix_share": (0, 0),
+    "prefix_share": (42, 42),  # 35.7 CPU s (35.5 of them the plan)
     "prefix_partial_tp2": (0, 0),
     "prefix_partial_two": (0, 0),
     "prefix_crash": (0, 0),
@@ -49,6 +57,26 @@ def test_full_hit_one_is_toured_edge_by_edge_on_the_api_with_no_divergence() -> 
     assert (rep["edges"], rep["edges_covered"]) == EDGES["full_hit_one"], rep
     assert not res.failures, first_lines(res)
     assert res.probes > 0
+
+
+def test_a_partial_hit_at_prefill_tp2_covers_every_pair_on_the_api() -> None:
+    """42/42 pairs, no divergence (1.3 CPU s); its 3757 edges nightly (below)."""
+    plan = plan_api_pairs(PARTIAL)
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["pairs"], rep["pairs_covered"]) == (42, 42), rep["pairs_missed"]
+    assert not res.failures, first_lines(res)
+    assert res.probes > 0
+
+
+@pytest.mark.nightly
+def test_a_partial_hit_at_prefill_tp2_is_toured_edge_by_edge_on_the_api() -> None:
+    """3757/3757 closed edges, no divergence (26 CPU s)."""
+    plan = plan_api(PARTIAL)
+    res = run_api_tour(ApiAdapter(), plan)
+    rep = api_report(plan, res)
+    assert (rep["edges"], rep["edges_covered"]) == EDGES["partial_hit_tp2_one"], rep
+    assert not res.failures, first_lines(res)
 
 
 def _subject(name: str = "full_hit_one", mutants: frozenset[str] = frozenset()) -> object:
