@@ -5,7 +5,9 @@ the reason; ``ApiAdapter.build`` refuses a world that switches one on, so nothin
 silently skipped (``kvown fuzz --tour --impl api`` lists them). Recompute preemption is
 not one: the scheduler's ``PrefillPreempt`` runs around the API, refused while a store's
 Sender pins the blocks (``on_api/worlds/recompute.py``; with async steps the world is
-refused for those).
+refused for those). Nor is a decode-side prefix (in one process, one Receiver): the
+decode engine's prefix cache is lent to the Receiver (``Receiver.expect(prefix=...)``)
+and the offers send the blocks after it (``on_api/worlds/prefix.py``).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ UNEXPRESSED: dict[str, str] = {
     "(EnvStoreFail) after the work ended is refused (cancel returns False)",
     "prefix": "a decode-side prefix (Receiver.expect(prefix=...), offer(prefix_blocks=): "
     "on_api/worlds/prefix.py) is mapped in one process with one Receiver; across processes "
-    "the prefix "
-    "cache's blocks and refcounts are in the decode process and not read through the "
-    "remote views yet",
+    "the prefix cache's blocks and refcounts are in the decode process and not read "
+    "through the remote views yet, and with decode ranks each RankReceiver's share of it "
+    "is not mapped",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "

@@ -37,6 +37,7 @@ from refimpl.api.wire import MANIFEST
 from refimpl.errors import RefcountError
 from refimpl.testing.on_api.actions import BLOCK
 from refimpl.testing.on_api.views import view
+from refimpl.testing.on_api.wire import SpecTransport
 from spec.config import Config
 
 __all__ = ["PREFIX_CACHE", "PrefixActions"]
@@ -51,7 +52,7 @@ class PrefixActions:
     dp: Any
     gd: Any
     rx: Any
-    net: Any
+    net: SpecTransport
     model: Any
     d_up: bool
     rid: Any
