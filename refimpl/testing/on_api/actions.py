@@ -296,9 +296,10 @@ class ApiActions:
         rid = self.rid(i)
         self._need(self.d_up and self.st[i] == RUNNING and self._committed(i), "not decoding")
         kv = self.from_source(self.model.content(i, self.tokens[i] + 1))
-        got = self.rx.result(rid)  # its own blocks: a prefix is lent, read-only
-        own = got.manifest.prefix_blocks * got.manifest.block_size // self.gd.block_size
-        self.dp.write_full(rid, got.blocks[own:], kv[own:])
+        blocks = self.rx.result(rid).blocks  # its own: a prefix is lent, read-only
+        hit = self.offered.get((rid, view(self.rx, "attempt_epoch", rid)), 0)
+        own = hit * BLOCK // self.gd.block_size  # (the manifest's prefix, in decode blocks)
+        self.dp.write_full(rid, blocks[own:], kv[own:])
         self.tokens[i] += 1
 
     def _committed(self, i: int) -> bool:
