@@ -40,6 +40,7 @@ EDGE_WORLDS = frozenset(
         "ranks_tp2_one",
         "ranks_faults_one",
         "offload_contend",
+        "full_hit_one",  # a zero-block handoff from decode's cached prefix
     }
 )
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")

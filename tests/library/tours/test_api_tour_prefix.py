@@ -19,6 +19,7 @@ import torch
 from refimpl.errors import RefcountError
 from refimpl.testing.on_api.adapter import ApiAdapter, unexpressed
 from refimpl.testing.on_api.pairs import plan_api_pairs
+from refimpl.testing.on_api.report import plan_for
 from refimpl.testing.on_api.tour import api_report, plan_api, run_api_tour
 from refimpl.testing.on_api.worlds.prefix import PREFIX_CACHE
 from refimpl.testing.worlds import get_world
@@ -53,7 +54,9 @@ def test_full_hit_one_is_toured_edge_by_edge_on_the_api_with_no_divergence() -> 
     (taken, and refused while referenced: the probes), a decode crash losing the cache."""
     c = get_world("full_hit_one")
     assert c.prefix == c.blocks and unexpressed(c) == []
-    plan = plan_api(c)
+    assert unexpressed(c, remote=True) == ["prefix"]  # the cache is not read remotely yet
+    plan = plan_for("full_hit_one")  # what ``kvown fuzz --tour --impl api`` tours
+    assert plan.goal == "edges"
     taken = {st["action"] for seq in plan.sequences for st in seq}
     assert {"DecodeEvictPrefix", "DecodeReserve", "DecodeFinish"} <= taken
     res = run_api_tour(ApiAdapter(), plan)
