@@ -14,6 +14,9 @@ end.
     ps      no attempt / a final one IDLE; OFFERED AWAIT_READY; SENDING with every layer
             and seal out AWAIT_ACK (SENDING before that: some layer not computed yet)
     sent    items sent in the phase (chunks and seals, rank-major): all of them once sealed
+    phit    past the receiver's Ready (SENDING, AWAIT_ACK): the prefix blocks the offer
+            does not send (its manifest's ``prefix_blocks``, which the Receiver took),
+            else 0
     nack    a Nack the Senders read while their writes were pending (``Sender._resume``):
             the spec's Nack still in the net, not taken by ``PrefillResume`` yet (its
             code, 0 if none)
@@ -22,7 +25,10 @@ end.
     d       decode: no attempt NONE; RECEIVING with nothing landed RESERVED, else FILLING;
             DONE with the request's blocks still held WRITABLE (the engine owns them)
     dep     the newest attempt's epoch the receiver has taken
-    landed  chunk (rank, block) whose every layer is installed: bit rank * m + block
+    hit     while d is not NONE, the prefix blocks the attempt holds a reference to and
+            did not receive (``expect(prefix=...)``: the manifest's ``prefix_blocks``)
+    landed  chunk (rank, j) whose every layer is installed, j the sent block's index
+            after the prefix: bit rank * (m - hit) + j
     rmask   ranks whose seal the receiver holds
     dfl     the ended attempt's error: a checksum DF_CORRUPT (| DF_FENCED while other
             chunks were still to land), a manifest DF_MISMATCH | DF_FENCED, the
@@ -48,6 +54,7 @@ from refimpl.api.intake import chunks_left
 from refimpl.api.receiver import Receiver
 from refimpl.api.sender import Sender
 from refimpl.api.wire import State
+from refimpl.blocks import BlockAllocator
 from refimpl.errors import ChecksumError, DecodeFailedError, ManifestError
 from refimpl.tiers.files import TEMP_SUFFIX, read_header
 from refimpl.tiers.kvio import checksum, read_into
@@ -71,7 +78,7 @@ from spec.state import (
     msg,
 )
 
-__all__ = ["RankDisagreement", "receiver_part", "sender_part", "tier_part"]
+__all__ = ["RankDisagreement", "prefix_part", "receiver_part", "sender_part", "tier_part"]
 
 TIMEOUT_REASON = "timeout"  # the reason the decode side gives its own timeout's abort
 
@@ -90,21 +97,24 @@ def sender_part(senders: Sequence[Sender], rid: str, per_rank: int) -> dict[str,
     for s in senders:
         o = _offer(s, rid)
         if o is None:
-            views.append((0, IDLE, 0, 0, 0))
+            views.append((0, IDLE, 0, 0, 0, 0))
             continue
         nack = 0 if o.nacked is None else msg(M_NACK, o.epoch, 0, o.nacked[2])
+        pre = o.manifest.prefix_blocks  # not sent: the receiver holds them
         if o.state.final:
-            views.append((o.epoch, IDLE, 0, o.rinc, nack))
+            views.append((o.epoch, IDLE, 0, o.rinc, nack, 0))
         elif o.state is State.OFFERED:
-            views.append((o.epoch, AWAIT_READY, 0, o.rinc, nack))
+            views.append((o.epoch, AWAIT_READY, 0, o.rinc, nack, 0))
         elif o.stream is not None and o.stream.sealed:
-            views.append((o.epoch, AWAIT_ACK, len(senders) * (per_rank + 1), o.rinc, nack))
+            sent = len(senders) * (per_rank - pre + 1)
+            views.append((o.epoch, AWAIT_ACK, sent, o.rinc, nack, pre))
         else:
-            views.append((o.epoch, SENDING, 0, o.rinc, nack))
+            views.append((o.epoch, SENDING, 0, o.rinc, nack, pre))
     if len(set(views)) > 1:
         raise RankDisagreement(f"{rid!r}: the prefill ranks' attempts differ: {views}")
-    ep, ps, sent, rinc, nack = views[0] if views else (0, IDLE, 0, 0, 0)
-    return {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc, "nack": nack}
+    ep, ps, sent, rinc, nack, phit = views[0] if views else (0, IDLE, 0, 0, 0, 0)
+    out = {"ep": ep, "ps": ps, "sent": sent, "live": int(ps != IDLE), "rinc": rinc}
+    return {**out, "nack": nack, "phit": phit}
 
 
 def prefill_replica(held: bool, live: bool) -> int:
@@ -141,13 +151,15 @@ def tier_part(
 
 
 def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
-    """d, dep, landed, rmask, dfl of ``rid`` on the decode side."""
+    """d, dep, hit, landed, rmask, dfl of ``rid`` on the decode side (``per_rank``: the
+    request's blocks per source rank, its prefix included)."""
     a = rx._att.get(rid)  # noqa: SLF001 - a refinement map reads the end's state
     refused = rx._fenced.get(rid, 0)  # noqa: SLF001 - the newest epoch refused at intake
-    out = {"d": NONE, "dep": refused, "landed": 0, "rmask": 0, "dfl": 0}
+    out = {"d": NONE, "dep": refused, "hit": 0, "landed": 0, "rmask": 0, "dfl": 0}
     if a is None or a.m.epoch < refused:  # nothing taken yet, or refused at intake
         return out
     out["dep"] = a.m.epoch
+    per_rank -= a.m.prefix_blocks  # the chunks are the sent blocks': after the prefix
     late = rx._late.get(rid)  # noqa: SLF001 - a quarantine (an unrevocable transport)
     late = late if late is not None and late.epoch == a.m.epoch else None
     if a.state is State.RECEIVING or (late is not None and late.held):
@@ -163,6 +175,8 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
         out["d"] = WRITABLE
         out["landed"] = (1 << (len(a.ranks) * per_rank)) - 1
         out["rmask"] = (1 << len(a.ranks)) - 1
+    if out["d"] != NONE:  # a replica here: it holds its prefix (the spec drops it with d)
+        out["hit"] = a.m.prefix_blocks
     if a.state is State.ABORTED:
         e = a.error
         left = chunks_left(a)  # chunks not (wholly) landed
@@ -179,6 +193,17 @@ def receiver_part(rx: Receiver, rid: str, per_rank: int) -> dict[str, int]:
         if late is not None:  # quarantined, not fenced; a late write may have been bad
             out["dfl"] = out["dfl"] & ~DF_FENCED | (DF_CORRUPT if late.corrupt else 0)
     return out
+
+
+def prefix_part(alloc: BlockAllocator, blocks: Sequence[int]) -> dict[str, int]:
+    """pfx and pfx_ref of a decode-side prefix cache whose own reference is on ``blocks``
+    (none: evicted, or never cached): the references other holders (the requests whose
+    attempts took it, ``Receiver.expect(prefix=...)``) have on them, read from the
+    allocator's refcounts; blocks whose counts differ are not one prefix (raises)."""
+    refs = {alloc.refcount(b) - 1 for b in blocks}
+    if len(refs) > 1:
+        raise AssertionError(f"prefix blocks {list(blocks)}: references differ {sorted(refs)}")
+    return {"pfx": bool(blocks), "pfx_ref": refs.pop() if refs else 0}
 
 
 def _landed(a: Any, per_rank: int) -> tuple[int, int]:

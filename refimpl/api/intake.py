@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from refimpl.api import wire
 from refimpl.api.geometry import KVGeometry
 from refimpl.api.layers import LayerStream, rank_pieces
+from refimpl.api.switches import PREFIX_UNREFERENCED
 from refimpl.api.wire import ABORT, NACK, READY, State
 from refimpl.errors import (
     CancelledError,
@@ -230,7 +231,8 @@ def accept(rx: Receiver, rid: str, header: Mapping[str, Any], ex: Expect) -> Att
     need = sm.blocks_needed(m.num_tokens + ex.decode_room, g.block_size) - len(ex.prefix)
     stage = m.block_size != g.block_size or rx.stage
     staged = len(m.sent_blocks) * src.rank_pool_geometry().block_bytes * src.tp
-    alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
+    if PREFIX_UNREFERENCED not in rx.mutants:  # (the bug reads them unreferenced)
+        alloc.incref(rid, ex.prefix)  # refuses a prefix block that is not valid here
     staging = None
     try:
         if ex.blocks is None:

@@ -9,6 +9,7 @@ tour or a test can show that it is caught (a mutant). Never for serving.
     DiskTier(..., mutants={"failed_store_visible"})
     Receiver(..., mutants={"layer_ready_on_staging"})
     Receiver(..., mutants={"free_quarantine_early"})
+    Receiver(..., mutants={"prefix_unreferenced"})
     RankReceiver(..., mutants={"ready_on_own_install"})
     RankSender(..., mutants={"heads_of_another_rank"})
     RankSender(..., mutants={"slice_read_at_ready"})
@@ -70,6 +71,12 @@ before the host copy is committed, so a store that fails leaves no copy at all.
 ``free_on_cancel_in_flight``): a ``Receiver`` that gives up an attempt whose writes may
 still land frees its blocks at once instead of quarantining them until the writer's
 Quiesced (``refimpl.api.unrevocable``).
+``prefix_unreferenced`` (CapacityRefcount / NoReuseUnderIO, a decode-side prefix): a
+``Receiver`` uses the prefix blocks the engine lent it (``expect(prefix=...)``) without
+taking its own reference on them: the attempt reads and names them (``held``, ``result``)
+while only the engine's prefix cache holds them, so the cache may evict them and reuse
+them for another request's KV under a live transfer or a committed request.
+
 ``failed_load_keeps_hit`` (the spec's mutant of the same name, vLLM #49176): a
 ``DiskTier`` load whose bytes failed their checksum is a miss for that reader (nothing is
 committed) but the chunk stays published: the next lookup hits the unreadable copy
@@ -102,8 +109,9 @@ SENDER_SWITCHES = frozenset(
     }
 )
 FREE_QUARANTINE_EARLY = "free_quarantine_early"
+PREFIX_UNREFERENCED = "prefix_unreferenced"
 RECEIVER_SWITCHES = frozenset(
-    {LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED, FREE_QUARANTINE_EARLY}
+    {LAYER_READY_ON_STAGING, STALE_INCARNATION_ACCEPTED, FREE_QUARANTINE_EARLY, PREFIX_UNREFERENCED}
 )
 READY_ON_OWN_INSTALL = "ready_on_own_install"
 HEADS_OF_ANOTHER_RANK = "heads_of_another_rank"

@@ -76,6 +76,7 @@ class ApiActions:
     p_up: bool
     d_up: bool
     dead_dep: list[int]
+    offered: dict[tuple[str, int], int]
 
     def rid(self, i: int) -> str:
         return f"{self.tag}r{i}"
@@ -109,6 +110,16 @@ class ApiActions:
         """The shared host cache holds the prompt: it is loaded, not computed
         (``on_api/worlds/host_cache.py``)."""
         return False
+
+    def prefix_hit(self, i: int) -> int:
+        """Prefix blocks decode holds for request i's offer (``on_api/worlds/prefix.py``)."""
+        return 0
+
+    def lend_prefix(self, i: int, hit: int) -> None:
+        """Decode's scheduler lends the offer its cached prefix (``worlds/prefix.py``)."""
+
+    def crash_prefix(self) -> None:
+        """The decode process's prefix cache is gone (``on_api/worlds/prefix.py``)."""
 
     def quiesce_tier(self, i: int) -> None:
         """An ended request's moves stop and its host copy goes (``worlds/offload.py``)."""
@@ -243,8 +254,10 @@ class ApiActions:
         self._need(self.ep[i] < self.c.max_attempts, "no attempt left")
         self._need(self.host_free(i), "a host copy or a move")
         e = self.ep[i] + 1  # one epoch for every rank, chosen once
+        hit = self.prefix_hit(i)  # decode's cached prefix, lent to the request: not sent
+        self.lend_prefix(i, hit)
         for s, p in zip(self.tx, self.pp, strict=True):
-            s.offer(
+            m = s.offer(
                 rid,
                 self.token_ids(),
                 blocks=p.alloc.blocks_of(rid),
@@ -252,7 +265,9 @@ class ApiActions:
                 dst_tp=self.c.dst_tp,
                 layers=LAYERS,
                 free_source=True,
+                prefix_blocks=hit,
             )
+            self.offered[(rid, e)] = m.prefix_blocks  # the manifest's: its messages' hit
         for layer in range(0 if self.c.layers else LAYERS):  # streamed: PrefillSendLayer
             for s in self.tx:
                 s.send_layer(rid, layer)
@@ -284,7 +299,10 @@ class ApiActions:
         rid = self.rid(i)
         self._need(self.d_up and self.st[i] == RUNNING and self._committed(i), "not decoding")
         kv = self.from_source(self.model.content(i, self.tokens[i] + 1))
-        self.dp.write_full(rid, self.rx.result(rid).blocks, kv)
+        blocks = self.rx.result(rid).blocks  # its own: a prefix is lent, read-only
+        hit = self.offered.get((rid, view(self.rx, "attempt_epoch", rid)), 0)
+        own = hit * BLOCK // self.gd.block_size  # (the manifest's prefix, in decode blocks)
+        self.dp.write_full(rid, blocks[own:], kv[own:])
         self.tokens[i] += 1
 
     def _committed(self, i: int) -> bool:
@@ -346,6 +364,7 @@ class ApiActions:
         elif worker == 1 and self.d_up:
             self.dead_dep = [r.dep for r in before.reqs]
             self.rx.crash()
+            self.crash_prefix()
             self.net.drop(lambda lm: not lm.to_d)
             self.d_up = False
             fate = [_lost_with_decode(r._replace(d=0), r.d) for r in before.reqs]

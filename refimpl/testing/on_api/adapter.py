@@ -5,7 +5,9 @@ the reason; ``ApiAdapter.build`` refuses a world that switches one on, so nothin
 silently skipped (``kvown fuzz --tour --impl api`` lists them). Recompute preemption is
 not one: the scheduler's ``PrefillPreempt`` runs around the API, refused while a store's
 Sender pins the blocks (``on_api/worlds/recompute.py``; with async steps the world is
-refused for those).
+refused for those). Nor is a decode-side prefix (in one process, one Receiver): the
+decode engine's prefix cache is lent to the Receiver (``Receiver.expect(prefix=...)``)
+and the offers send the blocks after it (``on_api/worlds/prefix.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ UNEXPRESSED: dict[str, str] = {
     "DiskTier (ApiAdapter(offload_to='disk'): offload_async/reload_async, their I/O "
     "threads stepped, on_api/worlds/disk_offload.py); a DiskTier store from TP > 1 "
     "device pools is not toured",
-    "prefix": "a decode-side prefix (Receiver.expect(prefix=...)) is not mapped yet: the "
-    "prefix cache, its references and eviction are the engine's",
+    "prefix": "a decode-side prefix (Receiver.expect(prefix=...), offer(prefix_blocks=): "
+    "on_api/worlds/prefix.py) is mapped in one process with one Receiver; across processes "
+    "the prefix cache's blocks and refcounts are in the decode process and not read "
+    "through the remote views yet, and with decode ranks each RankReceiver's share of it "
+    "is not mapped",
     "async_steps": "dispatched/completed model steps are the engine's scheduler",
     "retract": "DecodeRetract: the API has no retract of a committed copy",
     "decode_ranks": "decode ranks (one RankSender per prefill rank, one RankReceiver per "
@@ -47,7 +52,7 @@ def unexpressed(c: Config, remote: bool = False) -> list[str]:
     """The features of ``c`` the API cannot run (keys of ``UNEXPRESSED``)."""
     on = {
         "offload": c.offload and c.src_tp != 1,
-        "prefix": c.prefix > 0,
+        "prefix": c.prefix > 0 and (remote or c.decode_ranks),
         "async_steps": c.async_steps,
         "retract": c.retract,
         "decode_ranks": remote and c.decode_ranks,  # in process: mapped

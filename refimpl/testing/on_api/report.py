@@ -41,6 +41,7 @@ EDGE_WORLDS = frozenset(
         "ranks_faults_one",
         "ranks_restart_one",
         "offload_contend",
+        "full_hit_one",  # a zero-block handoff from decode's cached prefix
     }
 )
 COLUMNS = ("config", "goal", "edges", "covered", "sequences_diverged", "seconds")

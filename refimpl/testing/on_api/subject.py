@@ -23,6 +23,9 @@ What runs where:
     PrefillResume   the Nack delivered (or, read early while writes were in flight, the
                     Senders polled once they landed: ``early_nack``), then Quiesced
     EnvLose/Duplicate/Corrupt/ManifestMismatch   the transport's fault on that message
+    DecodeEvictPrefix   the decode engine's prefix cache drops its blocks; the prefix is
+                    lent to an offer at PrefillFreeze (``Receiver.expect(prefix=...)``,
+                    ``offer(prefix_blocks=)``): ``on_api/worlds/prefix.py``
     EnvRestart      new Senders / a new Receiver with the next incarnation, the peer
                     told (``peer_restarted``): ``on_api/worlds/restarts.py``
     EnvCrash        ``Sender.crash`` on every rank / ``Receiver.crash``; the messages to
@@ -54,6 +57,7 @@ from refimpl.testing.on_api.worlds import (
     DiskOffloadActions,
     FailureActions,
     HostCacheActions,
+    PrefixActions,
     RecomputeActions,
     RestartActions,
     StreamedActions,
@@ -71,6 +75,7 @@ HEAD_DIM = 4
 
 class ApiSubject(
     HostCacheActions,
+    PrefixActions,
     DiskOffloadActions,
     RecomputeActions,
     FailureActions,
@@ -112,6 +117,7 @@ class ApiSubject(
             end = remote.decode(c, self.net, stage, dst_block, rx_kw)
             self.tag, self.gd, self.dp, self.rx = end
         self.model = self.ghost()  # the model's forward pass: the KV a request computes
+        self.prefix_init()  # decode's prefix cache (on_api/worlds/prefix.py)
         self.st, self.ep, self.g = [QUEUED] * self.n, [0] * self.n, [0] * self.n
         self.tokens = [0] * self.n
         self.frozen: list[dict[int, int]] = [{} for _ in range(self.n)]
@@ -142,7 +148,7 @@ class ApiSubject(
         return Ghost(
             n_reqs=self.n,
             blocks=self.c.blocks,
-            prefix=0,
+            prefix=self.c.prefix,
             block_shape=shape,
             dtype=torch.float32,
             seed=self.seed,
@@ -185,6 +191,7 @@ class ApiSubject(
                     ep=ep,
                     ps=sp["ps"],
                     sent=sp["sent"],
+                    phit=sp.get("phit", 0),
                     g=self.g[i],
                     net=net,
                     rinc=self.rinc(i),
@@ -201,6 +208,7 @@ class ApiSubject(
             p_inc=self.p_inc,
             d_inc=self.d_inc,
             **self.cache_world(),
+            **self.prefix_world(),
         )
 
     def sender_view(self, i: int) -> dict[str, int]:
@@ -307,13 +315,13 @@ class ApiSubject(
         )
         regs = (tuple(self.st), tuple(self.ep), tuple(self.g), self.faults, self.p_up, self.d_up)
         incs = (self.p_inc, self.d_inc, tuple(self.kept_rinc))
-        tiers = (self.tier_snapshot(), self.cache_snapshot())
+        tiers = (self.tier_snapshot(), self.cache_snapshot(), self.pfx_blocks, self.offered)
         return (self.abstract(), pools, flight, ends, regs, incs, tiers)
 
     def held_blocks(self) -> dict[str, int]:
         return {
             "P": sum(p.alloc.capacity - p.alloc.num_free for p in self.pp),
-            "D": view(self.rx, "pool_used"),
+            "D": view(self.rx, "pool_used") - len(self.pfx_blocks),  # the cache's own left out
             "H": self.host_held(),
         }
 
@@ -330,7 +338,8 @@ def decode_end(
     spec's ``cap_d``) and its Receiver over ``net``."""
     gd = decode_geometry(c, dst_block)
     per_req = gd.blocks_for(c.blocks * BLOCK)
-    dp = gd.make_pools(max(1, c.cap_d // c.blocks) * per_req)
+    whole = c.prefix and per_req == c.blocks  # the prefix's blocks and the requests' own
+    dp = gd.make_pools(c.cap_d if whole else max(1, c.cap_d // c.blocks) * per_req)
     return gd, dp, Receiver(dp, gd, net, MODEL, stage=stage, **rx_kw)
 
 

@@ -44,9 +44,11 @@ from spec.state import (
     DF_FAILED,
     DF_MISMATCH,
     FILLING,
+    M_HANDOFF,
     M_HANDOFF_BAD,
     RESERVED,
     World,
+    msg_epoch,
     msg_kind,
 )
 
@@ -87,6 +89,8 @@ JUDGED_WITH = {
     "PrefillPreempt": "recompute",
     "HostLookup": "host_cache",  # a miss: PublishAfterCommit
     "HostLoadBegin": "host_cache",  # no room: CapacityRefcount, the lookup kept
+    # the decode engine's eviction reads the prefix's references (on_api/worlds/prefix.py)
+    "DecodeEvictPrefix": "prefix",
 }
 
 
@@ -116,9 +120,24 @@ def declined(w: World, c: Config, name: str, i: int, arg: int) -> bool:
     ``DecodeAbortFenced`` is never enabled, so nothing is declined: the Receiver takes
     ``DecodeAbort``'s quarantine until the writer's Quiesced (``refimpl.api.unrevocable``).
     The alternative is enabled wherever the step declined is, so declining one never
-    leaves the API stuck where the spec can go on."""
+    leaves the API stuck where the spec can go on.
+
+    One step is declined with no alternative but to wait: ``DecodeEvictPrefix`` while a
+    Handoff that decode has not taken is in flight. An API offer names the prefix blocks
+    it does not send (``offer(prefix_blocks=)``, from decode's answer at the freeze, as
+    vLLM's ``get_num_new_matched_tokens``), where the spec's decode counts its hit only
+    at ``DecodeReserve``; decode's scheduler keeps what it said it holds until the
+    manifest is taken (``on_api/worlds/prefix.py``). Eviction is enabled again once it
+    is, so nothing is left stuck; the spec's states after an eviction under a Handoff
+    in flight (a full send where the offer counted the prefix) are not toured."""
     if name == "DecodeReserve":
         return msg_kind(arg) == M_HANDOFF_BAD
+    if name == "DecodeEvictPrefix":
+        return w.pfx and any(
+            msg_kind(x) in (M_HANDOFF, M_HANDOFF_BAD) and msg_epoch(x) > r.dep
+            for r in w.reqs
+            for x in r.net
+        )
     if name == "DecodeAbort":
         return isinstance(apply(w, c, NO_MUTANTS, "DecodeAbortFenced", i, 0), World)
     return False

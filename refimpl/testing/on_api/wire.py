@@ -11,10 +11,13 @@ its header carries (``inc``: the sender's, a chunk its target's; spec ``msg_inc`
 
     manifest                    Handoff (HandoffBadManifest once ``mismatch`` rewrote it)
     chunk (rank, block, layer)  the L layer chunks of one (rank, block) are one Chunk
-                                (idx = rank * m + block), ChunkCorrupt once a byte flipped
+                                (idx = rank * (m - hit) + block - hit, hit the attempt's
+                                prefix blocks, not sent: ``hit_of``), ChunkCorrupt once
+                                a byte flipped
     seal (rank)                 RankDone (idx = rank)
-    ready / ack / nack          Ready / Ack / Nack, one message although the receiver sends
-                                a copy to every source rank's channel (``to_rank``)
+    ready / ack / nack          Ready (idx = hit) / Ack / Nack, one message although the
+                                receiver sends a copy to every source rank's channel
+                                (``to_rank``)
     abort (sender -> receiver)  Quiesced: the sender's writes of the attempt are over (one
                                 for the aborts of every rank in one step)
     abort (rank -> rank)        none: a ranked Sender tells its siblings (issue #30 bug 3);
@@ -109,6 +112,8 @@ class SpecTransport:
         self._delivered: dict[str, list[tuple[str, Payload]]] = {}
         self.tick = 0  # the environment's step (the adapter's): what one step sends
         self.alive: Callable[[bool], bool] = lambda to_d: True  # is that side's worker up?
+        # the prefix blocks an attempt (request id, epoch) does not send: its manifest's
+        self.hit_of: Callable[[str, int], int] = lambda rid, epoch: 0
 
     # ------------------------------------------------------------ Transport
     def send(self, channel: str, header: Mapping[str, Any], payload: Payload = b"") -> None:
@@ -302,7 +307,8 @@ class SpecTransport:
             corrupt = any(
                 bytes_checksum(d) != json.loads(t).get("checksum") for _, t, d in lm.copies
             )
-            idx = rank * per_rank + int(h["block_index"])
+            hit = self.hit_of(lm.rid, int(h["epoch"]))
+            idx = rank * (per_rank - hit) + int(h["block_index"]) - hit
             return msg(M_CHUNK_BAD if corrupt else M_CHUNK, int(h["epoch"]), idx, inc)
         if kind == MANIFEST:
             mf = h["manifest"]
@@ -310,7 +316,7 @@ class SpecTransport:
             return msg(bad, int(mf["epoch"]), 0, inc)
         if kind == ABORT:
             return msg(M_QUIESCED, int(h["epoch"]), 0, inc)
-        idx = rank if kind == SEAL else 0
+        idx = rank if kind == SEAL else self.hit_of(lm.rid, int(h["epoch"])) if kind == READY else 0
         if kind == ACK and any(json.loads(t).get("type") == NACK for _, t, _ in lm.copies):
             kind = NACK  # decode ranks: a rank's nack in the step ends the attempt (no Ack)
         return msg(CONTROL_KINDS[str(kind)], int(h["epoch"]), idx, inc)

@@ -15,6 +15,7 @@ from refimpl.api.switches import (
     FREE_QUARANTINE_EARLY,
     HEADS_OF_ANOTHER_RANK,
     LAYER_READY_ON_STAGING,
+    PREFIX_UNREFERENCED,
     QUIESCED_AT_ABORT,
     QUIESCED_AT_NACK,
     RANK_ACCEPTS_DEAD_INCARNATION,
@@ -59,6 +60,7 @@ def test_the_switches_are_validated_by_name() -> None:
         RELEASE_BEFORE_INSTALL,  # offload (tests/library/tours/test_api_tour_offload.py)
         FAILED_LOAD_KEEPS_HIT,  # DiskTier (tests/library/tours/test_api_tour_host_cache.py)
         FAILED_STORE_VISIBLE,  # (tests/library/tours/test_api_tour_disk_offload.py)
+        PREFIX_UNREFERENCED,  # a decode-side prefix (tests/library/tours/test_api_tour_prefix.py)
     }
 
 
