@@ -35,6 +35,7 @@ on). Bugs (``spec/mutants.py``): ``append_after_evict``, ``append_divergent_uncu
 from __future__ import annotations
 
 from spec.actions_decode import _free
+from spec.actions_env import back_to_prefill
 from spec.common import NOT_ENABLED, Mutants, Result, put, refuse
 from spec.config import Config
 from spec.state import COMPLETE, ENDED, IDLE, NONE, PREEMPTED, RUNNING, WRITABLE, Req, World
@@ -112,7 +113,7 @@ def TurnPrefill(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if r.st not in (RUNNING, PREEMPTED) or (r.d == WRITABLE and not r.tdv):
         return NOT_ENABLED
-    nr = r._replace(st=PREEMPTED, ti=0, tdv=0, tc=r.tc + 1)
+    nr = back_to_prefill(w, r._replace(ti=0, tdv=0, tc=r.tc + 1))  # fails: prefill down
     if r.d == WRITABLE:
         return _free(w, i, nr) if w.d_up else NOT_ENABLED
     return put(w, i, nr)
@@ -158,7 +159,7 @@ def SessionEvict(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
         return NOT_ENABLED
     if session_pinned(r) and "evict_pinned_session" not in m:
         return refuse("NothingLost")
-    return _free(w, i, r._replace(st=PREEMPTED, tdv=0))
+    return _free(w, i, back_to_prefill(w, r._replace(tdv=0)))  # fails while prefill is down
 
 
 # -- the state parts of the properties (spec/properties.py) --------------------------
