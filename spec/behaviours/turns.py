@@ -107,7 +107,8 @@ def TurnRoute(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 def TurnPrefill(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """The next turn falls back to prefill: the session's KV is gone from decode (evicted
     between turns) or diverges from the new prompt. Decode's copy, if any, is dropped
-    and the whole conversation is computed again (as a retraction's refetch)."""
+    and the whole conversation is computed again (as a retraction's refetch); while
+    prefill is down the turn fails instead (``back_to_prefill``)."""
     r = w.reqs[i]
     if not c.turns or r.ti != 1 or r.tn or r.tc >= c.max_turns:
         return NOT_ENABLED
@@ -153,7 +154,8 @@ def DecodeAppendCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
 
 def SessionEvict(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Decode evicts an idle session's KV between turns (memory pressure): the request
-    is marked preempted, so its next turn is prefilled. Never while pinned."""
+    is marked preempted, so its next turn is prefilled (failed while prefill is down:
+    ``back_to_prefill``). Never while pinned."""
     r = w.reqs[i]
     if not c.turns or not w.d_up or r.ti != 1 or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
