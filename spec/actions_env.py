@@ -101,6 +101,14 @@ def _lost_with_prefill(r: Req) -> Req:
     return r
 
 
+def back_to_prefill(w: World, r: Req) -> Req:
+    """``r`` (decode's copy dropped: evicted, retracted, or its turn sent back) handed to
+    prefill, preempted, to be computed again; while prefill is down nothing can compute
+    it, so it fails, as the crash fails every such request (``_lost_with_prefill``)."""
+    r = r._replace(st=PREEMPTED)
+    return r if w.p_up else _lost_with_prefill(r._replace(d=NONE))
+
+
 def _lost_with_decode(r: Req, d_before: int) -> Req:
     """After a decode crash: a live request fails when decode owned it (committed), or
     when it is running and its only complete copy was on decode. A request that needs no

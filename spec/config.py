@@ -58,10 +58,10 @@ class Config:
             problems.append(f"blocks={self.blocks} not in 1..{blocks}")
         if not 1 <= self.src_tp <= 4 or self.src_tp * self.blocks > 15:
             problems.append(f"src_tp={self.src_tp} with blocks={self.blocks} too large")
-        if not 0 <= self.prefix <= self.blocks:
-            problems.append(f"prefix={self.prefix} not in 0..blocks")
-        if self.prefix > self.cap_d:
-            problems.append("prefix does not fit in cap_d")
+        if not 0 <= self.prefix <= min(self.blocks, self.cap_d):
+            problems.append(f"prefix={self.prefix} not in 0..blocks or does not fit in cap_d")
+        if self.host_cache == 2 and self.blocks > self.cap_h:  # the warm copy is resident
+            problems.append("a warm host cache (host_cache=2) does not fit in cap_h")
         for f in ("max_attempts", "max_turns"):
             if not 1 <= getattr(self, f) <= 15:
                 problems.append(f"{f}={getattr(self, f)} not in 1..15")

@@ -19,7 +19,7 @@ from typing import Any
 
 from spec.config import FAULT_KINDS, Config
 
-__all__ = ["BEHAVIOURS", "FAULT_OF", "SIZES", "UNBOUNDED", "grown", "world"]
+__all__ = ["BEHAVIOURS", "FAULT_OF", "NEEDS", "SIZES", "UNBOUNDED", "grown", "smallest", "world"]
 
 # behaviour name -> the Config switches it sets (the core handoff and cancel are always on)
 BEHAVIOURS: dict[str, dict[str, Any]] = {
@@ -107,3 +107,40 @@ def grown(c: Config, kind: str | None = None, more_faults: int = 0, **at_least: 
     if kind is not None and kind not in c.fault_kinds:
         kw["fault_kinds"] = c.fault_kinds | {kind}
     return replace(c, **kw) if kw else c
+
+
+# behaviour -> the least sizes it needs to show itself in an explored world (``smallest``)
+NEEDS: dict[str, dict[str, int]] = {
+    "offload": {"cap_h": 1},
+    "host_cache": {"cap_h": 1},
+    "host_cache_warm": {"cap_h": 1},
+    "decode_ranks": {"dst_tp": 2},
+    "identity": {"prefix": 1},
+    "window": {"blocks": 2},  # one block is never pruned
+    "restarts": {"restarts": 1},
+}
+
+
+def smallest(behaviours: list[str], kinds: list[str], **sizes: int) -> Config:
+    """The smallest explorable world with ``behaviours`` and fault ``kinds`` on (one request,
+    one block, one attempt, a fault budget of one when a fault kind is named, each
+    behaviour's ``NEEDS``, then ``sizes``), its pools just large enough for its requests
+    (``tests/explorer`` explores every pair of them)."""
+    on = set(kinds) | ({"crash"} if "restarts" in behaviours else set())
+    kw: dict[str, Any] = {"blocks": 1, "max_attempts": 1, "faults": 1 if on else 0}
+    for b in behaviours:
+        kw.update(BEHAVIOURS[b])
+        for f, v in NEEDS.get(b, {}).items():
+            kw[f] = max(kw.get(f, 0), v)
+    kw.update(sizes)
+    n, blocks, prefix = kw.get("n_reqs", 1), kw["blocks"], kw.get("prefix", 0)
+    kw.update(cap_p=n * blocks, cap_d=n * blocks + prefix)
+    if kw.get("cap_h"):  # a store or a warm copy holds a whole request's blocks
+        kw["cap_h"] = max(kw["cap_h"], blocks)
+    parts = sorted(set(behaviours)) + [f"fault:{k}" for k in sorted(on)]
+    return Config(
+        name="smallest:" + ",".join(parts + [f"{k}={v}" for k, v in sorted(sizes.items())]),
+        doc="the smallest world with these behaviours (spec/behaviours/compose.py)",
+        fault_kinds=frozenset(on),
+        **kw,
+    )

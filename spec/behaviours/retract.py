@@ -27,10 +27,11 @@ writes into decode blocks the retraction freed (NoReuseUnderIO).
 from __future__ import annotations
 
 from spec.actions_decode import _free
+from spec.actions_env import back_to_prefill
 from spec.behaviours.async_steps import step_blocks_free
 from spec.common import NOT_ENABLED, Mutants, Result
 from spec.config import Config
-from spec.state import PREEMPTED, RUNNING, WRITABLE, Req, World
+from spec.state import RUNNING, WRITABLE, Req, World
 
 __all__ = ["DecodeRetract", "refetch_reuses_epoch"]
 
@@ -45,8 +46,9 @@ def DecodeRetract(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     busy = step_blocks_free(c, r, "d", m)  # a decode step in flight still writes them
     if busy is not None:
         return busy
-    st = RUNNING if "retract_loses_kv" in m else PREEMPTED
-    return _free(w, i, r._replace(st=st, mv=r.mv + 1))
+    if "retract_loses_kv" in m:
+        return _free(w, i, r._replace(mv=r.mv + 1))
+    return _free(w, i, back_to_prefill(w, r._replace(mv=r.mv + 1)))  # fails: prefill down
 
 
 def refetch_reuses_epoch(r: Req, m: Mutants) -> bool:

@@ -32,8 +32,8 @@ WORLDS: tuple[dict[str, Any], ...] = (
         name="turns_restart",
         doc="one request, 1 block, one attempt, no cancel: a worker may crash once during a"
         " turn or between turns and come back; a session left on decode by a prefill crash"
-        " and then evicted waits, preempted, for the restarted prefill (pair_restart_turns"
-        " made small)",
+        " and then evicted while prefill is down fails its turn (pair_restart_turns made"
+        " small)",
         blocks=1,
         cap_p=1,
         cap_d=1,
@@ -45,9 +45,8 @@ WORLDS: tuple[dict[str, Any], ...] = (
         turns=True,
     ),
 )
-# in the default suite: turns_append about 1 CPU s; turns_restart 417 states, the one
-# default world where a live request waits for a prefill that is down (PrefillAdmit's
-# p_up guard, NothingLost's "on a worker that is up")
+# in the default suite: turns_append about 1 CPU s; turns_restart 415 states (a session
+# sent back to prefill while it is down fails: no live request waits for a down prefill)
 DEFAULT = ("turns_append", "turns_restart")
 DEEP = ("turns_two",)  # in the deep suite (about 27 CPU s, 81,675 states)
 

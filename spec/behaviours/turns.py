@@ -35,6 +35,7 @@ on). Bugs (``spec/mutants.py``): ``append_after_evict``, ``append_divergent_uncu
 from __future__ import annotations
 
 from spec.actions_decode import _free
+from spec.actions_env import back_to_prefill
 from spec.common import NOT_ENABLED, Mutants, Result, put, refuse
 from spec.config import Config
 from spec.state import COMPLETE, ENDED, IDLE, NONE, PREEMPTED, RUNNING, WRITABLE, Req, World
@@ -106,13 +107,14 @@ def TurnRoute(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
 def TurnPrefill(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """The next turn falls back to prefill: the session's KV is gone from decode (evicted
     between turns) or diverges from the new prompt. Decode's copy, if any, is dropped
-    and the whole conversation is computed again (as a retraction's refetch)."""
+    and the whole conversation is computed again (as a retraction's refetch); while
+    prefill is down the turn fails instead (``back_to_prefill``)."""
     r = w.reqs[i]
     if not c.turns or r.ti != 1 or r.tn or r.tc >= c.max_turns:
         return NOT_ENABLED
     if r.st not in (RUNNING, PREEMPTED) or (r.d == WRITABLE and not r.tdv):
         return NOT_ENABLED
-    nr = r._replace(st=PREEMPTED, ti=0, tdv=0, tc=r.tc + 1)
+    nr = back_to_prefill(w, r._replace(ti=0, tdv=0, tc=r.tc + 1))  # fails: prefill down
     if r.d == WRITABLE:
         return _free(w, i, nr) if w.d_up else NOT_ENABLED
     return put(w, i, nr)
@@ -152,13 +154,14 @@ def DecodeAppendCommit(w: World, c: Config, m: Mutants, i: int, arg: int) -> Res
 
 def SessionEvict(w: World, c: Config, m: Mutants, i: int, arg: int) -> Result:
     """Decode evicts an idle session's KV between turns (memory pressure): the request
-    is marked preempted, so its next turn is prefilled. Never while pinned."""
+    is marked preempted, so its next turn is prefilled (failed while prefill is down:
+    ``back_to_prefill``). Never while pinned."""
     r = w.reqs[i]
     if not c.turns or not w.d_up or r.ti != 1 or r.d != WRITABLE or r.st != RUNNING:
         return NOT_ENABLED
     if session_pinned(r) and "evict_pinned_session" not in m:
         return refuse("NothingLost")
-    return _free(w, i, r._replace(st=PREEMPTED, tdv=0))
+    return _free(w, i, back_to_prefill(w, r._replace(tdv=0)))  # fails while prefill is down
 
 
 # -- the state parts of the properties (spec/properties.py) --------------------------

@@ -181,6 +181,33 @@ COMPOSED["pair_window_host"] = {
     "host_cache": 1,
     "window": True,
 }
+# Found by the sweep of every pair (tests/explorer/test_pairs_compose.py), each broke NoDeadlock
+# or FairTermination before its fix (SPEC.md, "Behaviours that compose"): the smallest worlds.
+_ONE = {"blocks": 1, "cap_p": 1, "cap_d": 1, "max_attempts": 1}
+COMPOSED["pair_crash_turns"] = {
+    "doc": "one request, 1 block, multi-turn append, a crash and no restart: a session left"
+    " on decode by a prefill crash, then evicted, fails its turn (no prefill to compute it)",
+    **_ONE,
+    "faults": 1,
+    "fault_kinds": _CRASH,
+    "turns": True,
+}
+COMPOSED["pair_crash_retract"] = {
+    "doc": "one request, 1 block, decode may retract its copy, a crash and no restart: a"
+    " retraction after a prefill crash fails the request (nothing can compute it again)",
+    **_ONE,
+    "faults": 1,
+    "fault_kinds": _CRASH,
+    "retract": True,
+}
+COMPOSED["pair_prefix_layers"] = {
+    "doc": "one request, 1 block, a 1-block prefix on decode, one streamed layer: a whole"
+    " prefix hit lands no chunk, and its layers are installed from the prefix blocks",
+    **_ONE,
+    "cap_d": 2,
+    "prefix": 1,
+    "layers": 1,
+}
 PAIRS: tuple[str, ...] = tuple(k for k in COMPOSED if k.startswith("pair_"))
 # Sliding-window pruning (spec/window/__init__.py): the default suite's world.
 WINDOW: dict[str, dict[str, Any]] = {

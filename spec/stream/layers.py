@@ -43,6 +43,7 @@ from spec.state import (
     G_END_FAILED,
     IDLE,
     NONE,
+    RESERVED,
     RUNNING,
     SENDING,
     WRITABLE,
@@ -64,7 +65,9 @@ __all__ = [
     "stream_resume",
 ]
 
-_LANDING = (FILLING, COMPLETE, WRITABLE)  # decode holds the attempt's chunks (staging)
+# decode holds the attempt's chunks (staging); reserved: a zero-block attempt (a whole
+# prefix hit) has every layer in the prefix blocks the engine reads, nothing to land
+_LANDING = (RESERVED, FILLING, COMPLETE, WRITABLE)
 
 
 def layers_given(c: Config, r: Req) -> bool:

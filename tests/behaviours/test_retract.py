@@ -16,6 +16,7 @@ from spec.state import (
     AWAIT_ACK,
     AWAIT_READY,
     COMPLETE,
+    FAILED,
     IDLE,
     M_ACK,
     M_HANDOFF,
@@ -37,6 +38,8 @@ COMMITTED = R(st=RUNNING, d=WRITABLE, ep=1, dep=1, landed=1, rmask=1)
 CASES: list[tuple[str, Any, World, int, int, Any]] = [
     ("DecodeRetract", RT, W(COMMITTED), 0, 0, {"st": PREEMPTED, "d": NONE, "mv": 1, "dep": 1}),
     ("DecodeRetract", HO, W(COMMITTED), 0, 0, ("disabled", None)),  # retract off
+    # prefill down: nothing can compute it again, the request fails (pair_crash_retract)
+    ("DecodeRetract", RT, W(COMMITTED, p_up=False), 0, 0, {"st": FAILED, "d": NONE, "mv": 1}),
     ("DecodeRetract", RT, W(COMMITTED._replace(mv=1)), 0, 0, ("disabled", None)),  # moved
     ("DecodeRetract", RT, W(COMMITTED._replace(d=COMPLETE)), 0, 0, ("disabled", None)),
 ]

@@ -31,6 +31,7 @@ from tests.spec.spec_helpers import R, W, check_guard
 
 ST = CONFIGS["stream_one"]  # 1 block, 2 layers, one attempt
 HO = CONFIGS["handoff_tp2to1"]  # no layers
+PL = CONFIGS["pair_prefix_layers"]  # 1 block, a 1-block prefix, 1 layer
 FROZEN = R(st=RUNNING, p=COMPLETE, ep=1, ps=AWAIT_READY, net=(msg(M_HANDOFF, 1),))
 GIVEN = FROZEN._replace(lay=2, cpy=2)  # every layer given and copied
 LANDED = R(st=RUNNING, p=COMPLETE, ep=1, dep=1, d=FILLING, landed=1, ps=SENDING, sent=1)
@@ -52,6 +53,9 @@ CASES = [
     ("DecodeLayerReady", ST, W(LANDED), 0, 0, ("refused", "NoPartialUse")),  # staging only
     ("DecodeLayerReady", ST, W(LANDED._replace(d=RESERVED, landed=0)), 0, 0, ("disabled", None)),
     ("DecodeLayerReady", HO, W(LANDED._replace(inl=1)), 0, 0, ("disabled", None)),
+    # a whole prefix hit lands no chunk: its layers are in the prefix blocks (pair_prefix_layers)
+    ("DecodeInstallLayer", PL, W(LANDED._replace(d=RESERVED, landed=0, hit=1)), 0, 0, {"inl": 1}),
+    ("DecodeInstallLayer", ST, W(LANDED._replace(d=RESERVED, landed=0)), 0, 0, ("disabled", None)),
 ]
 
 PROPERTY_CASES = [  # (property, config, a state that breaks it, one that does not)

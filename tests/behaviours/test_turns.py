@@ -22,7 +22,8 @@ from spec.actions import ACTIONS, apply, encode_args
 from spec.common import Refused
 from spec.config import CONFIGS
 from spec.properties import violated_safety
-from spec.state import CANCELLED, NONE, PREEMPTED, RUNNING, World
+from spec.state import CANCELLED, FAILED, NONE, PREEMPTED, RUNNING, World
+from spec.state import G_END_FAILED as G_FAILED
 from tests.spec.spec_helpers import HO, R, W, check_guard
 
 TU = CONFIGS["turns_append"]
@@ -55,6 +56,9 @@ CASES: list[tuple[str, Any, World, int, int, Any]] = [
     ("DecodeAppendCommit", TU, W(ROUTED), 0, 0, ("disabled", None)),
     ("SessionEvict", TU, W(IDLE_T), 0, 0, {"st": PREEMPTED, "d": NONE, "ti": 1}),
     ("SessionEvict", TU, W(ROUTED), 0, 0, ("refused", "NothingLost")),  # pinned
+    # prefill down: nothing can compute the next turn, it fails (pair_crash_turns)
+    ("SessionEvict", TU, W(IDLE_T, p_up=False), 0, 0, {"st": FAILED, "d": NONE, "g": G_FAILED}),
+    ("TurnPrefill", TU, W(IDLE_T._replace(tdv=1), p_up=False), 0, 0, {"st": FAILED, "tc": 1}),
     ("SessionEvict", TU, W(DECODING), 0, 0, ("disabled", None)),  # the turn still decodes
 ]
 

@@ -92,12 +92,12 @@ def test_the_quick_form_of_a_readme_command_does_what_it_says(
         assert w in out, (row, w)
 
 
-def test_the_deep_suite_is_the_sixteen_worlds_the_readme_names() -> None:
+def test_the_deep_suite_is_the_nineteen_worlds_the_readme_names() -> None:
     from spec.behaviours.worlds import COMPOSED
 
-    assert "sixteen worlds: seven larger ones" in README and len(SUITES["deep"]) == 16
+    assert "nineteen worlds: seven larger ones" in README and len(SUITES["deep"]) == 19
     assert "`stream_reuse`" in README and "stream_reuse" in SUITES["deep"]
-    assert set(COMPOSED) <= set(SUITES["deep"]) and len(COMPOSED) == 8
+    assert set(COMPOSED) <= set(SUITES["deep"]) and len(COMPOSED) == 11
 
 
 def test_the_counterexample_row_saves_and_replays(
