@@ -38,6 +38,7 @@ class RankStream(StreamedActions):
 
     ptx: list[Any]
     rxs: list[Any]
+    gp: Any  # the prefill side's KVGeometry (RankSubject)
 
     def sub_streams(self, i: int) -> list[tuple[int, int, Any, Any]]:
         """(prefill rank, decode rank, sub-handoff Sender, its Stream or None) of every
