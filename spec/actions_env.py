@@ -104,9 +104,11 @@ def _lost_with_prefill(r: Req) -> Req:
 def back_to_prefill(w: World, r: Req) -> Req:
     """``r`` (decode's copy dropped: evicted, retracted, or its turn sent back) handed to
     prefill, preempted, to be computed again; while prefill is down nothing can compute
-    it, so it fails, as the crash fails every such request (``_lost_with_prefill``)."""
+    it, so it fails, as the crash fails every such request (``_lost_with_prefill``). Its
+    copy on decode is the caller's to free (``_free``), so ``d`` and its ranks stay as
+    they are here (RankAgreement's ``dmask`` goes with ``d``)."""
     r = r._replace(st=PREEMPTED)
-    return r if w.p_up else _lost_with_prefill(r._replace(d=NONE))
+    return r if w.p_up else r._replace(st=FAILED, g=r.g | G_END_FAILED)
 
 
 def _lost_with_decode(r: Req, d_before: int) -> Req:
