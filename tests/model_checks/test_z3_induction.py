@@ -113,7 +113,13 @@ def test_not_vacuous(prover: Prover) -> None:
         # the unbounded model's worlds have no staging: these never fire there
         staging = act.name in ("PrefillStage", "DecodeRecyclePrefix") or "Unstaged)" in act.label
         want = z3.unsat if act.label.startswith("EnvDuplicate(Chunk") or staging else z3.sat
-        assert s.check() == want, act.label
+        got = s.check()
+        for seed in (1, 2, 3):  # quantifiers: z3 may give up ("unknown") on one search order
+            if got != z3.unknown:
+                break
+            s.set("random_seed", seed)
+            got = s.check()
+        assert got == want, (act.label, s.reason_unknown() if got == z3.unknown else "")
 
 
 def test_cli_property(capsys: pytest.CaptureFixture[str]) -> None:
