@@ -240,7 +240,8 @@ def test_a_real_files_edits_compile_alone_as_in_the_file() -> None:
         f = Finder(src)
         f.visit(ast.parse(src))
         assert len(f.edits) > 100
-        assert all(_agree(rel, src, list(e.spans)) for e in f.edits)
+        # every fourth edit here (each compiled twice); every edit of both targets nightly
+        assert all(_agree(rel, src, list(e.spans)) for e in f.edits[::4])
 
 
 @pytest.mark.nightly
