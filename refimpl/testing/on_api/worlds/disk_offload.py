@@ -202,13 +202,7 @@ class DiskOffloadActions(OffloadActions):
     def _PrefillOffloadBegin(self, i: int, arg: int) -> None:
         if not self.disk:
             return super()._PrefillOffloadBegin(i, arg)
-        self._running(i)
-        rid = self.rid(i)
-        self.tier_busy(i)
-        self._need(self.host_free(i), "a host copy exists")
-        self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no device copy")
-        self._need(not self.sender_view(i)["live"], "a handoff reads the device copy")
-        self._need(self.mv[i] < self.c.max_moves, "no move left")
+        rid = self._offload_ready(i)
         if (used := self.host_used(i)) + self.c.blocks > self.c.cap_h:
             raise CapacityError(f"{rid}: {used} of {self.c.cap_h} host blocks used")
         assert self.dtier is not None

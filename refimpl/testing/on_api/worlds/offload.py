@@ -103,7 +103,8 @@ class OffloadActions:
     def _running(self, i: int) -> None:
         self._need(self.c.offload and self.p_up and self.st[i] == RUNNING, "not running")
 
-    def _PrefillOffloadBegin(self, i: int, arg: int) -> None:
+    def _offload_ready(self, i: int) -> Any:
+        """PrefillOffloadBegin's guards, whatever the tier (host pools or a DiskTier)."""
         self._running(i)
         rid = self.rid(i)
         self.tier_busy(i)
@@ -111,6 +112,10 @@ class OffloadActions:
         self._need(bool(self.pp[0].alloc.blocks_of(rid)), "no device copy")
         self._need(not self.sender_view(i)["live"], "a handoff reads the device copy")
         self._need(self.mv[i] < self.c.max_moves, "no move left")
+        return rid
+
+    def _PrefillOffloadBegin(self, i: int, arg: int) -> None:
+        rid = self._offload_ready(i)
         if self.hp[0].alloc.num_free < self.c.blocks:
             raise CapacityError(f"{rid}: {self.hp[0].alloc.num_free} host blocks free")
         kw = {"mutants": self.tx_kw["mutants"]} if "mutants" in self.tx_kw else {}

@@ -51,12 +51,8 @@ class RankStream(StreamedActions):
                 out.append((r, d, tx, None if o is None else o.stream))
         return out
 
-    def _PrefillSendLayer(self, i: int, arg: int) -> None:
-        self._need(bool(self.c.layers) and self.p_up and self._live(i), "no streamed attempt")
-        self._need(self.lay[i] < self.c.layers, "every layer given")
-        for s in self.ptx:
-            s.send_layer(self.rid(i), self.lay[i])
-        self.lay[i] += 1
+    def layer_senders(self) -> list[Any]:
+        return list(self.ptx)
 
     def _DecodeLayerReady(self, i: int, arg: int) -> None:
         rid = self.rid(i)

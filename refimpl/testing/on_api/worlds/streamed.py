@@ -62,9 +62,14 @@ class StreamedActions:
     def _PrefillSendLayer(self, i: int, arg: int) -> None:
         self._need(bool(self.c.layers) and self.p_up and self._live(i), "no streamed attempt")
         self._need(self.lay[i] < self.c.layers, "every layer given")
-        for s in self.tx:
+        for s in self.layer_senders():
             s.send_layer(self.rid(i), self.lay[i])
         self.lay[i] += 1
+
+    def layer_senders(self) -> list[Any]:
+        """The ends whose ``send_layer`` PrefillSendLayer calls: one Sender per prefill
+        rank (``RankStream``: one RankSender per prefill rank)."""
+        return list(self.tx)
 
     def _PrefillFreeSource(self, i: int, arg: int) -> None:
         ok = bool(self.c.layers) and self.p_up and self._live(i) and not self.fs[i]
