@@ -27,15 +27,13 @@ from typing import IO
 
 import pytest
 
+from tests.cli.exits.exit_helpers import as_a_terminal_gives_it
+
 ROOT = Path(__file__).resolve().parents[3]
 KVOWN = [sys.executable, "-m", "kvown_cli.main"]
 END_S = 10.0  # the bound from the signal to nothing left
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-
-
-def _default_sigint() -> None:  # as a terminal gives it (a background job ignores SIGINT)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stat(pid: int) -> tuple[int, str, str] | None:
@@ -96,7 +94,7 @@ def _start(argv: list[str], tmp: Path) -> subprocess.Popen[bytes]:
         cwd=ROOT,
         env=env,
         start_new_session=True,
-        preexec_fn=_default_sigint,
+        preexec_fn=as_a_terminal_gives_it,
     )
 
 

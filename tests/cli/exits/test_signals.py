@@ -14,32 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.exits.exit_helpers import as_a_terminal_gives_it, group
+
 ROOT = Path(__file__).resolve().parents[3]
 KVOWN = [sys.executable, "-m", "kvown_cli.main"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def _as_a_terminal_gives_it() -> None:
-    """SIGINT at its default in the child: a shell's background job (``cmd &`` in a
-    script, as a CI runner may start the suite) ignores SIGINT, and an ignored signal is
-    inherited across exec, so Python would not install its Ctrl-C handler at all."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _group(pgid: int) -> list[int]:
-    """Live processes of a process group (zombies excluded)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(d))
-    return pids
 
 
 def test_a_closed_pipe_ends_quietly_with_0() -> None:
@@ -81,10 +60,10 @@ def test_ctrl_c_is_one_line_exit_130_and_no_worker_left(
         cwd=ROOT,
         env=ENV,
         start_new_session=True,  # its own process group, as a terminal gives it
-        preexec_fn=_as_a_terminal_gives_it,
+        preexec_fn=as_a_terminal_gives_it,
     )
     for _ in range(600):  # until the work (and its workers) has started
-        if len(_group(p.pid)) > workers and p.poll() is None:
+        if len(group(p.pid)) > workers and p.poll() is None:
             break
         time.sleep(0.1)
     time.sleep(1.0)  # into the work itself, past the imports
@@ -94,7 +73,7 @@ def test_ctrl_c_is_one_line_exit_130_and_no_worker_left(
     assert p.returncode == 130
     (line,) = err.decode().strip().splitlines()  # one line: what was done so far, if anything
     assert line.startswith(f"kvown {argv[0]}: interrupted"), line
-    assert _group(p.pid) == []
+    assert group(p.pid) == []
 
 
 # A stand-in for Python 3.11's process-pool manager thread: it notices a worker die and
@@ -130,7 +109,7 @@ def test_a_thread_dying_during_ctrl_c_adds_nothing_to_the_one_line() -> None:
         cwd=ROOT,
         env=ENV,
         start_new_session=True,
-        preexec_fn=_as_a_terminal_gives_it,
+        preexec_fn=as_a_terminal_gives_it,
     )
     assert p.stdout is not None
     assert p.stdout.readline() == b"ready\n"
@@ -138,7 +117,7 @@ def test_a_thread_dying_during_ctrl_c_adds_nothing_to_the_one_line() -> None:
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130
     assert err.decode().strip().splitlines() == ["kvown check: interrupted"]
-    assert _group(p.pid) == []
+    assert group(p.pid) == []
 
 
 def test_a_command_after_an_interrupted_one_in_the_same_process_starts_its_workers() -> None:

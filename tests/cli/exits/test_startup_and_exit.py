@@ -28,14 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.exits.exit_helpers import as_a_terminal_gives_it, group
+
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-
-
-def _default_sigint() -> None:  # as a terminal gives it (a background job ignores SIGINT)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _catches_sigterm(pid: int) -> bool:
@@ -47,21 +45,6 @@ def _catches_sigterm(pid: int) -> bool:
         int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt")
     )
     return bool(mask >> (signal.SIGTERM - 1) & 1)
-
-
-def _group(pgid: int) -> list[int]:
-    """Live processes of a process group (zombies excluded)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(d))
-    return pids
 
 
 @pytest.mark.parametrize(
@@ -90,7 +73,7 @@ def test_ctrl_c_in_start_up_is_one_line_and_130(
         cwd=ROOT,
         env=ENV,
         start_new_session=True,  # its own group, as a terminal gives it
-        preexec_fn=_default_sigint,
+        preexec_fn=as_a_terminal_gives_it,
     )
     try:
         while not _catches_sigterm(p.pid) and p.poll() is None:
@@ -111,10 +94,10 @@ def test_ctrl_c_in_start_up_is_one_line_and_130(
     assert line.startswith(f"kvown {argv[0]}: interrupted"), text
     assert all(x.startswith("fuzzing ") and x.endswith(" ...") for x in before), text
     for _ in range(100):  # the command's watchdog ends once its parent has gone
-        if not _group(p.pid):
+        if not group(p.pid):
             break
         time.sleep(0.1)
-    assert _group(p.pid) == []
+    assert group(p.pid) == []
 
 
 def test_ctrl_c_inside_kvowns_imports_is_one_line_and_130(tmp_path: Path) -> None:
@@ -128,7 +111,7 @@ def test_ctrl_c_inside_kvowns_imports_is_one_line_and_130(tmp_path: Path) -> Non
         capture_output=True,
         cwd=ROOT,
         env={**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
-        preexec_fn=_default_sigint,
+        preexec_fn=as_a_terminal_gives_it,
         timeout=120,
     )
     assert r.stderr.decode().splitlines() == ["kvown fuzz: interrupted"], r.stderr.decode()
