@@ -64,18 +64,12 @@ class RankStream(StreamedActions):
         self._need(not not_yet, f"layer {self.rdy[i]} is not ready on decode ranks {not_yet}")
         self.rdy[i] += 1
 
-    def stream_fields(self, i: int) -> dict[str, int]:
-        if not self.c.layers:
-            return {}
+    def _copied(self, i: int) -> int:
+        """The fewest layers any sub-handoff's Sender copied (0 until every one has a
+        stream)."""
         streams = [st for *_, st in self.sub_streams(i)] if self.p_up else []
         copied = [st.copied for st in streams if st is not None]
-        return {
-            "lay": self.lay[i],
-            "cpy": min(copied) if copied and len(copied) == len(streams) else 0,
-            "fs": int(self.fs[i]),
-            "inl": self._installed(i),
-            "rdy": self.rdy[i],
-        }
+        return min(copied) if copied and len(copied) == len(streams) else 0
 
     def _installed(self, i: int) -> int:
         if not self.d_up:

@@ -103,14 +103,18 @@ class StreamedActions:
         """lay, cpy, fs, inl, rdy of request i (all 0 in a world without layers)."""
         if not self.c.layers:
             return {}
-        st = self._stream(self.tx[0], i) if self.p_up else None
         return {
             "lay": self.lay[i],
-            "cpy": st.copied if st is not None else 0,
+            "cpy": self._copied(i),
             "fs": int(self.fs[i]),
             "inl": self._installed(i),
             "rdy": self.rdy[i],
         }
+
+    def _copied(self, i: int) -> int:
+        """Layers the source copied (``Stream.copied``), 0 while prefill is down."""
+        st = self._stream(self.tx[0], i) if self.p_up else None
+        return int(st.copied) if st is not None else 0
 
     def _installed(self, i: int) -> int:
         if not self.d_up:
